@@ -1,0 +1,25 @@
+"""liger_core: exact, fast Triton kernels for LLM training, and the patches that put them into HF models.
+
+Public API (lazily imported: ``import liger_core`` does not import triton or transformers):
+- ``liger_core.ops``: functional kernels (rms_norm, layer_norm, rope, swiglu, geglu, cross_entropy, ...)
+- ``liger_core.modules``: nn.Module wrappers
+- ``liger_core.apply_liger_kernel(model, **flags)``, ``liger_core.revert(model)``,
+  ``liger_core.apply_liger_kernel_to_<model_type>(**flags)``, ``liger_core.AutoLigerKernelForCausalLM``
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_PATCHING_NAMES = {"apply_liger_kernel", "revert", "AutoLigerKernelForCausalLM", "supported_model_types"}
+
+
+def __getattr__(name: str):
+    if name in ("ops", "modules", "losses", "patching", "reference", "dispatch"):
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _PATCHING_NAMES or name.startswith("apply_liger_kernel_to_"):
+        patching = importlib.import_module(f"{__name__}.patching")
+        return getattr(patching, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

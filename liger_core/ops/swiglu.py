@@ -1,0 +1,107 @@
+"""SwiGLU activation: ``y = silu(a) * b`` (Llama MLP: ``down(silu(gate(x)) * up(x))``).
+
+Math (all in fp32 inside the kernel, one rounding to the output dtype)::
+
+    s  = sigmoid(a),   silu(a) = a * s
+    y  = a * s * b
+    da = dy * b * s * (1 + a * (1 - s))
+    db = dy * a * s
+
+Nothing is saved for backward but the inputs ``a`` and ``b``: the backward kernel recomputes ``s`` (one extra
+exp per element is free in a bandwidth-bound kernel). Minimal HBM traffic: forward reads a, b and writes y
+(3 tensors); backward reads dy, a, b and writes da, db (5 tensors).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from liger_core import reference
+from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._launch import elementwise_settings
+
+
+@triton.jit
+def _swiglu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    # int64 offsets: n_elements can pass 2^31 (16384 tokens x 14336 x 10 microbatches does)
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = a * tl.sigmoid(a) * b
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(a)
+    silu = a * s
+    da = dy * b * s * (1.0 + a * (1.0 - s))
+    db = dy * silu
+    tl.store(da_ptr + offsets, da.to(da_ptr.dtype.element_ty), mask=mask)
+    tl.store(db_ptr + offsets, db.to(db_ptr.dtype.element_ty), mask=mask)
+
+
+# Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched
+# model through them without graph breaks; the autograd Function below composes them.
+@torch.library.custom_op("liger_core::swiglu_fwd", mutates_args=())
+def _swiglu_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(a)
+    n = a.numel()
+    block, warps = elementwise_settings(n)
+    _swiglu_fwd_kernel[(triton.cdiv(n, block),)](a, b, y, n, BLOCK_SIZE=block, num_warps=warps)
+    return y
+
+
+@_swiglu_fwd.register_fake
+def _(a, b):
+    return torch.empty_like(a)
+
+
+@torch.library.custom_op("liger_core::swiglu_bwd", mutates_args=())
+def _swiglu_bwd(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    da = torch.empty_like(a)
+    db = torch.empty_like(b)
+    n = a.numel()
+    block, warps = elementwise_settings(n)
+    _swiglu_bwd_kernel[(triton.cdiv(n, block),)](dy, a, b, da, db, n, BLOCK_SIZE=block, num_warps=warps)
+    return da, db
+
+
+@_swiglu_bwd.register_fake
+def _(dy, a, b):
+    return torch.empty_like(a), torch.empty_like(b)
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a = a.contiguous()
+        b = b.contiguous()
+        ctx.save_for_backward(a, b)
+        return _swiglu_fwd(a, b)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        a, b = ctx.saved_tensors
+        return _swiglu_bwd(dy.contiguous(), a, b)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` for tensors of any (equal) shape; exact fp32 math, one rounding to the input dtype."""
+    check_tensor("a", a)
+    check_tensor("b", b)
+    check_shape("b", b, tuple(a.shape), "b must match a")
+    if b.dtype != a.dtype:
+        raise TypeError(f"b has dtype {b.dtype} but a has dtype {a.dtype}; they must match")
+    check_same_device("a", a, b=b)
+    if not use_triton(a):
+        return reference.swiglu(a, b)
+    return SwiGLUFunction.apply(a, b)

@@ -1,0 +1,45 @@
+"""Test setup. On a machine without an NVIDIA GPU the Triton kernels run in the interpreter on CPU tensors.
+
+TRITON_INTERPRET must be set before `triton` is imported anywhere, so it is set here, at conftest import.
+On the GPU machine run `pytest -m gpu` (TRITON_INTERPRET unset): the CUDA-parametrised cases run there.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+if not (Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).parent))  # so test files can `import helpers`
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed():
+    """Fresh random inputs every run (the seed is printed on failure so a case can be replayed)."""
+    seed = int.from_bytes(os.urandom(4), "little") if "LIGER_TEST_SEED" not in os.environ else int(
+        os.environ["LIGER_TEST_SEED"]
+    )
+    torch.manual_seed(seed)
+    yield seed
+
+
+@pytest.fixture
+def poison_empty(monkeypatch):
+    """Make torch.empty / empty_like return NaN-filled (float) or huge (int) tensors, so any output element a
+    kernel forgets to write shows up as NaN or a wrong value instead of a lucky zero."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def _poison(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype in (torch.int32, torch.int64):
+            t.fill_(torch.iinfo(t.dtype).max // 3)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: _poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _poison(real_empty_like(*a, **k)))
+    yield

@@ -1,0 +1,73 @@
+"""Shared test helpers: devices, error metrics and the "no worse than eager" assertion.
+
+The accuracy rule (DEVELOPERS.md): each kernel output is compared with a float64 reference, and its relative
+error must not exceed that of the PyTorch eager code it replaces, computed in the same dtype:
+
+    err(kernel) <= SLACK * err(eager) + FLOOR[dtype]
+
+SLACK = 1.25 absorbs a different (equally valid) summation order; FLOOR is a tenth of the dtype's machine
+epsilon, so an eager error of exactly 0 (e.g. a pure copy) does not demand bit-equality from the kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+SLACK = 1.25
+FLOOR = {torch.float32: 0.1 * 2**-23, torch.float16: 0.1 * 2**-10, torch.bfloat16: 0.1 * 2**-7, torch.float64: 0.0}
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def devices():
+    """'cpu' always (Triton interpreter in CI); 'cuda' marked `gpu` and skipped where there is none."""
+    return [
+        pytest.param("cpu", id="cpu"),
+        pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]),
+    ]
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64 (absolute norm when ref is all zeros). NaN/inf give inf."""
+    x = x.detach().to(torch.float64).cpu()
+    ref = ref.detach().to(torch.float64).cpu()
+    assert x.shape == ref.shape, f"shape {tuple(x.shape)} != reference {tuple(ref.shape)}"
+    if not torch.isfinite(x).all():
+        return float("inf")
+    num = (x - ref).norm().item()
+    den = ref.norm().item()
+    return num / den if den > 0 else num
+
+
+def assert_no_worse_than_eager(
+    name: str, ours: torch.Tensor, eager: torch.Tensor, ref64: torch.Tensor, *, slack: float = SLACK
+) -> tuple[float, float]:
+    """Assert err(ours) <= slack * err(eager) + FLOOR, both against the float64 reference."""
+    e_ours = rel_err(ours, ref64)
+    e_eager = rel_err(eager, ref64)
+    bound = slack * e_eager + FLOOR[ours.dtype]
+    assert e_ours <= bound, (
+        f"{name}: kernel rel. error {e_ours:.3e} > {slack} x eager's {e_eager:.3e} + floor ({ours.dtype})"
+    )
+    return e_ours, e_eager
+
+
+def grads(outputs: torch.Tensor, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> list[torch.Tensor]:
+    """Gradients of <outputs, grad_out> w.r.t. inputs (None for inputs that get none)."""
+    return list(torch.autograd.grad(outputs, inputs, grad_out, allow_unused=True))
+
+
+def leaf(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A detached copy (optionally cast) that requires grad."""
+    return t.detach().to(dtype or t.dtype).clone().requires_grad_(True)
+
+
+def noncontiguous(t: torch.Tensor) -> torch.Tensor:
+    """Same values, non-contiguous layout (every other column of a twice-as-wide buffer)."""
+    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    wide[..., ::2] = t
+    wide[..., 1::2] = float("nan")  # poison: a kernel that ignores strides reads NaN
+    out = wide[..., ::2]
+    assert not out.is_contiguous()
+    return out
