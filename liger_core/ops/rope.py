@@ -1,0 +1,377 @@
+"""Rotary position embedding (RoPE), Hugging Face's ``apply_rotary_pos_emb`` (rotate_half convention).
+
+Math (fp32 inside the kernel, one rounding to the output dtype). With ``x1, x2`` the two halves of the first
+``rotary_dim`` features of a head, ``c1, c2`` / ``s1, s2`` the halves of its ``cos`` / ``sin`` row::
+
+    forward:   y1 = x1 * c1 - x2 * s1          (= x * cos + rotate_half(x) * sin)
+               y2 = x2 * c2 + x1 * s2
+    backward:  dx1 = dy1 * c1 + dy2 * s2       (the transpose of the forward map)
+               dx2 = dy2 * c2 - dy1 * s1
+    features past rotary_dim (partial rotary) pass through: y = x, dx = dy.
+
+The backward is the forward with ``(s1, s2)`` replaced by ``(-s2, -s1)`` (with HF's duplicated tables, where
+``s1 == s2``, simply sin negated), so one kernel serves both passes.
+
+One program per token (b, t): it loads that token's cos/sin row once and rotates every q head and every k
+head of the token in one launch (any head counts, so GQA needs nothing special). q/k are read through their
+strides, so HF's ``(B, T, H, D) -> transpose(1, 2)`` views are not copied. Minimal HBM traffic: read q, k
+(cos/sin are re-read per token but stay in L2), write the two outputs; the backward reads dq_embed, dk_embed
+and writes dq, dk.
+Nothing is saved for backward (cos/sin are inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from liger_core import reference
+from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_tensor, use_triton
+
+# Elements of one [heads x half-rotary] tile a program holds in registers per step of its head loop.
+_TILE_ELEMENTS = 2048
+
+
+@triton.jit
+def _rotate_heads(
+    x_ptr,
+    x_stride_h,
+    y_ptr,
+    y_stride_h,
+    n_heads,
+    c1,
+    c2,
+    s1,
+    s2,
+    HALF: tl.constexpr,
+    PASS_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+):
+    """Rotate heads [0, n_heads) of one token: x_ptr / y_ptr point at head 0, feature 0 of that token."""
+    cols = tl.arange(0, BLOCK_HALF)
+    col_mask = cols < HALF
+    for h0 in range(0, n_heads, BLOCK_H):
+        heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+        head_mask = heads < n_heads
+        mask = head_mask[:, None] & col_mask[None, :]
+        x_offsets = heads[:, None] * x_stride_h + cols[None, :]
+        y_offsets = heads[:, None] * y_stride_h + cols[None, :]
+        x1 = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_ptr + x_offsets + HALF, mask=mask, other=0.0).to(tl.float32)
+        y1 = x1 * c1[None, :] - x2 * s1[None, :]
+        y2 = x2 * c2[None, :] + x1 * s2[None, :]
+        tl.store(y_ptr + y_offsets, y1.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + y_offsets + HALF, y2.to(y_ptr.dtype.element_ty), mask=mask)
+        if PASS_DIM > 0:
+            pass_cols = tl.arange(0, BLOCK_PASS)
+            pass_mask = head_mask[:, None] & (pass_cols < PASS_DIM)[None, :]
+            x_pass = tl.load(
+                x_ptr + heads[:, None] * x_stride_h + 2 * HALF + pass_cols[None, :], mask=pass_mask, other=0.0
+            )
+            tl.store(
+                y_ptr + heads[:, None] * y_stride_h + 2 * HALF + pass_cols[None, :],
+                x_pass.to(y_ptr.dtype.element_ty),
+                mask=pass_mask,
+            )
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    seq_len,
+    n_q_heads,
+    n_k_heads,
+    q_stride_b,
+    q_stride_t,
+    q_stride_h,
+    k_stride_b,
+    k_stride_t,
+    k_stride_h,
+    q_out_stride_b,
+    q_out_stride_t,
+    q_out_stride_h,
+    k_out_stride_b,
+    k_out_stride_t,
+    k_out_stride_h,
+    cs_stride_b,
+    cs_stride_t,
+    HALF: tl.constexpr,
+    PASS_DIM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    BACKWARD: tl.constexpr,
+):
+    # int64: B*T*H*D passes 2^31 at long contexts
+    token = tl.program_id(0).to(tl.int64)
+    b = token // seq_len
+    t = token % seq_len
+
+    cols = tl.arange(0, BLOCK_HALF)
+    col_mask = cols < HALF
+    cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
+    c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if BACKWARD:
+        # transpose of the rotation: (s1, s2) -> (-s2, -s1)
+        s1, s2 = -s2, -s1
+
+    _rotate_heads(
+        q_ptr + b * q_stride_b + t * q_stride_t,
+        q_stride_h,
+        q_out_ptr + b * q_out_stride_b + t * q_out_stride_t,
+        q_out_stride_h,
+        n_q_heads,
+        c1,
+        c2,
+        s1,
+        s2,
+        HALF,
+        PASS_DIM,
+        BLOCK_HQ,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
+    _rotate_heads(
+        k_ptr + b * k_stride_b + t * k_stride_t,
+        k_stride_h,
+        k_out_ptr + b * k_out_stride_b + t * k_out_stride_t,
+        k_out_stride_h,
+        n_k_heads,
+        c1,
+        c2,
+        s1,
+        s2,
+        HALF,
+        PASS_DIM,
+        BLOCK_HK,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
+
+
+def _bthd_strides(x: torch.Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
+    """(batch, token, head) strides of a 4-D q/k-shaped tensor in either HF layout."""
+    if unsqueeze_dim == 1:  # (B, H, T, D)
+        return x.stride(0), x.stride(2), x.stride(1)
+    return x.stride(0), x.stride(1), x.stride(2)  # (B, T, H, D)
+
+
+def _launch(
+    x_q: torch.Tensor,
+    x_k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int,
+    out_dtype: torch.dtype,
+    backward: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # empty_like keeps a dense input's memory layout (HF's transposed q stays (B, T, H, D) in memory)
+    y_q = torch.empty_like(x_q, dtype=out_dtype)
+    y_k = torch.empty_like(x_k, dtype=out_dtype)
+    batch, head_dim = x_q.shape[0], x_q.shape[3]
+    seq_len = x_q.shape[2] if unsqueeze_dim == 1 else x_q.shape[1]
+    n_q_heads = x_q.shape[1] if unsqueeze_dim == 1 else x_q.shape[2]
+    n_k_heads = x_k.shape[1] if unsqueeze_dim == 1 else x_k.shape[2]
+    if batch * seq_len == 0 or head_dim == 0:
+        return y_q, y_k
+    half = cos.shape[-1] // 2
+    pass_dim = head_dim - 2 * half
+    block_half = triton.next_power_of_2(half)
+    block_hq = min(triton.next_power_of_2(max(n_q_heads, 1)), max(1, _TILE_ELEMENTS // block_half))
+    block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max(1, _TILE_ELEMENTS // block_half))
+    cs_stride_b = cos.stride(0) if cos.shape[0] > 1 else 0
+    _rope_kernel[(batch * seq_len,)](
+        x_q,
+        x_k,
+        cos,
+        sin,
+        y_q,
+        y_k,
+        seq_len,
+        n_q_heads,
+        n_k_heads,
+        *_bthd_strides(x_q, unsqueeze_dim),
+        *_bthd_strides(x_k, unsqueeze_dim),
+        *_bthd_strides(y_q, unsqueeze_dim),
+        *_bthd_strides(y_k, unsqueeze_dim),
+        cs_stride_b,
+        cos.stride(1),
+        HALF=half,
+        PASS_DIM=pass_dim,
+        BLOCK_HQ=block_hq,
+        BLOCK_HK=block_hk,
+        BLOCK_HALF=block_half,
+        BLOCK_PASS=triton.next_power_of_2(pass_dim) if pass_dim > 0 else 1,
+        BACKWARD=backward,
+        num_warps=4,
+    )
+    return y_q, y_k
+
+
+# Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched
+# model through them without graph breaks; the autograd Function below composes them. Inputs arrive validated:
+# q/k 4-D with unit last stride, cos/sin (1 or B, T, rotary_dim) with equal strides and unit last stride.
+@torch.library.custom_op("liger_core::rope_fwd", mutates_args=())
+def _rope_fwd(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out_dtype = torch.promote_types(q.dtype, cos.dtype)
+    return _launch(q, k, cos, sin, unsqueeze_dim, out_dtype, backward=False)
+
+
+@_rope_fwd.register_fake
+def _(q, k, cos, sin, unsqueeze_dim):
+    out_dtype = torch.promote_types(q.dtype, cos.dtype)
+    return torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
+
+
+@torch.library.custom_op("liger_core::rope_bwd", mutates_args=())
+def _rope_bwd(
+    dq_embed: torch.Tensor,
+    dk_embed: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int,
+    grad_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(dq_embed, dk_embed, cos, sin, unsqueeze_dim, grad_dtype, backward=True)
+
+
+@_rope_bwd.register_fake
+def _(dq_embed, dk_embed, cos, sin, unsqueeze_dim, grad_dtype):
+    return torch.empty_like(dq_embed, dtype=grad_dtype), torch.empty_like(dk_embed, dtype=grad_dtype)
+
+
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+class RopeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim: int):
+        q, k = _unit_last_stride(q), _unit_last_stride(k)
+        if cos.stride() != sin.stride() or (cos.shape[-1] > 1 and cos.stride(-1) != 1):
+            cos, sin = cos.contiguous(), sin.contiguous()
+        ctx.unsqueeze_dim = unsqueeze_dim
+        ctx.q_dtype = q.dtype
+        # cos/sin gradients are rare (HF builds them under no_grad) and need q, k: keep those only then
+        ctx.table_grads = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+        ctx.save_for_backward(cos, sin, *((q, k) if ctx.table_grads else ()))
+        return _rope_fwd(q, k, cos, sin, unsqueeze_dim)
+
+    @staticmethod
+    def backward(ctx, dq_embed, dk_embed):
+        cos, sin = ctx.saved_tensors[:2]
+        dq_embed, dk_embed = _unit_last_stride(dq_embed), _unit_last_stride(dk_embed)
+        dq, dk = _rope_bwd(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, ctx.q_dtype)
+        dcos = dsin = None
+        if ctx.table_grads:
+            # eager autograd of the reference: these gradients are a reduction over heads, off the hot path
+            q, k = ctx.saved_tensors[2:]
+            with torch.enable_grad():
+                cos_r, sin_r = cos.detach().requires_grad_(), sin.detach().requires_grad_()
+                q_r, k_r = reference.rope(q, k, cos_r, sin_r, unsqueeze_dim=ctx.unsqueeze_dim)
+                dcos, dsin = torch.autograd.grad((q_r, k_r), (cos_r, sin_r), (dq_embed, dk_embed))
+        return dq, dk, dcos, dsin, None
+
+
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply rotary position embedding to ``q`` and ``k``, exactly as HF's ``apply_rotary_pos_emb``.
+
+    Args:
+        q: ``(B, n_q_heads, T, head_dim)`` for ``unsqueeze_dim=1`` (HF's default layout), or
+            ``(B, T, n_q_heads, head_dim)`` for ``unsqueeze_dim=2``. Any strides (HF's transposed views are
+            read in place).
+        k: like ``q`` with any number of heads (GQA/MQA), same dtype, batch, T and head_dim.
+        cos, sin: ``(1 or B, T, rotary_dim)``, same shape and dtype. ``rotary_dim`` must be even and at most
+            ``head_dim``; when smaller (partial rotary, as in Phi/GLM/StableLM) only the first ``rotary_dim``
+            features of each head are rotated and the rest pass through unchanged.
+        position_ids: optional, HF's legacy argument: then ``cos``/``sin`` are ``(max_positions, rotary_dim)``
+            tables and row ``position_ids[b, t]`` is used for token ``(b, t)`` (``cos[position_ids]``).
+            ``position_ids`` is ``(1 or B, T)`` or ``(T,)`` (taken as ``(1, T)``), int32 or int64;
+            out-of-range ids fail like any PyTorch indexing.
+        unsqueeze_dim: 1 or 2 (also -3 or -2), as in HF: where the head axis of q/k is.
+
+    Returns:
+        ``(q_embed, k_embed)`` of dtype ``promote_types(q.dtype, cos.dtype)`` (as HF's ``q * cos``), in q's
+        memory layout. Computed in fp32 and rounded once. Gradients flow to q and k (and to cos/sin, through
+        an eager recomputation, if they require grad).
+    """
+    check_tensor("q", q, ndim=4)
+    check_tensor("k", k, ndim=4)
+    check_tensor("cos", cos)
+    check_tensor("sin", sin)
+    check_same_device("q", q, k=k, cos=cos, sin=sin, position_ids=position_ids)
+    if k.dtype != q.dtype:
+        raise TypeError(f"k has dtype {k.dtype} but q has dtype {q.dtype}; they must match")
+    if sin.dtype != cos.dtype:
+        raise TypeError(f"sin has dtype {sin.dtype} but cos has dtype {cos.dtype}; they must match")
+    if unsqueeze_dim not in (1, 2, -3, -2):
+        raise ValueError(
+            f"unsqueeze_dim={unsqueeze_dim!r} is not supported; use 1 (q: B, H, T, D) or 2 (q: B, T, H, D)"
+        )
+    unsqueeze_dim = 1 if unsqueeze_dim in (1, -3) else 2
+    if tuple(sin.shape) != tuple(cos.shape):
+        raise ValueError(
+            f"sin has shape {tuple(sin.shape)} but cos has shape {tuple(cos.shape)}; they must match"
+        )
+
+    head_dim = q.shape[-1]
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} (q.shape[-1]) must be even for rotary embedding")
+    head_axis, token_axis = (1, 2) if unsqueeze_dim == 1 else (2, 1)
+    batch, seq_len = q.shape[0], q.shape[token_axis]
+    if k.shape[0] != batch or k.shape[token_axis] != seq_len or k.shape[-1] != head_dim:
+        raise ValueError(
+            f"k has shape {tuple(k.shape)}; it must match q {tuple(q.shape)} in every dimension but the "
+            f"head dimension {head_axis} (unsqueeze_dim={unsqueeze_dim})"
+        )
+
+    if position_ids is not None:
+        check_tensor("position_ids", position_ids, dtypes=INDEX_DTYPES)
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        ids_shape = tuple(position_ids.shape)
+        if len(ids_shape) != 2 or ids_shape[0] not in (1, batch) or ids_shape[1] != seq_len:
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)}; expected (1 or {batch}, {seq_len}) or "
+                f"({seq_len},)"
+            )
+        if cos.dim() != 2:
+            raise ValueError(
+                f"cos has shape {tuple(cos.shape)}; with position_ids it must be a "
+                "(max_positions, rotary_dim) table (without position_ids pass the gathered "
+                "(1 or B, T, rotary_dim) rows)"
+            )
+        cos, sin = cos[position_ids], sin[position_ids]
+    elif cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] != seq_len:
+        raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (1 or {batch}, {seq_len}, rotary_dim)")
+    rotary_dim = cos.shape[-1]
+    if rotary_dim % 2 or rotary_dim == 0 or rotary_dim > head_dim:
+        raise ValueError(
+            f"cos/sin have rotary_dim={rotary_dim} (last dimension); it must be even, positive and at most "
+            f"head_dim={head_dim}"
+        )
+
+    if not use_triton(q):
+        return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return RopeFunction.apply(q, k, cos, sin, unsqueeze_dim)
