@@ -1,0 +1,217 @@
+import importlib
+
+import pytest
+import torch
+from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from liger_core import reference
+from liger_core.ops import rope
+
+# (batch, q heads, kv heads, tokens, head_dim): odd sizes, GQA, head_dim/2 not a power of two
+SHAPES = {"cpu": (2, 6, 2, 13, 34), "cuda": (2, 32, 8, 1024, 128)}
+PARTIAL_ROTARY = {"cpu": 22, "cuda": 64}  # rotary_dim < head_dim (Phi/GLM-style partial rotary)
+LAYOUTS = ["hf_transpose", "contiguous", "bthd", "noncontiguous"]
+# the module itself (liger_core.ops binds the name `rope` to the function)
+rope_module = importlib.import_module("liger_core.ops.rope")
+
+
+def make_qk(shape, layout, dtype, device):
+    """q, k in one of the layouts HF produces. Returns (q, k, unsqueeze_dim)."""
+    batch, n_q, n_k, seq_len, head_dim = shape
+
+    def one(n_heads):
+        x = torch.randn(batch, seq_len, n_heads, head_dim, dtype=torch.float64, device=device).to(dtype)
+        if layout == "hf_transpose":  # HF: q_proj(x).view(B, T, H, D).transpose(1, 2)
+            return x.transpose(1, 2)
+        if layout == "contiguous":
+            return x.transpose(1, 2).contiguous()
+        if layout == "bthd":
+            return x
+        return noncontiguous(x.transpose(1, 2))  # last-dim stride 2: the op makes it contiguous
+
+    return one(n_q), one(n_k), 2 if layout == "bthd" else 1
+
+
+def make_cos_sin(batch, seq_len, rotary_dim, dtype, device):
+    """HF-style tables: angles t * inv_freq, duplicated halves, batch `batch` (1 or B)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim))
+    positions = torch.arange(seq_len, dtype=torch.float64, device=device) + torch.randint(
+        0, 1000, (batch, 1), device=device
+    )
+    freqs = positions[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def check_against_eager(q, k, cos, sin, unsqueeze_dim, eager_fn, **kwargs):
+    """Forward and both input grads of liger rope vs eager_fn in the same dtype, vs float64 reference."""
+    q, k = leaf(q), leaf(k)
+    q_e, k_e = leaf(q), leaf(k)
+    q_r, k_r = leaf(q, torch.float64), leaf(k, torch.float64)
+    out = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, **kwargs)
+    out_e = eager_fn(q_e, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    out_r = reference.rope(q_r, k_r, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim, **kwargs)
+    for name, o, o_e, o_r in zip(("q_embed", "k_embed"), out, out_e, out_r):
+        assert o.dtype == o_e.dtype and o.shape == o_e.shape, name
+        assert_no_worse_than_eager(name, o, o_e, o_r)
+    grads_out = [torch.randn(o.shape, dtype=torch.float64, device=o.device).to(o.dtype) for o in out]
+    dq, dk = torch.autograd.grad(out, (q, k), grads_out)
+    dq_e, dk_e = torch.autograd.grad(out_e, (q_e, k_e), grads_out)
+    dq_r, dk_r = torch.autograd.grad(out_r, (q_r, k_r), [g.double() for g in grads_out])
+    assert dq.dtype == q.dtype and dk.dtype == k.dtype
+    assert_no_worse_than_eager("dq", dq, dq_e, dq_r)
+    assert_no_worse_than_eager("dk", dk, dk_e, dk_r)
+    return out
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cos_batch", ["1", "B"])
+@pytest.mark.parametrize("rotary", ["full", "partial"])
+def test_rope_matches_float64(device, dtype, layout, cos_batch, rotary, poison_empty):
+    shape = SHAPES[device]
+    batch, _, _, seq_len, head_dim = shape
+    q, k, unsqueeze_dim = make_qk(shape, layout, dtype, device)
+    rotary_dim = head_dim if rotary == "full" else PARTIAL_ROTARY[device]
+    cos, sin = make_cos_sin(1 if cos_batch == "1" else batch, seq_len, rotary_dim, dtype, device)
+    # full rotary: HF's own function is the eager baseline; partial: HF's split/rotate/cat composition
+    eager = apply_rotary_pos_emb if rotary == "full" else reference.rope
+    q_embed, _ = check_against_eager(q, k, cos, sin, unsqueeze_dim, eager)
+    if layout == "hf_transpose":  # the output keeps q's memory layout: (B, T, H, D) underneath
+        assert q_embed.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize("device", devices())
+def test_rope_fp16_and_mqa(device):
+    batch, n_q, _, seq_len, head_dim = SHAPES[device]
+    q, k, unsqueeze_dim = make_qk((batch, n_q, 1, seq_len, head_dim), "hf_transpose", torch.float16, device)
+    cos, sin = make_cos_sin(batch, seq_len, head_dim, torch.float16, device)
+    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_rope_fp32_tables_promote_like_hf(device):
+    """bf16 q/k with fp32 cos/sin: HF's q * cos promotes to fp32, and so do we; grads come back in bf16."""
+    shape = SHAPES[device]
+    q, k, unsqueeze_dim = make_qk(shape, "hf_transpose", torch.bfloat16, device)
+    cos, sin = make_cos_sin(1, shape[3], shape[4], torch.float32, device)
+    q_embed, k_embed = check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
+    assert q_embed.dtype == k_embed.dtype == torch.float32
+
+
+def test_rope_reference_is_hf_exactly():
+    """The reference (the CPU fallback and the eager baseline for partial rotary) is bitwise HF."""
+    q, k, unsqueeze_dim = make_qk((2, 6, 2, 5, 16), "hf_transpose", torch.bfloat16, "cpu")
+    cos, sin = make_cos_sin(2, 5, 16, torch.bfloat16, "cpu")
+    q, k, q_h, k_h = leaf(q), leaf(k), leaf(q), leaf(k)
+    out = reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    out_h = apply_rotary_pos_emb(q_h, k_h, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for o, o_h in zip(out, out_h):
+        assert torch.equal(o, o_h)
+    dy = [torch.randn_like(o) for o in out]
+    for g, g_h in zip(torch.autograd.grad(out, (q, k), dy), torch.autograd.grad(out_h, (q_h, k_h), dy)):
+        assert torch.equal(g, g_h)
+
+
+def test_rope_head_loop(monkeypatch):
+    """Head counts above one tile: programs loop over head chunks, the last one partial."""
+    monkeypatch.setattr(rope_module, "_TILE_ELEMENTS", 32)  # block_half 16 -> 2 heads per step
+    q, k, unsqueeze_dim = make_qk((1, 5, 3, 7, 30), "hf_transpose", torch.float32, "cpu")
+    cos, sin = make_cos_sin(1, 7, 30, torch.float32, "cpu")
+    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_arbitrary_tables(dtype):
+    """HF's formula holds for any cos/sin, not only tables with equal halves (where the backward's transpose
+    and a plain sign flip coincide): random tables catch a kernel that assumes the halves are equal."""
+    q, k, unsqueeze_dim = make_qk((2, 3, 2, 5, 14), "hf_transpose", dtype, "cpu")
+    cos = torch.randn(2, 5, 14, dtype=torch.float64).to(dtype)
+    sin = torch.randn(2, 5, 14, dtype=torch.float64).to(dtype)
+    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
+
+
+@pytest.mark.parametrize("ids_shape", ["B,T", "1,T", "T"])
+def test_rope_position_ids_gather_table_rows(ids_shape):
+    batch, n_q, n_k, seq_len, head_dim = SHAPES["cpu"]
+    q, k, unsqueeze_dim = make_qk(SHAPES["cpu"], "hf_transpose", torch.bfloat16, "cpu")
+    cos_table, sin_table = make_cos_sin(1, 40, head_dim, torch.bfloat16, "cpu")
+    cos_table, sin_table = cos_table[0], sin_table[0]
+    ids = {"B,T": (batch, seq_len), "1,T": (1, seq_len), "T": (seq_len,)}[ids_shape]
+    position_ids = torch.randint(0, 40, ids)
+
+    def eager(q, k, cos, sin, unsqueeze_dim):  # HF's legacy cos[position_ids] gather, then HF's function
+        ids2d = position_ids if position_ids.dim() == 2 else position_ids[None]
+        return apply_rotary_pos_emb(q, k, cos[ids2d], sin[ids2d], unsqueeze_dim=unsqueeze_dim)
+
+    check_against_eager(q, k, cos_table, sin_table, unsqueeze_dim, eager, position_ids=position_ids)
+
+
+def test_rope_cos_sin_grads():
+    """cos/sin that require grad (HF builds them under no_grad, but a user may not) get eager-exact grads."""
+    q, k, unsqueeze_dim = make_qk((2, 3, 1, 5, 12), "hf_transpose", torch.float32, "cpu")
+    cos, sin = make_cos_sin(2, 5, 8, torch.float32, "cpu")
+    tensors = [leaf(t) for t in (q, k, cos, sin)]
+    tensors_r = [leaf(t, torch.float64) for t in (q, k, cos, sin)]
+    out = rope(*tensors, unsqueeze_dim=unsqueeze_dim)
+    out_r = reference.rope(*tensors_r, unsqueeze_dim=unsqueeze_dim)
+    dy = [torch.randn_like(o) for o in out]
+    for g, g_r in zip(torch.autograd.grad(out, tensors, dy), torch.autograd.grad(out_r, tensors_r, dy)):
+        torch.testing.assert_close(g.double(), g_r, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_empty_and_no_grad():
+    q, k, unsqueeze_dim = make_qk((2, 4, 2, 0, 8), "hf_transpose", torch.float32, "cpu")
+    cos, sin = make_cos_sin(1, 0, 8, torch.float32, "cpu")
+    q_embed, k_embed = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    assert q_embed.shape == q.shape and k_embed.shape == k.shape
+    q, k, unsqueeze_dim = make_qk((1, 2, 2, 3, 8), "bthd", torch.float32, "cpu")
+    cos, sin = make_cos_sin(1, 3, 8, torch.float32, "cpu")
+    with torch.no_grad():
+        out = rope(q, k, cos, sin, unsqueeze_dim=-2)
+    for o, o_h in zip(out, apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)):
+        torch.testing.assert_close(o, o_h)
+
+
+def test_rope_bad_input():
+    q = torch.randn(2, 4, 5, 8)
+    k = torch.randn(2, 2, 5, 8)
+    cos, sin = torch.randn(1, 5, 8), torch.randn(1, 5, 8)
+    with pytest.raises(ValueError, match="head_dim"):
+        rope(torch.randn(2, 4, 5, 7), torch.randn(2, 2, 5, 7), cos[..., :7], sin[..., :7])
+    with pytest.raises(ValueError, match="q"):
+        rope(q[0], k, cos, sin)
+    with pytest.raises(ValueError, match="k"):
+        rope(q, torch.randn(3, 2, 5, 8), cos, sin)
+    with pytest.raises(ValueError, match="k"):
+        rope(q, torch.randn(2, 2, 6, 8), cos, sin)
+    with pytest.raises(TypeError, match="k"):
+        rope(q, k.double(), cos, sin)
+    with pytest.raises(TypeError, match="sin"):
+        rope(q, k, cos, sin.half())
+    with pytest.raises(TypeError, match="cos"):
+        rope(q, k, cos.long(), sin.long())
+    with pytest.raises(ValueError, match="sin"):
+        rope(q, k, cos, torch.randn(1, 5, 6))
+    with pytest.raises(ValueError, match="cos"):
+        rope(q, k, torch.randn(3, 5, 8), torch.randn(3, 5, 8))  # batch neither 1 nor B
+    with pytest.raises(ValueError, match="cos"):
+        rope(q, k, torch.randn(1, 4, 8), torch.randn(1, 4, 8))  # T mismatch
+    with pytest.raises(ValueError, match="rotary_dim"):
+        rope(q, k, torch.randn(1, 5, 10), torch.randn(1, 5, 10))  # wider than head_dim
+    with pytest.raises(ValueError, match="rotary_dim"):
+        rope(q, k, torch.randn(1, 5, 5), torch.randn(1, 5, 5))  # odd
+    with pytest.raises(ValueError, match="unsqueeze_dim"):
+        rope(q, k, cos, sin, unsqueeze_dim=3)
+    with pytest.raises(ValueError, match="cos"):
+        rope(q, k, cos.to("meta"), sin.to("meta"))
+    with pytest.raises(TypeError, match="position_ids"):
+        rope(q, k, cos[0], sin[0], position_ids=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="position_ids"):
+        rope(q, k, cos[0], sin[0], position_ids=torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="cos"):
+        rope(q, k, cos, sin, position_ids=torch.zeros(2, 5, dtype=torch.long))  # table must be 2-D
+    with pytest.raises(TypeError, match="q"):
+        rope(q.numpy(), k, cos, sin)
