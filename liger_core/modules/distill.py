@@ -1,0 +1,84 @@
+"""Distillation losses as nn.Modules: thin wrappers around liger_core.ops.kl_div / jsd / fused_linear_jsd.
+
+They hold only their hyper-parameters (no parameters, no buffers), so swapping one in for an eager loss never
+changes a state_dict.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from liger_core.ops.fused_linear_jsd import fused_linear_jsd
+from liger_core.ops.jsd import check_beta, check_ignore_index, jsd
+from liger_core.ops.kl_div import REDUCTIONS, kl_div
+
+
+class LigerKLDIVLoss(nn.Module):
+    """``torch.nn.KLDivLoss`` (input = log-probs) with a Triton kernel; gradient w.r.t. the input only."""
+
+    def __init__(self, reduction: str = "batchmean", log_target: bool = False) -> None:
+        super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction={reduction!r} is not supported; choose one of {REDUCTIONS}")
+        self.reduction = reduction
+        self.log_target = log_target
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}, log_target={self.log_target}"
+
+
+class LigerJSD(nn.Module):
+    """Generalised JSD between student and teacher log-probs (beta = 0: forward KL, beta = 1: reverse KL),
+    averaged over the rows whose ``shift_labels`` is not ``ignore_index``."""
+
+    def __init__(self, beta: float = 0.5, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.beta = check_beta(beta)
+        self.ignore_index = check_ignore_index(ignore_index)
+
+    def forward(
+        self, student_logp: torch.Tensor, teacher_logp: torch.Tensor, shift_labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return jsd(student_logp, teacher_logp, self.beta, self.ignore_index, shift_labels)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, ignore_index={self.ignore_index}"
+
+
+class LigerFusedLinearJSD(nn.Module):
+    """lm_head projections of student and teacher + generalised JSD, chunked over tokens so that neither
+    model's logits are materialised. The weights are passed to forward (they belong to the models)."""
+
+    def __init__(self, beta: float = 0.5, ignore_index: int = -100, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.beta = check_beta(beta)
+        self.ignore_index = check_ignore_index(ignore_index)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"temperature={temperature!r} must be a positive number")
+        self.temperature = float(temperature)
+
+    def forward(
+        self,
+        student_hidden: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_hidden: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        shift_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return fused_linear_jsd(
+            student_hidden,
+            student_weight,
+            teacher_hidden,
+            teacher_weight,
+            shift_labels,
+            beta=self.beta,
+            ignore_index=self.ignore_index,
+            temperature=self.temperature,
+        )
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"

@@ -1,0 +1,199 @@
+"""KL divergence with ``torch.nn.functional.kl_div``'s semantics: ``input`` holds log-probabilities,
+``target`` probabilities (or log-probabilities with ``log_target=True``).
+
+Math (elementwise, fp32 inside the kernels, x = input, t = target)::
+
+    log_target=False:  l = t * log(t) - t * x      (t * log t := 0 at t = 0, like torch.xlogy)   dl/dx = -t
+    log_target=True:   l = e^t * (t - x)                                                      dl/dx = -e^t
+
+    reduction="none": l;  "sum": sum(l);  "mean": sum(l) / numel;  "batchmean": sum(l) / input.size(0)
+
+Rows are the last dimension (any leading dims). The forward kernel streams each row once and writes either
+l (``none``) or the row's fp32 sum, which torch then adds up; one rounding to the input dtype at the end.
+Nothing but ``target`` is saved for backward, whose kernel reads target (and grad_output for ``none``) and
+writes ``-p * grad_output / divisor``. Only ``input`` gets a gradient: ``target`` is treated as a constant
+(as in Liger-Kernel; torch would also differentiate w.r.t. target).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from liger_core import reference
+from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops.jsd import as_rows, looped_row_settings
+
+REDUCTIONS = ("none", "sum", "mean", "batchmean")
+
+
+@triton.jit
+def _kl_div_fwd_kernel(
+    x_ptr,
+    x_row_stride,
+    t_ptr,
+    t_row_stride,
+    out_ptr,  # (rows, n_cols) in the input dtype when not REDUCE, else (rows,) fp32 row sums
+    n_cols,
+    LOG_TARGET: tl.constexpr,
+    REDUCE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_ptr += row * x_row_stride
+    t_ptr += row * t_row_stride
+    cols = tl.arange(0, BLOCK_SIZE)
+    acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_SIZE):
+        offsets = start + cols
+        mask = offsets < n_cols
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        t = tl.load(t_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if LOG_TARGET:
+            loss = tl.exp(t) * (t - x)
+        else:
+            loss = tl.where(t == 0.0, 0.0, t * tl.log(t)) - t * x
+        if REDUCE:
+            acc += tl.where(mask, loss, 0.0)
+        else:
+            tl.store(out_ptr + row * n_cols + offsets, loss.to(out_ptr.dtype.element_ty), mask=mask)
+    if REDUCE:
+        tl.store(out_ptr + row, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _kl_div_bwd_kernel(
+    t_ptr,
+    t_row_stride,
+    g_ptr,  # grad_output: a 0-dim tensor when SCALAR_GRAD, else (rows, n_cols)
+    g_row_stride,
+    dx_ptr,
+    n_cols,
+    inv_divisor,
+    LOG_TARGET: tl.constexpr,
+    SCALAR_GRAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    t_ptr += row * t_row_stride
+    dx_ptr += row * n_cols
+    cols = tl.arange(0, BLOCK_SIZE)
+    if SCALAR_GRAD:
+        g = tl.load(g_ptr).to(tl.float32) * inv_divisor
+    for start in range(0, n_cols, BLOCK_SIZE):
+        offsets = start + cols
+        mask = offsets < n_cols
+        t = tl.load(t_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if LOG_TARGET:
+            t = tl.exp(t)
+        if not SCALAR_GRAD:
+            g = tl.load(g_ptr + row * g_row_stride + offsets, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offsets, (-t * g).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@torch.library.custom_op("liger_core::kl_div_fwd", mutates_args=())
+def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool) -> torch.Tensor:
+    """(rows, V) elementwise loss in x's dtype, or (rows,) fp32 row sums when ``reduce``."""
+    n_rows, n_cols = x.shape
+    if reduce:
+        out = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    block, warps = looped_row_settings(n_cols)
+    if n_rows:
+        _kl_div_fwd_kernel[(n_rows,)](
+            x,
+            x.stride(0),
+            t,
+            t.stride(0),
+            out,
+            n_cols,
+            LOG_TARGET=log_target,
+            REDUCE=reduce,
+            BLOCK_SIZE=block,
+            num_warps=warps,
+        )
+    return out
+
+
+@_kl_div_fwd.register_fake
+def _(x, t, log_target, reduce):
+    if reduce:
+        return x.new_empty(x.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("liger_core::kl_div_bwd", mutates_args=())
+def _kl_div_bwd(
+    grad_output: torch.Tensor, t: torch.Tensor, inv_divisor: float, log_target: bool, dtype: torch.dtype
+) -> torch.Tensor:
+    n_rows, n_cols = t.shape
+    dx = torch.empty((n_rows, n_cols), dtype=dtype, device=t.device)
+    scalar_grad = grad_output.dim() == 0
+    block, warps = looped_row_settings(n_cols)
+    if n_rows:
+        _kl_div_bwd_kernel[(n_rows,)](
+            t,
+            t.stride(0),
+            grad_output,
+            0 if scalar_grad else grad_output.stride(0),
+            dx,
+            n_cols,
+            inv_divisor,
+            LOG_TARGET=log_target,
+            SCALAR_GRAD=scalar_grad,
+            BLOCK_SIZE=block,
+            num_warps=warps,
+        )
+    return dx
+
+
+@_kl_div_bwd.register_fake
+def _(grad_output, t, inv_divisor, log_target, dtype):
+    return t.new_empty(t.shape, dtype=dtype)
+
+
+class KLDivFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, target, reduction, log_target):
+        x, t = as_rows(input), as_rows(target.detach())
+        reduce = reduction != "none"
+        out = _kl_div_fwd(x, t, log_target, reduce)
+        divisor = {"none": 1, "sum": 1, "mean": input.numel(), "batchmean": input.shape[0]}[reduction]
+        ctx.save_for_backward(t)
+        ctx.inv_divisor = 1.0 / divisor if divisor else float("nan")  # 0/0 is NaN in torch too
+        ctx.log_target, ctx.input_shape, ctx.input_dtype = log_target, input.shape, input.dtype
+        if not reduce:
+            return out.view(input.shape)
+        return (out.sum() / divisor).to(input.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (t,) = ctx.saved_tensors
+        if grad_output.dim() != 0:
+            grad_output = as_rows(grad_output)
+            if grad_output.stride(-1) != 1:
+                grad_output = grad_output.contiguous()
+        dx = _kl_div_bwd(grad_output, t, ctx.inv_divisor, ctx.log_target, ctx.input_dtype)
+        return dx.view(ctx.input_shape), None, None, None
+
+
+def kl_div(
+    input: torch.Tensor, target: torch.Tensor, reduction: str = "batchmean", log_target: bool = False
+) -> torch.Tensor:
+    """``torch.nn.functional.kl_div(input, target, reduction, log_target)`` in Triton, for tensors of equal
+    shape (..., V) and dtype. ``input`` is log-probabilities; only ``input`` gets a gradient. The loss is
+    computed in fp32 and rounded once to the input dtype."""
+    check_tensor("input", input, min_ndim=1)
+    check_tensor("target", target)
+    check_shape("target", target, tuple(input.shape), "target must match input")
+    if target.dtype != input.dtype:
+        raise TypeError(f"target has dtype {target.dtype} but input has dtype {input.dtype}; they must match")
+    check_same_device("input", input, target=target)
+    check_choice("reduction", reduction, REDUCTIONS)
+    if not isinstance(log_target, bool):
+        raise TypeError(f"log_target must be a bool, got {type(log_target).__name__}")
+    if not use_triton(input):
+        return reference.kl_div(input, target, reduction, log_target)
+    return KLDivFunction.apply(input, target, reduction, log_target)
