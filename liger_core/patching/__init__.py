@@ -1,0 +1,83 @@
+"""Patch Hugging Face models to run liger_core kernels (see ``recipes.py`` for the per-model table).
+
+- ``apply_liger_kernel(model, **flags) -> PatchReport``: patch one built model (PEFT-wrapped too); exact
+  recipe for known ``model_type``s, structural patching (numerically self-checked) for the rest.
+- ``revert(model)``, ``is_patched(model)``.
+- ``apply_liger_kernel_to_<model_type>(**flags)`` (one per recipe, generated from the table) and the generic
+  ``apply_liger_kernel_to(model_type, **flags)``: class-level, for models built afterwards;
+  ``revert_model_type(model_type)``.
+- ``AutoLigerKernelForCausalLM.from_pretrained / from_config``.
+- ``supported_model_types()``.
+
+Flags (all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``layer_norm``, ``cross_entropy``
+(default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``).
+Importing this package imports neither transformers nor Triton.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from liger_core.patching.class_level import apply_liger_kernel_to, revert_model_type
+from liger_core.patching.instance import apply_liger_kernel, is_patched, revert
+from liger_core.patching.recipes import RECIPES, supported_model_types
+from liger_core.patching.report import PatchReport, UnsupportedModelError
+
+__all__ = [
+    "AutoLigerKernelForCausalLM",
+    "PatchReport",
+    "UnsupportedModelError",
+    "apply_liger_kernel",
+    "apply_liger_kernel_to",
+    "is_patched",
+    "revert",
+    "revert_model_type",
+    "supported_model_types",
+]
+
+
+def _make_class_level_function(model_type: str):
+    def apply(
+        rope: bool = True,
+        rms_norm: bool = True,
+        swiglu: bool = True,
+        geglu: bool = True,
+        layer_norm: bool = True,
+        cross_entropy: bool = False,
+        fused_linear_cross_entropy: bool = True,
+        model: nn.Module | None = None,
+    ) -> PatchReport:
+        flags = dict(
+            rope=rope,
+            rms_norm=rms_norm,
+            swiglu=swiglu,
+            geglu=geglu,
+            layer_norm=layer_norm,
+            cross_entropy=cross_entropy,
+            fused_linear_cross_entropy=fused_linear_cross_entropy,
+        )
+        if model is not None:  # Liger-Kernel's calling convention: patch this instance instead
+            return apply_liger_kernel(model, **flags)
+        return apply_liger_kernel_to(model_type, **flags)
+
+    apply.__name__ = apply.__qualname__ = f"apply_liger_kernel_to_{model_type}"
+    apply.__doc__ = (
+        f"Class-level patching of {model_type!r} models built after this call (``model=...``: patch that "
+        f"built model instead, as ``apply_liger_kernel`` does). Generated from ``RECIPES[{model_type!r}]``."
+    )
+    return apply
+
+
+for _model_type in RECIPES:
+    _fn = _make_class_level_function(_model_type)
+    globals()[_fn.__name__] = _fn
+    __all__.append(_fn.__name__)
+del _model_type, _fn
+
+
+def __getattr__(name: str):
+    if name == "AutoLigerKernelForCausalLM":
+        from liger_core.patching.auto import AutoLigerKernelForCausalLM
+
+        return AutoLigerKernelForCausalLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,439 @@
+"""The forwards and functions that patching puts into Hugging Face models.
+
+Each forward is one module-level function shared by instance patching (bound into a module's ``__dict__`` with
+``types.MethodType``) and class-level patching (set on a generated subclass or on the causal-LM class), and it
+reads what it needs from attributes of the module it is bound to (``_liger_core_norm_spec``, ...). Parameters
+are only ever read: no parameter is created, copied or renamed, so ``state_dict()`` is unchanged.
+
+Only ``liger_core.ops``' functional API is called here (never Triton): on CUDA tensors the Triton kernels run,
+on CPU the interpreter or the reference path (``liger_core.dispatch``).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import liger_core  # `liger_core.ops` is imported on first use: importing patching does not import Triton
+
+# ----------------------------------------------------------------------------------------------------------
+# RMSNorm / LayerNorm
+# ----------------------------------------------------------------------------------------------------------
+
+
+def norm_eps(module: nn.Module) -> float:
+    """HF's RMSNorm classes call epsilon ``variance_epsilon`` (Llama family) or ``eps`` (Gemma, OLMo-2)."""
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps", None)
+    if eps is None:
+        raise AttributeError(f"{type(module).__name__} has neither `variance_epsilon` nor `eps`")
+    return float(eps)
+
+
+def rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    spec = self._liger_core_norm_spec
+    return liger_core.ops.rms_norm(
+        hidden_states,
+        self.weight,
+        norm_eps(self),
+        offset=spec.offset,
+        casting_mode=spec.casting_mode,
+        in_place=spec.in_place,
+    )
+
+
+def layer_norm_forward(self: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return liger_core.ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gated MLPs: only act(gate) * up is swapped; the projections are still called as submodules (for LoRA)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResolvedMLP:
+    """An MLP's attribute names plus the activation recognised on the built module."""
+
+    gate: str | None
+    up: str | None
+    down: str
+    gate_up: str | None
+    kind: str  # "swiglu" | "geglu"
+    approximate: str = "none"  # geglu only: "tanh" or "none"
+
+
+def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    spec: ResolvedMLP = self._liger_core_mlp_spec
+    if spec.gate_up is not None:
+        gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
+    else:
+        gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
+    if spec.kind == "swiglu":
+        h = liger_core.ops.swiglu(gate, up)
+    else:
+        h = liger_core.ops.geglu(gate, up, approximate=spec.approximate)
+    return getattr(self, spec.down)(h)
+
+
+_ACT_PROBE_TOL = 1e-6
+
+
+@functools.lru_cache(maxsize=1)
+def _act_probe() -> torch.Tensor:
+    # both tails and the curved middle; explicit device: HF may build models under a meta device context
+    return torch.linspace(-8.0, 8.0, 321, dtype=torch.float32, device="cpu")
+
+
+def classify_activation(act: object) -> tuple[str, str] | None:
+    """Recognise an activation module by what it computes: ("swiglu", "none"), ("geglu", "tanh"|"none"), None.
+
+    By value, not by class name: transformers renames these classes between releases (SiLUActivation, nn.SiLU,
+    GELUTanh, PytorchGELUTanh, NewGELUActivation ...). Modules with parameters (learnable activations) never
+    match.
+    """
+    if not callable(act) or (isinstance(act, nn.Module) and any(True for _ in act.parameters())):
+        return None
+    x = _act_probe()
+    try:
+        with torch.no_grad():
+            y = act(x.clone())
+    except Exception:  # noqa: BLE001 - anything that cannot take a plain fp32 tensor is not one of ours
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype:
+        return None
+    for kind, approximate, ref in (
+        ("swiglu", "none", F.silu(x)),
+        ("geglu", "tanh", F.gelu(x, approximate="tanh")),
+        ("geglu", "none", F.gelu(x)),
+    ):
+        if (y - ref).abs().max().item() <= _ACT_PROBE_TOL:
+            return kind, approximate
+    return None
+
+
+def resolve_mlp(module: nn.Module, spec: Any) -> ResolvedMLP | str:
+    """The ResolvedMLP for ``module`` from an MLPSpec-like ``spec``, or why it cannot be patched."""
+    names = [n for n in (spec.gate, spec.up, spec.down, spec.gate_up) if n is not None]
+    missing = [n for n in names if not isinstance(getattr(module, n, None), nn.Module)]
+    if missing:
+        return f"has no submodule {missing[0]!r}"
+    act = getattr(module, spec.act, None)
+    found = classify_activation(act)
+    if found is None:
+        return f"activation {type(act).__name__} is neither silu nor gelu"
+    kind, approximate = found
+    return ResolvedMLP(spec.gate, spec.up, spec.down, spec.gate_up, kind, approximate)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RoPE
+# ----------------------------------------------------------------------------------------------------------
+
+
+def liger_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, position_ids=None):
+    """Drop-in for HF's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (full or partial rotary)."""
+    return liger_core.ops.rope(q, k, cos, sin, position_ids=position_ids, unsqueeze_dim=unsqueeze_dim)
+
+
+def liger_rotary_pos_emb_cast_back(q, k, cos, sin, unsqueeze_dim=1, *, position_ids=None):
+    """As above, returning q/k in their input dtype (OLMo-2's variant: its cos/sin are fp32)."""
+    q_embed, k_embed = liger_core.ops.rope(
+        q, k, cos, sin, position_ids=position_ids, unsqueeze_dim=unsqueeze_dim
+    )
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
+liger_rotary_pos_emb._liger_core_kind = "rope"
+liger_rotary_pos_emb_cast_back._liger_core_kind = "rope"
+
+
+def rope_function(casts_back: bool):
+    return liger_rotary_pos_emb_cast_back if casts_back else liger_rotary_pos_emb
+
+
+_rebound_forwards: dict[tuple[Any, str, Any], types.FunctionType] = {}
+
+
+def forward_with_global(func: types.FunctionType, name: str, replacement: Any) -> types.FunctionType:
+    """A copy of ``func`` that sees ``replacement`` for the global ``name`` (all else as ``func`` does).
+
+    This is how RoPE is patched on one model instance: HF attention forwards call the modeling module's
+    ``apply_rotary_pos_emb`` through their globals, so swapping the module attribute would change every model
+    of that type in the process (a frozen reference model in DPO/distillation included). Instead the patched
+    attention module gets this copy of its class's forward, whose globals are a copy of the modeling module's
+    dict with the one name replaced. The copy of the globals is taken when the model is patched (a later
+    monkey-patch of *another* name in that modeling module is not seen by patched attention modules).
+    One copy per (function, name, replacement) is cached, so N layers share one function object.
+    """
+    key = (func, name, replacement)
+    cached = _rebound_forwards.get(key)
+    if cached is not None:
+        return cached
+    new_globals = dict(func.__globals__)
+    new_globals[name] = replacement
+    new = types.FunctionType(func.__code__, new_globals, func.__name__, func.__defaults__, func.__closure__)
+    new.__kwdefaults__ = func.__kwdefaults__
+    new.__qualname__ = func.__qualname__
+    new.__module__ = func.__module__
+    new.__doc__ = func.__doc__
+    new.__dict__.update(func.__dict__)
+    new._liger_core_rope = replacement
+    _rebound_forwards[key] = new
+    return new
+
+
+def calls_global(func: object, name: str) -> bool:
+    """True if ``func`` is a plain Python function whose own code looks up the global ``name``."""
+    return isinstance(func, types.FunctionType) and name in func.__code__.co_names
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loss: cross-entropy on logits, and fused linear + cross-entropy on hidden states
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _shifted_targets(labels, shift_labels, ignore_index: int) -> torch.Tensor:
+    """HF's causal-LM target convention: pad with ignore_index and shift left (or take ``shift_labels``)."""
+    if shift_labels is None:
+        labels = F.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    return shift_labels.reshape(-1)
+
+
+def _divide(loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def liger_causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    vocab_size: int,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """HF's ``ForCausalLMLoss`` (same arguments and reductions) via ``liger_core.ops.cross_entropy``.
+
+    Sum divided by ``num_items_in_batch`` when given (gradient accumulation), else the mean over non-ignored
+    targets. Logits are not upcast to a float32 copy: the kernel computes in fp32 internally.
+    """
+    targets = _shifted_targets(labels, shift_labels, ignore_index).to(logits.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = liger_core.ops.cross_entropy(
+        logits.reshape(-1, vocab_size), targets, ignore_index=ignore_index, reduction=reduction
+    )
+    loss = loss.float()
+    return _divide(loss, num_items_in_batch) if num_items_in_batch is not None else loss
+
+
+liger_causal_lm_loss._liger_core_kind = "cross_entropy"
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    """What the causal-LM forward needs to know beyond the standard HF layout."""
+
+    softcap_attr: str | None = None
+    logits_scaling_attr: str | None = None
+    moe: bool = False
+    aux_loss_fn: Any = None  # the modeling module's load_balancing_loss_func (MoE)
+
+
+def fusable_linear(lm_head: nn.Module) -> nn.Linear | None:
+    """The plain ``nn.Linear`` that ``lm_head(h)`` applies, or None when the fused loss must not bypass it.
+
+    PEFT's ModulesToSaveWrapper is resolved to the copy it would call (the active adapter's, or the original
+    when adapters are disabled). Anything that is not exactly an ``nn.Linear`` with an ordinary weight and no
+    hooks (a LoRA-wrapped lm_head, a quantised layer, an accelerate offload hook, a meta weight) returns None,
+    and the caller computes the logits through ``lm_head`` instead: slower, never wrong.
+    """
+    module = lm_head
+    if hasattr(module, "modules_to_save") and hasattr(module, "original_module"):
+        active = list(getattr(module, "active_adapters", []) or [])
+        if (
+            getattr(module, "disable_adapters", False)
+            or not active
+            or active[0] not in module.modules_to_save
+        ):
+            module = module.original_module
+        else:
+            module = module.modules_to_save[active[0]]
+    if type(module) is not nn.Linear:
+        return None
+    if module._forward_hooks or module._forward_pre_hooks or getattr(module, "_hf_hook", None) is not None:
+        return None
+    weight = module.weight
+    if type(weight) not in (torch.Tensor, nn.Parameter) or weight.device.type == "meta":
+        return None
+    return module
+
+
+def _slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    try:  # transformers >= 5.x: handles ints, 1-D/2-D index tensors and boolean masks
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:
+        slice_logits_to_keep = None
+    if slice_logits_to_keep is not None:
+        return slice_logits_to_keep(hidden, logits_to_keep)
+    if isinstance(logits_to_keep, int):
+        return hidden if logits_to_keep == 0 else hidden[:, -logits_to_keep:, :]
+    return hidden[:, logits_to_keep, :]
+
+
+def _config_value(config, attr: str | None):
+    return getattr(config, attr, None) if attr else None
+
+
+def fused_linear_ce_loss(
+    model: nn.Module,
+    linear: nn.Linear,
+    hidden: torch.Tensor,
+    labels: torch.Tensor | None,
+    shift_labels: torch.Tensor | None,
+    num_items_in_batch,
+    ignore_index: int,
+    spec: LMSpec,
+) -> torch.Tensor:
+    """The causal-LM loss straight from hidden states: the (tokens x vocab) logits are never materialised."""
+    hidden_2d = hidden.reshape(-1, hidden.shape[-1])
+    targets = _shifted_targets(labels, shift_labels, ignore_index).to(hidden_2d.device)
+    scaling = _config_value(model.config, spec.logits_scaling_attr)
+    if scaling is not None and scaling != 1:
+        if linear.bias is not None:
+            raise NotImplementedError(
+                f"liger_core: {type(model).__name__} divides its logits by {spec.logits_scaling_attr} and "
+                "its lm_head has a bias, the fused loss cannot fold in: use fused_linear_cross_entropy=False"
+            )
+        # lm_head(h) / s == (h / s) @ W^T: the same logits, folded into the (much smaller) hidden states
+        hidden_2d = hidden_2d / scaling
+    softcap = _config_value(model.config, spec.softcap_attr)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = liger_core.ops.fused_linear_cross_entropy(
+        hidden_2d,
+        linear.weight,
+        targets,
+        bias=linear.bias,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        softcap=softcap,
+    )
+    return _divide(loss, num_items_in_batch) if num_items_in_batch is not None else loss
+
+
+def _logits(model: nn.Module, hidden: torch.Tensor, spec: LMSpec) -> torch.Tensor:
+    """Exactly the HF logits: lm_head, then Granite's scaling or Gemma's final soft-capping."""
+    logits = model.lm_head(hidden)
+    scaling = _config_value(model.config, spec.logits_scaling_attr)
+    if scaling is not None:
+        logits = logits / scaling
+    softcap = _config_value(model.config, spec.softcap_attr)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def causal_lm_forward(
+    self: nn.Module,
+    input_ids: torch.LongTensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.LongTensor | None = None,
+    past_key_values: Any = None,
+    inputs_embeds: torch.Tensor | None = None,
+    labels: torch.LongTensor | None = None,
+    use_cache: bool | None = None,
+    logits_to_keep: int | torch.Tensor = 0,
+    skip_logits: bool | None = None,
+    **kwargs: Any,
+):
+    """``*ForCausalLM.forward`` with the loss computed by ``liger_core.ops.fused_linear_cross_entropy``.
+
+    Same arguments and outputs as HF's, plus ``skip_logits``. By default (``skip_logits=None``) the logits are
+    skipped exactly when training with labels (or ``shift_labels``): then ``loss`` is the fused loss and
+    ``logits`` is None. Otherwise (eval, generation, ``skip_logits=False``) the logits are computed as HF does
+    and the loss, when labels are given, by the model's own ``loss_function``. ``num_items_in_batch`` (HF's
+    gradient-accumulation fix) turns the mean into sum / num_items_in_batch in both paths.
+    """
+    spec: LMSpec = self._liger_core_lm_spec
+    return_dict = kwargs.pop("return_dict", None)
+    shift_labels = kwargs.get("shift_labels")
+    num_items_in_batch = kwargs.get("num_items_in_batch")
+    ignore_index = kwargs.get("ignore_index", -100)
+    has_targets = labels is not None or shift_labels is not None
+    if skip_logits is None:
+        skip_logits = self.training and has_targets
+    if skip_logits and not has_targets:
+        raise ValueError(
+            "skip_logits=True needs `labels` or `shift_labels`: without them there is nothing to return"
+        )
+
+    model_kwargs = dict(kwargs)
+    output_router_logits = False
+    if spec.moe:
+        output_router_logits = kwargs.pop("output_router_logits", None)
+        if output_router_logits is None:
+            output_router_logits = getattr(self.config, "output_router_logits", False)
+        model_kwargs["output_router_logits"] = output_router_logits
+
+    base = getattr(self, self.base_model_prefix)
+    outputs = base(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        inputs_embeds=inputs_embeds,
+        use_cache=use_cache,
+        **model_kwargs,
+    )
+    hidden = _slice_to_keep(outputs[0], logits_to_keep)
+
+    linear = fusable_linear(self.lm_head) if skip_logits else None
+    logits = loss = None
+    if linear is not None:
+        loss = fused_linear_ce_loss(
+            self, linear, hidden, labels, shift_labels, num_items_in_batch, ignore_index, spec
+        )
+    else:
+        logits = _logits(self, hidden, spec)
+        if has_targets:
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
+        if skip_logits:  # asked not to return logits, but lm_head could not be fused (see fusable_linear)
+            logits = None
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+
+    common = dict(
+        loss=loss,
+        logits=logits,
+        past_key_values=getattr(outputs, "past_key_values", None),
+        hidden_states=getattr(outputs, "hidden_states", None),
+        attentions=getattr(outputs, "attentions", None),
+    )
+    if spec.moe:
+        aux_loss = None
+        router_logits = getattr(outputs, "router_logits", None)
+        if output_router_logits and spec.aux_loss_fn is not None:
+            aux_loss = spec.aux_loss_fn(
+                router_logits, self.num_experts, self.num_experts_per_tok, attention_mask
+            )
+            if loss is not None:
+                loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+                common["loss"] = loss
+        output = MoeCausalLMOutputWithPast(aux_loss=aux_loss, router_logits=router_logits, **common)
+    else:
+        output = CausalLMOutputWithPast(**common)
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
+    return output if return_dict else output.to_tuple()
