@@ -35,10 +35,10 @@ def make_qk(shape, layout, dtype, device):
 
 def make_cos_sin(batch, seq_len, rotary_dim, dtype, device):
     """HF-style tables: angles t * inv_freq, duplicated halves, batch `batch` (1 or B)."""
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim))
-    positions = torch.arange(seq_len, dtype=torch.float64, device=device) + torch.randint(
-        0, 1000, (batch, 1), device=device
-    )
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim
+    inv_freq = 1.0 / 10000**exponents
+    offsets = torch.randint(0, 1000, (batch, 1), device=device)  # each row starts at its own position
+    positions = torch.arange(seq_len, dtype=torch.float64, device=device) + offsets
     freqs = positions[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
