@@ -12,8 +12,9 @@ Math (all in fp32 inside the kernel, one rounding to the output dtype)::
     db = dy * gelu(a)
 
 ``1 + tanh(u) = 2 sigmoid(2u)`` is used because it is portable (the Triton interpreter has no libdevice tanh)
-and saturates cleanly. Both s and 1 - s come from one ``exp(-|2u|)`` (never overflows), each with full
-relative accuracy: no cancellation in ``1 + tanh(u)`` for negative a nor in ``1 - s`` for positive a.
+and more accurate: s and 1 - s both come from one ``exp(-|2u|)`` (never overflows) with full relative
+accuracy, so there is no cancellation in ``1 + tanh(u)`` for negative a nor in ``1 - s`` for positive a
+(see ``_gelu_tanh_parts``).
 Nothing is saved for backward but the inputs ``a`` and ``b``; the backward kernel recomputes gelu.
 Minimal HBM traffic: forward reads a, b and writes y (3 tensors); backward reads dy, a, b and writes da, db
 (5 tensors).
@@ -35,25 +36,36 @@ _SQRT_2_OVER_PI: tl.constexpr = 0.7978845608028654
 _GELU_CUBIC: tl.constexpr = 0.044715
 _SQRT_HALF: tl.constexpr = 0.7071067811865476
 _INV_SQRT_2PI: tl.constexpr = 0.3989422804014327
+# |a| beyond which sigmoid(2u) is exactly 0 or 1 in fp32 (|2u| > 140 from |a| = 12 on): clamping u's argument
+# there changes no result and keeps a^3 (inf past 7e12) and 0 * inf out of the math
+_TANH_SATURATION: tl.constexpr = 20.0
 
 
 @triton.jit
-def _sigmoid_pair(x):
-    """(sigmoid(x), sigmoid(-x)) = (1 - sigmoid(-x), ...), each to full relative accuracy and overflow-free:
-    with t = exp(-|x|) in (0, 1], they are 1 / (1 + t) and t / (1 + t) in the order of x's sign."""
-    t = tl.exp(-tl.abs(x))
-    big = 1.0 / (1.0 + t)
-    small = t * big
-    positive = x >= 0.0
-    return tl.where(positive, big, small), tl.where(positive, small, big)
+def _gelu_tanh_parts(a):
+    """For the tanh GELU: (gelu(a), m, 2u'(a)), m = sigmoid(-|2u|) = min(s, 1 - s), s = sigmoid(2u).
+
+    With t = exp(-|2u|) in (0, 1] (never overflows), m = t / (1 + t) has full relative accuracy, and since
+    2u has a's sign, s = 1 - m for a >= 0 and s = m for a < 0. So gelu = a * s is ``a - a * m`` (one rounding
+    next to a, where eager's 0.5 a (1 + tanh(u)) takes several) or ``a * m`` (no cancellation, where eager's
+    1 + tanh(u) cancels catastrophically). a is clamped to +-_TANH_SATURATION inside u only.
+    """
+    a_c = tl.minimum(tl.maximum(a, -_TANH_SATURATION), _TANH_SATURATION)
+    a_sq = a_c * a_c
+    two_u = 2.0 * _SQRT_2_OVER_PI * a_c * (1.0 + _GELU_CUBIC * a_sq)
+    t = tl.exp(-tl.abs(two_u))
+    m = t / (1.0 + t)
+    a_m = a * m
+    gelu = tl.where(a >= 0.0, a - a_m, a_m)
+    d_two_u = 2.0 * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * a_sq)
+    return gelu, m, d_two_u
 
 
 @triton.jit
 def _gelu(a, TANH: tl.constexpr):
     """gelu(a) in fp32 for an fp32 tensor a."""
     if TANH:
-        s, _ = _sigmoid_pair(2.0 * _SQRT_2_OVER_PI * a * (1.0 + _GELU_CUBIC * a * a))
-        gelu = a * s
+        gelu, _, _ = _gelu_tanh_parts(a)
     else:
         gelu = a * (0.5 * (1.0 + tl.math.erf(a * _SQRT_HALF)))
     return gelu
@@ -62,18 +74,15 @@ def _gelu(a, TANH: tl.constexpr):
 @triton.jit
 def _gelu_and_grad(a, TANH: tl.constexpr):
     """(gelu(a), gelu'(a)) in fp32 for an fp32 tensor a."""
-    a_sq = a * a
     if TANH:
-        s, one_minus_s = _sigmoid_pair(2.0 * _SQRT_2_OVER_PI * a * (1.0 + _GELU_CUBIC * a_sq))
-        du = 2.0 * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * a_sq)  # d(2u)/da
-        ds = s * one_minus_s
-        gelu = a * s
-        # once the sigmoid saturates (ds == 0) du may be inf for |a| > 1e19: 0 * inf would be NaN
-        grad = s + tl.where(ds == 0.0, 0.0, a * ds * du)
+        gelu, m, d_two_u = _gelu_tanh_parts(a)
+        s = tl.where(a >= 0.0, 1.0 - m, m)
+        # s (1 - s) = m (1 - m) on both sides
+        grad = s + a * (m * (1.0 - m)) * d_two_u
     else:
         cdf = 0.5 * (1.0 + tl.math.erf(a * _SQRT_HALF))
         gelu = a * cdf
-        grad = cdf + a * tl.exp(-0.5 * a_sq) * _INV_SQRT_2PI
+        grad = cdf + a * tl.exp(-0.5 * a * a) * _INV_SQRT_2PI
     return gelu, grad
 
 

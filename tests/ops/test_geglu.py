@@ -1,0 +1,109 @@
+import pytest
+import torch
+from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+
+from liger_core import reference
+from liger_core.ops import geglu
+
+SHAPES = {"cpu": [(3, 7, 123), (5, 257), (2, 1031)], "cuda": [(4, 2048, 16384), (3, 1001, 11008)]}
+APPROXIMATIONS = ["tanh", "none"]
+
+
+def check_against_eager(a, b, approximate):
+    a, b = leaf(a), leaf(b)
+    a_e, b_e = leaf(a), leaf(b)
+    a_r, b_r = leaf(a, torch.float64), leaf(b, torch.float64)
+    y = geglu(a, b, approximate)
+    y_e = reference.geglu(a_e, b_e, approximate)
+    y_r = reference.geglu(a_r, b_r, approximate)
+    assert y.dtype == a.dtype and y.shape == a.shape
+    assert_no_worse_than_eager("y", y, y_e, y_r)
+    dy = torch.randn(a.shape, dtype=torch.float64, device=a.device).to(a.dtype)
+    da, db = torch.autograd.grad(y, (a, b), dy)
+    da_e, db_e = torch.autograd.grad(y_e, (a_e, b_e), dy)
+    da_r, db_r = torch.autograd.grad(y_r, (a_r, b_r), dy.double())
+    assert_no_worse_than_eager("da", da, da_e, da_r)
+    assert_no_worse_than_eager("db", db, db_e, db_r)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_geglu_matches_float64(device, dtype, layout, approximate, poison_empty):
+    make = noncontiguous if layout == "noncontiguous" else (lambda t: t)
+    for shape in SHAPES[device]:
+        # scale 3: most of the gate lies in gelu's curved region, and a tail in both saturated ones
+        a = make((torch.randn(shape, dtype=torch.float64, device=device) * 3).to(dtype))
+        b = make(torch.randn(shape, dtype=torch.float64, device=device).to(dtype))
+        check_against_eager(a, b, approximate)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_geglu_fp16(device, approximate):
+    shape = SHAPES[device][1]
+    a = (torch.randn(shape, dtype=torch.float64, device=device) * 3).half()
+    b = torch.randn(shape, dtype=torch.float64, device=device).half()
+    check_against_eager(a, b, approximate)
+
+
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_geglu_negative_tail(approximate):
+    """a in [-9, -2]: gelu(a) is a tiny difference (1 + tanh(u) or 1 + erf) in the eager formula; the kernel
+    must be at least as accurate there, in value and in gradient."""
+    a = -2.0 - 7.0 * torch.rand(3001, dtype=torch.float64)
+    b = torch.randn(3001, dtype=torch.float64)
+    check_against_eager(a.float(), b.float(), approximate)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_geglu_extreme_values(device, approximate):
+    a = torch.tensor([-1e4, -80.0, -10.0, -1.0, 0.5, 10.0, 80.0, 1e4], device=device).repeat(37).reshape(8, 37)
+    b = torch.randn_like(a)
+    a, b = leaf(a), leaf(b)
+    y = geglu(a, b, approximate)
+    a_r, b_r = leaf(a, torch.float64), leaf(b, torch.float64)
+    y_r = reference.geglu(a_r, b_r, approximate)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y.double(), y_r, rtol=1e-6, atol=1e-6)
+    da, db = torch.autograd.grad(y.sum(), (a, b))
+    da_r, db_r = torch.autograd.grad(y_r.sum(), (a_r, b_r))
+    assert torch.isfinite(da).all() and torch.isfinite(db).all()
+    torch.testing.assert_close(da.double(), da_r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(db.double(), db_r, rtol=1e-5, atol=1e-6)
+
+
+def test_geglu_beyond_bf16_scale_stays_finite():
+    """|a| near bf16's limit: a^3 overflows fp32, the sigmoid saturates, and nothing turns into NaN."""
+    a = leaf(torch.tensor([-3e38, -1e20, -1e13, 1e13, 1e20, 3e38]))
+    b = leaf(torch.ones(6))
+    y = geglu(a, b)
+    torch.testing.assert_close(y, torch.where(a > 0, a, 0.0).detach())
+    (da,) = torch.autograd.grad(y.sum(), (a,))
+    torch.testing.assert_close(da, (a > 0).float())
+
+
+def test_geglu_empty():
+    a = leaf(torch.empty(0, 5))
+    y = geglu(a, torch.empty(0, 5))
+    assert y.shape == (0, 5)
+    (da,) = torch.autograd.grad(y.sum(), (a,))
+    assert da.shape == (0, 5)
+
+
+def test_geglu_bad_input():
+    a = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="b"):
+        geglu(a, torch.randn(4, 9))
+    with pytest.raises(TypeError, match="b"):
+        geglu(a, torch.randn(4, 8, dtype=torch.float64))
+    with pytest.raises(TypeError, match="a"):
+        geglu(a.long(), a.long())
+    with pytest.raises(TypeError, match="a"):
+        geglu([1.0], a)
+    with pytest.raises(ValueError, match="approximate"):
+        geglu(a, a, approximate="erf")
+    with pytest.raises(ValueError, match="b"):
+        geglu(a, a.to("meta"))
