@@ -60,7 +60,8 @@ def test_geglu_negative_tail(approximate):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("approximate", APPROXIMATIONS)
 def test_geglu_extreme_values(device, approximate):
-    a = torch.tensor([-1e4, -80.0, -10.0, -1.0, 0.5, 10.0, 80.0, 1e4], device=device).repeat(37).reshape(8, 37)
+    values = [-1e4, -80.0, -10.0, -1.0, 0.5, 10.0, 80.0, 1e4]
+    a = torch.tensor(values, device=device).repeat(37).reshape(8, 37)
     b = torch.randn_like(a)
     a, b = leaf(a), leaf(b)
     y = geglu(a, b, approximate)
