@@ -1,0 +1,133 @@
+"""Patch a Trainer's model with liger_core: the one place where the plugins call into liger_core.
+
+All kernel and patching logic lives in liger_core (`liger_core.apply_liger_kernel`); this module only decides
+the flags, turns liger_core's errors into messages that name the Trainer setting, and logs once which library
+serves `use_liger_kernel`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import types
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from .config import parse_kernel_config
+
+logger = logging.getLogger("liger_core_hf")
+
+# models this plugin has already handed to liger_core (patching is idempotent, this only avoids repeat logs and
+# a second patch on top of a forward that someone wrapped after us, e.g. accelerate's fp32 output wrapper)
+_handled: weakref.WeakSet = weakref.WeakSet()
+_announced = False
+
+
+def require_liger_core() -> types.ModuleType:
+    """`liger_core`, or an ImportError that says what is missing and how to fix it."""
+    try:
+        return importlib.import_module("liger_core")
+    except ImportError as err:
+        raise ImportError(
+            "use_liger_kernel: liger_core_hf runs this flag with the liger-core package, which cannot be imported "
+            f"({err}). Install it (`pip install liger-core`), or turn use_liger_kernel off."
+        ) from err
+
+
+def _unwrap(model: Any) -> Any:
+    """The transformers model inside a PEFT wrapper (its forward is the one a fused loss would replace)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def foreign_forward(model: Any) -> str | None:
+    """Who replaced `model.forward` on this instance, or None if it is the class's own (or liger_core's).
+
+    Frameworks that compute the loss themselves bind their own forward on the instance (TRL >= 1.15's fused
+    LM head, `trl.trainer.utils.add_fused_lm_head`). liger_core's fused-linear-cross-entropy forward would be
+    bound in the same place, so it must not be applied on top: the framework's forward would be lost.
+    """
+    module = _unwrap(model)
+    bound = vars(module).get("forward")
+    if bound is None or vars(module).get("_liger_core_kind") is not None:
+        return None
+    if getattr(module, "_hf_hook", None) is not None and "_old_forward" in vars(module):
+        return None  # accelerate's device_map hook: liger_core patches the `_old_forward` it calls
+    func = getattr(bound, "__func__", bound)
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return type(func).__name__
+    return f"{code.co_name} from {code.co_filename}"
+
+
+def _announce_library() -> None:
+    """One line, once per process, when liger-kernel is installed too: say which library serves the flag."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    try:
+        other = importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    ours = getattr(require_liger_core(), "__version__", "?")
+    logger.warning(
+        "use_liger_kernel: liger_core %s is active (through liger_core_hf); the installed liger-kernel %s is "
+        "not used",
+        ours,
+        other,
+    )
+
+
+def patch_model(model: Any, kernel_config: Mapping[str, Any] | str | None = None) -> Any:
+    """Patch `model` (a transformers model, PEFT-wrapped or not) in place with liger_core; returns the report.
+
+    Forwards are swapped, parameters are untouched, so this is safe at any time before the optimizer is built.
+    Calling it again on the same model does nothing. When the model's forward was already replaced by someone
+    else (see `foreign_forward`), the fused linear cross-entropy is left out and only the layer kernels apply.
+    """
+    if model is None:
+        raise ValueError("use_liger_kernel: the Trainer has no model to patch")
+    if model in _handled:
+        return None
+    liger_core = require_liger_core()
+    flags = parse_kernel_config(kernel_config)
+    owner = foreign_forward(model)
+    if owner is not None and flags.get("fused_linear_cross_entropy", True):
+        log = logger.warning if flags.get("fused_linear_cross_entropy") else logger.info
+        log(
+            "use_liger_kernel: %s.forward is replaced on this model (%s), which computes the loss itself; "
+            "liger_core patches the layers only (no fused linear cross-entropy on top of it)",
+            type(_unwrap(model)).__name__,
+            owner,
+        )
+        flags["fused_linear_cross_entropy"] = False
+    from liger_core.patching import UnsupportedModelError
+
+    try:
+        report = liger_core.apply_liger_kernel(model, **flags)
+    except UnsupportedModelError as err:
+        supported = ", ".join(liger_core.supported_model_types())
+        config = getattr(_unwrap(model), "config", None)
+        raise UnsupportedModelError(
+            f"use_liger_kernel: liger_core cannot patch {type(_unwrap(model)).__name__} "
+            f"(model_type {getattr(config, 'model_type', None)!r}): {err}. Supported model types: {supported}. "
+            "Turn use_liger_kernel off for this model."
+        ) from err
+    _handled.add(model)
+    _announce_library()
+    logger.info("use_liger_kernel: %s", report)
+    return report
+
+
+def is_handled(model: Any) -> bool:
+    """True once `patch_model` has patched `model` (or liger_core reports it patched by other means)."""
+    if model is None:
+        return False
+    if model in _handled:
+        return True
+    from liger_core.patching import is_patched
+
+    return bool(is_patched(model))
