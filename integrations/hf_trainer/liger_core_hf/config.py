@@ -1,4 +1,4 @@
-"""`liger_kernel_config`: the per-kernel toggles of `TrainingArguments`, checked and turned into liger_core flags.
+"""`liger_kernel_config`: TrainingArguments' per-kernel toggles, checked and turned into liger_core flags.
 
 Accepted forms: None (liger_core's defaults), a dict of booleans, or the same dict as a JSON string (how it
 arrives from `--liger_kernel_config '{"rope": false}'` or from a YAML file that quotes it). The keys are the
@@ -77,6 +77,8 @@ def kernel_config_argument(text: str) -> dict[str, bool]:
     try:
         parse_kernel_config(text)
     except (TypeError, ValueError) as err:
-        raise argparse.ArgumentTypeError(f'{err}. Example: --liger_kernel_config \'{{"rope": false}}\'') from None
+        raise argparse.ArgumentTypeError(
+            f"{err}. Example: --liger_kernel_config '{{\"rope\": false}}'"
+        ) from None
     # the dict as written (validated above): TrainingArguments keeps what the user asked for
     return json.loads(text) if text.strip() else {}

@@ -1,8 +1,8 @@
-"""`install()`: make `TrainingArguments(use_liger_kernel=True)` run liger_core in every Trainer of the process.
+"""`install()`: `TrainingArguments(use_liger_kernel=True)` runs liger_core in every Trainer of the process.
 
-transformers acts on the flag itself: it imports the third-party `liger_kernel` package (ImportError when it is
-absent) in `Trainer.train()` since 5.3, in `Trainer.__init__` before. The hook wraps methods of the base class
-`transformers.Trainer` (so every subclass, TRL's, LLaMA-Factory's and Axolotl's included, goes through it):
+transformers acts on the flag itself: it imports the third-party `liger_kernel` package (ImportError when
+it is absent) in `Trainer.train()` since 5.3, in `Trainer.__init__` before. The hook wraps methods of the base
+class `transformers.Trainer` (so every subclass, TRL's, LLaMA-Factory's and Axolotl's included, goes through it):
 
 - `train()`: patches the model with liger_core, then hides the flag (`args.use_liger_kernel = False`) from
   transformers' own check and gives it back at `on_train_begin` (after the check, before the first step and
@@ -48,7 +48,9 @@ def _callback(trainer: Any) -> Any:
 def wants_liger(trainer: Any) -> bool:
     """Whether `trainer` asked for liger_core (the flag, hidden or not, or a LigerCoreCallback)."""
     args = getattr(trainer, "args", None)
-    return bool(getattr(trainer, _HIDDEN, False) or getattr(args, "use_liger_kernel", False) or _callback(trainer))
+    return bool(
+        getattr(trainer, _HIDDEN, False) or getattr(args, "use_liger_kernel", False) or _callback(trainer)
+    )
 
 
 def kernel_config(trainer: Any) -> Any:

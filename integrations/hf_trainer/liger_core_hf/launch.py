@@ -3,7 +3,8 @@
     liger-core-run train.py --use_liger_kernel --output_dir out ...
     liger-core-run -m my_package.train --use_liger_kernel ...
     python -m liger_core_hf.launch train.py ...          (same thing without the console script)
-    accelerate launch -m liger_core_hf.launch train.py ...   / torchrun -m liger_core_hf.launch ... (one per rank)
+    accelerate launch -m liger_core_hf.launch train.py ...   (multi-GPU: the hook is installed in every rank;
+    torchrun -m liger_core_hf.launch train.py ... works the same way)
 
 The script sees the `sys.argv` it would see if run directly (`train.py --use_liger_kernel ...`) and runs as
 `__main__`, in this process, so the hook is active for every Trainer it builds.

@@ -19,8 +19,8 @@ from .config import parse_kernel_config
 
 logger = logging.getLogger("liger_core_hf")
 
-# models this plugin has already handed to liger_core (patching is idempotent, this only avoids repeat logs and
-# a second patch on top of a forward that someone wrapped after us, e.g. accelerate's fp32 output wrapper)
+# models this plugin has already handed to liger_core (patching is idempotent; this only avoids repeated logs
+# and a second patch on top of a forward that someone wrapped after us, e.g. accelerate's fp32 output wrapper)
 _handled: weakref.WeakSet = weakref.WeakSet()
 _announced = False
 
@@ -31,8 +31,8 @@ def require_liger_core() -> types.ModuleType:
         return importlib.import_module("liger_core")
     except ImportError as err:
         raise ImportError(
-            "use_liger_kernel: liger_core_hf runs this flag with the liger-core package, which cannot be imported "
-            f"({err}). Install it (`pip install liger-core`), or turn use_liger_kernel off."
+            "use_liger_kernel: liger_core_hf runs this flag with the liger-core package, which cannot be "
+            f"imported ({err}). Install it (`pip install liger-core`), or turn use_liger_kernel off."
         ) from err
 
 
@@ -113,7 +113,8 @@ def patch_model(model: Any, kernel_config: Mapping[str, Any] | str | None = None
         config = getattr(_unwrap(model), "config", None)
         raise UnsupportedModelError(
             f"use_liger_kernel: liger_core cannot patch {type(_unwrap(model)).__name__} "
-            f"(model_type {getattr(config, 'model_type', None)!r}): {err}. Supported model types: {supported}. "
+            f"(model_type {getattr(config, 'model_type', None)!r}): {err}. "
+            f"Supported model types: {supported}. "
             "Turn use_liger_kernel off for this model."
         ) from err
     _handled.add(model)

@@ -17,7 +17,6 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
 from tiny import MAX_TOKENS, SENTENCES, build_tokenizer, llama_config  # noqa: E402
 
 

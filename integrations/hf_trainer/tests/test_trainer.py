@@ -1,21 +1,25 @@
-"""The Trainer hook end to end on a tiny Llama: patching only with the flag, same losses, GA, model_init, eval."""
+"""The Trainer hook on a tiny Llama: patched only with the flag, same losses, GA, model_init, eval."""
 
 from __future__ import annotations
 
 import sys
 
+import liger_core_hf
 import pytest
 import torch
 from tiny import kinds, make_trainer, step_losses
 from transformers import TrainerCallback
 
-import liger_core_hf
 from liger_core.patching import is_patched
 
-NO_ROPE = {"rope": False}  # RoPE is the slowest kernel in the interpreter; tests that are about wiring skip it
+NO_ROPE = {
+    "rope": False
+}  # RoPE is the slowest kernel in the interpreter; tests that are about wiring skip it
 
 
-def test_flag_off_leaves_model_alone_flag_on_patches_with_equal_losses(make_model, tokenizer, train_rows, tmp_path):
+def test_flag_off_leaves_model_alone_flag_on_patches_with_equal_losses(
+    make_model, tokenizer, train_rows, tmp_path
+):
     liger_core_hf.install()
     off = make_trainer(make_model(), tokenizer, train_rows, tmp_path / "off")
     off.train()
@@ -36,7 +40,7 @@ def test_flag_off_leaves_model_alone_flag_on_patches_with_equal_losses(make_mode
 
 
 def test_without_the_hook_transformers_wants_liger_kernel(make_model, tokenizer, train_rows, tmp_path):
-    """What the hook fixes (and proof the other tests are not vacuous): transformers alone raises ImportError."""
+    """What the hook fixes (and proof that the other tests are not vacuous): transformers alone raises."""
     trainer = make_trainer(make_model(), tokenizer, train_rows, tmp_path, use_liger_kernel=True, max_steps=1)
     with pytest.raises(ImportError, match="liger-kernel"):
         trainer.train()
@@ -44,15 +48,27 @@ def test_without_the_hook_transformers_wants_liger_kernel(make_model, tokenizer,
 
 def test_gradient_accumulation_4x1_equals_one_batch_of_4(make_model, tokenizer, train_rows, tmp_path):
     liger_core_hf.install()
-    common = dict(use_liger_kernel=True, liger_kernel_config=NO_ROPE, max_steps=2, optim="sgd", learning_rate=0.5)
+    common = dict(
+        use_liger_kernel=True, liger_kernel_config=NO_ROPE, max_steps=2, optim="sgd", learning_rate=0.5
+    )
     accumulated = make_trainer(
-        make_model(), tokenizer, train_rows, tmp_path / "ga",
-        per_device_train_batch_size=1, gradient_accumulation_steps=4, **common,
+        make_model(),
+        tokenizer,
+        train_rows,
+        tmp_path / "ga",
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=4,
+        **common,
     )
     accumulated.train()
     batched = make_trainer(
-        make_model(), tokenizer, train_rows, tmp_path / "bs4",
-        per_device_train_batch_size=4, gradient_accumulation_steps=1, **common,
+        make_model(),
+        tokenizer,
+        train_rows,
+        tmp_path / "bs4",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        **common,
     )
     batched.train()
     assert "fused_linear_cross_entropy" in kinds(accumulated.model) and "rope" not in kinds(accumulated.model)
@@ -70,7 +86,9 @@ class _RecordOrder(TrainerCallback):
         self.at_train_begin = args.use_liger_kernel
 
 
-def test_model_init_recreated_model_is_patched_before_the_optimizer(make_model, tokenizer, train_rows, tmp_path):
+def test_model_init_recreated_model_is_patched_before_the_optimizer(
+    make_model, tokenizer, train_rows, tmp_path
+):
     liger_core_hf.install()
     built = []
 
@@ -80,8 +98,15 @@ def test_model_init_recreated_model_is_patched_before_the_optimizer(make_model, 
 
     order = _RecordOrder()
     trainer = make_trainer(
-        None, tokenizer, train_rows, tmp_path, model_init=model_init, callbacks=[order],
-        use_liger_kernel=True, liger_kernel_config=NO_ROPE, max_steps=1,
+        None,
+        tokenizer,
+        train_rows,
+        tmp_path,
+        model_init=model_init,
+        callbacks=[order],
+        use_liger_kernel=True,
+        liger_kernel_config=NO_ROPE,
+        max_steps=1,
     )
     seen_by_create_optimizer = []
     create_optimizer = trainer.create_optimizer
@@ -102,7 +127,11 @@ def test_model_init_recreated_model_is_patched_before_the_optimizer(make_model, 
 def test_callback_patches_at_init_end_without_the_flag(make_model, tokenizer, train_rows, tmp_path):
     model = make_model()
     trainer = make_trainer(
-        model, tokenizer, train_rows, tmp_path, callbacks=[liger_core_hf.LigerCoreCallback({"rope": False})],
+        model,
+        tokenizer,
+        train_rows,
+        tmp_path,
+        callbacks=[liger_core_hf.LigerCoreCallback({"rope": False})],
         max_steps=1,
     )
     assert trainer.args.use_liger_kernel is False
@@ -115,8 +144,14 @@ def test_callback_with_the_flag_needs_no_install(make_model, tokenizer, train_ro
     """The callback switches on the hook, so transformers does not go looking for liger-kernel in train()."""
     model = make_model()
     trainer = make_trainer(
-        model, tokenizer, train_rows, tmp_path, callbacks=[liger_core_hf.LigerCoreCallback()],
-        use_liger_kernel=True, liger_kernel_config={"rope": False, "swiglu": False}, max_steps=1,
+        model,
+        tokenizer,
+        train_rows,
+        tmp_path,
+        callbacks=[liger_core_hf.LigerCoreCallback()],
+        use_liger_kernel=True,
+        liger_kernel_config={"rope": False, "swiglu": False},
+        max_steps=1,
     )
     trainer.train()
     assert kinds(model) == {"rms_norm", "fused_linear_cross_entropy"}
@@ -129,14 +164,21 @@ def _record_forward_kwargs(model):
     return calls
 
 
-def test_eval_loss_only_skips_logits_and_compute_metrics_still_gets_them(make_model, tokenizer, train_rows, tmp_path):
+def test_eval_loss_only_skips_logits_and_compute_metrics_still_gets_them(
+    make_model, tokenizer, train_rows, tmp_path
+):
     liger_core_hf.install()
     reference = make_trainer(make_model(), tokenizer, train_rows, tmp_path / "ref").evaluate()
 
     model = make_model()
     calls = _record_forward_kwargs(model)
     trainer = make_trainer(
-        model, tokenizer, train_rows, tmp_path / "on", use_liger_kernel=True, liger_kernel_config=NO_ROPE,
+        model,
+        tokenizer,
+        train_rows,
+        tmp_path / "on",
+        use_liger_kernel=True,
+        liger_kernel_config=NO_ROPE,
         prediction_loss_only=True,
     )
     metrics = trainer.evaluate()  # no train() first: the hook patches before evaluating

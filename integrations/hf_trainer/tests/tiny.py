@@ -1,4 +1,4 @@
-"""A tiny random-init Llama and a byte-level BPE tokenizer, built locally (no downloads), and a training run."""
+"""A tiny random-init Llama and a byte-level BPE tokenizer built locally (no downloads); Trainer helpers."""
 
 from __future__ import annotations
 
@@ -55,13 +55,11 @@ def llama_config(tokenizer):
     )
 
 
-
-
 MAX_TOKENS = 9  # RoPE and the fused loss are slow in Triton's interpreter: keep sequences short
 
 
 def make_trainer(model, tokenizer, rows, output_dir, *, callbacks=None, model_init=None, **overrides):
-    """A CPU Trainer over `rows` (sequential order, so two runs see the same batches), no checkpoints, no reports."""
+    """A CPU Trainer over `rows` in order (two runs see the same batches), no checkpoints, no reports."""
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
     settings = dict(
@@ -124,7 +122,9 @@ def toy_model():
             logits = self.proj(torch.tanh(self.table(input_ids)))
             loss = None
             if labels is not None:
-                loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+                loss = nn.functional.cross_entropy(
+                    logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+                )
             return CausalLMOutput(loss=loss, logits=logits)
 
     return ToyLM(ToyConfig())
