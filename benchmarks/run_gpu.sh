@@ -14,10 +14,12 @@
 #   6. results : new files of benchmarks/results/ + logs -> $OUT (at most 8 files: results.tar.gz holds all),
 #                then the short table and the stage summary are printed last.
 # Environment knobs: STAGES (default "wheels env pytest check bench"), TOTAL_BUDGET_S (570), PYTEST_BUDGET_S
-# (200), PYTEST_CASE_TIMEOUT_S (300), CHECK_BUDGET_S (120), RUN_CHECK (0), OUT (default benchmarks/results/run).
+# (200), PYTEST_CASE_TIMEOUT_S (300), CHECK_BUDGET_S (120), RUN_CHECK (0), PYTHON (python3),
+# OUT (default benchmarks/results/run).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+PY=${PYTHON:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 OUT=${OUT:-$root/benchmarks/results/run}
@@ -46,7 +48,7 @@ if want wheels; then
   stage wheels
   if compgen -G ".whl/*.whl" >/dev/null; then
     ls .whl/
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
     record wheels $?
   else
     echo "no .whl/*.whl: liger-kernel and cut-cross-entropy will be skipped (run ../shared/tools/fetch-peer-wheels"
@@ -59,7 +61,7 @@ export PYTHONPATH="$root:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # 2. environment
 if want env; then
   stage env
-  python3 -m liger_core.cli env 2>&1 | tee "$logs/env.txt"
+  "$PY" -m liger_core.cli env 2>&1 | tee "$logs/env.txt"
   record env $?
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv || true
 fi
@@ -69,8 +71,8 @@ if want pytest; then
   stage pytest
   budget=${PYTEST_BUDGET_S:-200}
   timeout_flag=()
-  if python3 -c "import pytest_timeout" 2>/dev/null; then timeout_flag=(--timeout "${PYTEST_CASE_TIMEOUT_S:-300}"); fi
-  timeout -k 10 "$budget" python3 -m pytest -m gpu tests -q -x "${timeout_flag[@]}" -p no:cacheprovider 2>&1 |
+  if "$PY" -c "import pytest_timeout" 2>/dev/null; then timeout_flag=(--timeout "${PYTEST_CASE_TIMEOUT_S:-300}"); fi
+  timeout -k 10 "$budget" "$PY" -m pytest -m gpu tests -q -x "${timeout_flag[@]}" -p no:cacheprovider 2>&1 |
     tee "$logs/pytest_gpu.log"
   rc=$?
   [ "$rc" -eq 124 ] && echo "pytest stopped after its budget of $budget s (PYTEST_BUDGET_S)"
@@ -80,7 +82,7 @@ fi
 # 4. liger-core check (optional: the pytest stage already checks every op on the GPU)
 if want check && [ "${RUN_CHECK:-0}" = 1 ]; then
   stage check
-  timeout -k 10 "${CHECK_BUDGET_S:-120}" python3 -m liger_core.cli check 2>&1 | tee "$logs/check.txt"
+  timeout -k 10 "${CHECK_BUDGET_S:-120}" "$PY" -m liger_core.cli check 2>&1 | tee "$logs/check.txt"
   record check $?
 fi
 
@@ -93,14 +95,14 @@ if want bench; then
     echo "only $(left) s left: benchmark skipped (raise TOTAL_BUDGET_S or lower PYTEST_BUDGET_S)"
     record bench 1
   else
-    timeout -k 10 "$budget" python3 benchmarks/bench_ops.py --out benchmarks/results "$@" 2>&1 |
+    timeout -k 10 "$budget" "$PY" benchmarks/bench_ops.py --out benchmarks/results "$@" 2>&1 |
       tee "$logs/bench.log"
     rc=$?
     csv_file=$(find benchmarks/results -maxdepth 1 -name '*.csv' -newer "$marker" -printf '%T@ %p\n' |
       sort -n | tail -1 | cut -d' ' -f2-)
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
       echo "benchmark cut off after its budget of $budget s; plotting the rows it wrote"
-      [ -n "$csv_file" ] && python3 benchmarks/bench_ops.py --plot-from "$csv_file" --out benchmarks/results \
+      [ -n "$csv_file" ] && "$PY" benchmarks/bench_ops.py --plot-from "$csv_file" --out benchmarks/results \
         >"$logs/plot_partial.log" 2>&1
     fi
     record bench "$rc"
@@ -110,10 +112,9 @@ fi
 # 6. results -> $OUT: every new file of benchmarks/results/ and the logs in one tarball, plus the CSV and PNGs
 stage results
 new_files=$(find benchmarks/results -maxdepth 1 -type f -newer "$marker" | sort)
-cp "$logs"/* benchmarks/results/ 2>/dev/null || true
-rm -f benchmarks/results/start_marker
-tar -czf "$OUT/results.tar.gz" -C "$root" $(echo "$new_files" | sed "s|^$root/||") -C "$logs" . 2>/dev/null ||
-  tar -czf "$OUT/results.tar.gz" -C "$logs" .
+rm -f "$marker"
+# shellcheck disable=SC2086  # file names are ours: no spaces
+tar -czf "$OUT/results.tar.gz" $new_files -C "$logs" . || echo "packing results.tar.gz failed"
 n_copied=0
 for f in $new_files; do  # at most 8 files come back: run_gpu.log + results.tar.gz + 6 of these
   case "$f" in *.csv | *.png | *.json) ;; *) continue ;; esac
@@ -124,7 +125,7 @@ ls -la "$OUT"
 if [ -n "$csv_file" ]; then
   echo
   echo "=================== results: $csv_file ==================="
-  python3 benchmarks/bench_ops.py --plot-from "$csv_file" --no-plots 2>&1 | tail -60
+  "$PY" benchmarks/bench_ops.py --plot-from "$csv_file" --no-plots 2>&1 | tail -60
 fi
 echo
 echo "=================== stages (total $(($(date +%s) - start)) s) ==================="

@@ -486,9 +486,17 @@ OPS: dict[str, OpSpec] = {
 }  # fmt: skip
 
 
+class PackageImportError(RuntimeError):
+    """``liger_core.ops`` or ``liger_core.reference`` failed to import (e.g. one op file is broken)."""
+
+
 def available(module: str, name: str) -> Callable | None:
-    """``liger_core.<module>.<name>`` if that op exists in this checkout (others are still being written)."""
-    mod = importlib.import_module(f"liger_core.{module}")
+    """``liger_core.<module>.<name>`` if that op exists in this checkout (others are still being written);
+    PackageImportError, naming the cause, when the package itself fails to import."""
+    try:
+        mod = importlib.import_module(f"liger_core.{module}")
+    except Exception as e:  # noqa: BLE001 - reported by the caller; other providers still run
+        raise PackageImportError(f"liger_core.{module} failed to import: {type(e).__name__}: {e}") from e
     return getattr(mod, name, None)
 
 
@@ -808,6 +816,13 @@ def provider_fn(
     spec: OpSpec, provider: str, compile_backend: str = "inductor"
 ) -> tuple[Callable | None, str]:
     """The callable for a provider, or (None, why not)."""
+    try:
+        return _provider_fn(spec, provider, compile_backend)
+    except PackageImportError as e:
+        return None, str(e)
+
+
+def _provider_fn(spec: OpSpec, provider: str, compile_backend: str) -> tuple[Callable | None, str]:
     if provider == "liger_core":
         fn = available("ops", spec.name)
         if fn is None:

@@ -20,7 +20,16 @@ from collections.abc import Sequence
 
 import torch
 
-from liger_core.bench import ALL_OPS, OPS, QUICK, CaseRunner, available, prepare_triton, time_step
+from liger_core.bench import (
+    ALL_OPS,
+    OPS,
+    QUICK,
+    CaseRunner,
+    PackageImportError,
+    available,
+    prepare_triton,
+    time_step,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOSS_GRAD = 0.5  # a grad_output that is not 1, so a kernel that ignores it fails here
@@ -75,14 +84,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"liger-core check on {where}; reference: float64; pass: err <= 1.25 x eager's err + dtype floor")
 
     rows: list[tuple] = []
-    failed = 0
+    failed = broken = 0  # checks that failed; ops whose package failed to import
     for name in args.ops:
         spec = OPS[name]
-        fn = available("ops", name)
+        try:
+            fn, ref = available("ops", name), available("reference", name)
+        except PackageImportError as e:
+            print(f"FAIL {name}: {e}")
+            broken += 1
+            continue
         if fn is None:
             print(f"skip {name}: liger_core.ops.{name} is not in this install yet")
             continue
-        if available("reference", name) is None:
+        if ref is None:
             print(
                 f"skip {name}: liger_core.reference.{name} is missing, so there is nothing to check against"
             )
@@ -94,11 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += not ok
             print_row(row, header=len(rows) == 1)
     print()
+    if broken:
+        print(f"{broken} op(s) could not be imported (see FAIL lines above)")
     if not rows:
         print("no op was checked")
         return 1
     print(f"{len(rows) - failed}/{len(rows)} checks passed" + (f", {failed} FAILED" if failed else ""))
-    return 1 if failed else 0
+    return 1 if failed or broken else 0
 
 
 def check_one(

@@ -121,9 +121,13 @@ def env() -> int:
     if torch.cuda.is_available():
         print(f"CUDA tensors {cuda_path}")
 
-    ops = importlib.import_module("liger_core.ops")
     from liger_core.bench import ALL_OPS
 
+    try:
+        ops = importlib.import_module("liger_core.ops")
+    except Exception as e:  # noqa: BLE001 - a broken op file must not hide the rest of the report
+        print(f"ops          liger_core.ops failed to import: {type(e).__name__}: {e}")
+        return 1
     have = [o for o in ALL_OPS if hasattr(ops, o)]
     missing = [o for o in ALL_OPS if o not in have]
     print(
