@@ -71,7 +71,11 @@ class ResolvedMLP:
 
 
 def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    spec: ResolvedMLP = self._liger_core_mlp_spec
+    return gated_mlp(self, self._liger_core_mlp_spec, x)
+
+
+def gated_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Tensor:
+    self = module
     if spec.gate_up is not None:
         gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
     else:
@@ -226,14 +230,16 @@ def liger_causal_lm_loss(
     """HF's ``ForCausalLMLoss`` (same arguments and reductions) via ``liger_core.ops.cross_entropy``.
 
     Sum divided by ``num_items_in_batch`` when given (gradient accumulation), else the mean over non-ignored
-    targets. Logits are not upcast to a float32 copy: the kernel computes in fp32 internally.
+    targets.
     """
     targets = _shifted_targets(labels, shift_labels, ignore_index).to(logits.device)
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    # Upcast as HF does: ops.cross_entropy returns the loss in the logits' dtype, and a bf16 loss would be
+    # reported (and scaled) with 3 significant digits where HF's is fp32.
+    logits = logits.float()
     loss = liger_core.ops.cross_entropy(
         logits.reshape(-1, vocab_size), targets, ignore_index=ignore_index, reduction=reduction
     )
-    loss = loss.float()
     return _divide(loss, num_items_in_batch) if num_items_in_batch is not None else loss
 
 
@@ -364,7 +370,37 @@ def causal_lm_forward(
     and the loss, when labels are given, by the model's own ``loss_function``. ``num_items_in_batch`` (HF's
     gradient-accumulation fix) turns the mean into sum / num_items_in_batch in both paths.
     """
-    spec: LMSpec = self._liger_core_lm_spec
+    return causal_lm(
+        self,
+        self._liger_core_lm_spec,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        inputs_embeds=inputs_embeds,
+        labels=labels,
+        use_cache=use_cache,
+        logits_to_keep=logits_to_keep,
+        skip_logits=skip_logits,
+        **kwargs,
+    )
+
+
+def causal_lm(
+    self: nn.Module,
+    spec: LMSpec,
+    input_ids: torch.LongTensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.LongTensor | None = None,
+    past_key_values: Any = None,
+    inputs_embeds: torch.Tensor | None = None,
+    labels: torch.LongTensor | None = None,
+    use_cache: bool | None = None,
+    logits_to_keep: int | torch.Tensor = 0,
+    skip_logits: bool | None = None,
+    **kwargs: Any,
+):
+    """``causal_lm_forward`` with an explicit spec (structural patching probes a candidate spec with it)."""
     return_dict = kwargs.pop("return_dict", None)
     shift_labels = kwargs.get("shift_labels")
     num_items_in_batch = kwargs.get("num_items_in_batch")
