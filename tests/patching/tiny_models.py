@@ -86,7 +86,7 @@ def tiny_model(model_type: str, dtype: torch.dtype = torch.float32, seed: int = 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides))
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:  # norm weights: HF initialises them to 1 (or 0 for Gemma's 1 + w)
                 p.add_(0.1 * torch.randn_like(p))
     return model.to(dtype)
