@@ -14,7 +14,8 @@ What is recognised (and what decides it):
   ``act_fn``/``activation_fn`` that computes silu or gelu; then the whole MLP forward is probed.
 - RoPE: an attention-like module whose class forward calls a module-level function whose name contains
   "rotary", "rope", "rotate" or "pos_emb"; the function is probed on random q/k/cos/sin (GQA head counts)
-  against ``liger_core.ops.rope``; on success the module gets a copy of its forward that calls liger's rope (``forwards.forward_with_global``).
+  against ``liger_core.ops.rope``; on success the module gets a copy of its forward that calls liger's rope
+  (``forwards.forward_with_global``).
 - Loss head: a model with ``lm_head`` (nn.Linear), ``config.vocab_size`` and a base model; its own forward's
   loss on a 6-token probe is compared with the fused linear cross-entropy loss (after the swaps above).
 
