@@ -39,10 +39,10 @@ ADJECTIVES = [
 ]
 WEATHER = ["rain", "fog", "snow", "wind", "sunshine", "hail", "thunder", "frost"]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-NUMBERS = [
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
-]  # fmt: skip
+NUMBERS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty"
+).split()
 FOODS = ["flour", "butter", "apples", "honey", "salt", "milk", "oats", "pears", "eggs", "cheese"]
 VERBS_PAST = ["found", "carried", "mended", "lost", "painted", "sold", "borrowed", "hid", "cleaned", "shared"]
 MOVES = ["walked", "ran", "hurried", "wandered", "climbed", "rode"]
