@@ -2,3 +2,4 @@
 
 from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIVLoss
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
+from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma

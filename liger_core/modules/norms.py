@@ -1,0 +1,108 @@
+"""Norm modules: drop-ins for HF's LlamaRMSNorm / GemmaRMSNorm and for ``nn.LayerNorm`` (same parameter names,
+so ``state_dict()`` keys and checkpoints are interchangeable)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from liger_core.dispatch import check_choice
+from liger_core.ops.layer_norm import layer_norm
+from liger_core.ops.rms_norm import rms_norm
+from liger_core.reference.rms_norm import CASTING_MODES
+
+
+class LigerRMSNorm(nn.Module):
+    """RMSNorm over the last dimension (``liger_core.ops.rms_norm``); defaults match ``LlamaRMSNorm``.
+
+    ``init_fn``: "ones" (Llama: y = x * rstd * w) or "zeros" (Gemma, with offset=1: y = x * rstd * (1 + w)).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        offset: float = 0.0,
+        casting_mode: str = "llama",
+        in_place: bool = False,
+        init_fn: str = "ones",
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_choice("casting_mode", casting_mode, CASTING_MODES)
+        check_choice("init_fn", init_fn, ("ones", "zeros"))
+        init = torch.ones if init_fn == "ones" else torch.zeros
+        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+        self.offset = offset
+        self.casting_mode = casting_mode
+        self.in_place = in_place
+
+    @property
+    def eps(self) -> float:
+        """GemmaRMSNorm's name for ``variance_epsilon``."""
+        return self.variance_epsilon
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self.variance_epsilon = value
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(
+            hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode, self.in_place
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
+            f"casting_mode={self.casting_mode!r}, in_place={self.in_place}"
+        )
+
+
+class LigerRMSNormForGemma(LigerRMSNorm):
+    """``GemmaRMSNorm``: zero-initialised weight used as ``1 + w``, all math in fp32."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        in_place: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            hidden_size, eps, offset=1.0, casting_mode="gemma", in_place=in_place, init_fn="zeros",
+            device=device, dtype=dtype,
+        )  # fmt: skip
+
+
+class LigerLayerNorm(nn.Module):
+    """``nn.LayerNorm(hidden_size, eps, bias=bias)`` over the last dim (``liger_core.ops.layer_norm``)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-5,
+        bias: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = (hidden_size,)
+        self.eps = eps
+        self.elementwise_affine = True
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return layer_norm(hidden_states, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, bias={self.bias is not None}"

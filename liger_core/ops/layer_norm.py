@@ -1,0 +1,307 @@
+"""LayerNorm over the last dimension: ``y = (x - mean) * rstd * w + b``, as ``F.layer_norm``.
+
+Math (per row of n columns, all in fp32 inside the kernels)::
+
+    mean = s + sum(x - s) / n          s = x[0]: shifting by one element of the row makes the mean exact for a
+                                       constant row (variance 0) and keeps it accurate when |mean| >> std
+    rstd = 1 / sqrt(sum((x - mean)**2) / n + eps)       (mean and rstd: the only per-row values saved)
+    xhat = (x - mean) * rstd
+    y    = xhat * w + b                one rounding to the input dtype
+    g    = dy * w
+    dx   = rstd * (g - xhat * sum(g * xhat) / n - sum(g) / n)
+    dw   = sum over rows of dy * xhat,     db = sum over rows of dy
+
+The reference implementation is ``liger_core.reference.layer_norm`` (``F.layer_norm``).
+
+HBM traffic: forward reads x (+ w, b) and writes y, mean, rstd; backward reads dy, x, mean, rstd (+ w) and
+writes dx and one partial row of dw and db per program of a persistent grid (summed afterwards; no atomics).
+Rows longer than ``NORM_FUSED_MAX_COLS`` loop over column chunks (``SINGLE_PASS=False``), as in RMSNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from liger_core import reference
+from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._launch import norm_bwd_programs, norm_settings
+from liger_core.ops.rms_norm import kahan_add, rows_view
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    y_row_stride,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + rows[:, None] * x_row_stride
+    y_rows = y_ptr + rows[:, None] * y_row_stride
+    shift = tl.load(x_ptr + rows * x_row_stride, mask=row_mask, other=0.0).to(tl.float32)
+
+    if SINGLE_PASS:
+        mask = row_mask[:, None] & (cols[None, :] < n_cols)
+        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = shift + tl.sum(tl.where(mask, x - shift[:, None], 0.0), axis=1) / n_cols
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, axis=1) / n_cols
+    else:
+        shifted_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            chunk = start + cols
+            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
+            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
+            shifted_sum += tl.sum(tl.where(mask, x - shift[:, None], 0.0), axis=1)
+        mean = shift + shifted_sum / n_cols
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            chunk = start + cols
+            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
+            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, x - mean[:, None], 0.0)
+            sum_sq += tl.sum(xc * xc, axis=1)
+        var = sum_sq / n_cols
+    # per-row scalars in fp64: the correctly rounded rstd costs nothing next to the row traffic
+    rstd = (1.0 / tl.sqrt(var.to(tl.float64) + eps)).to(tl.float32)
+    tl.store(mean_ptr + rows, mean, mask=row_mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+    if SINGLE_PASS:
+        col_mask = cols < n_cols
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = xc * rstd[:, None] * w[None, :]
+        if HAS_BIAS:
+            y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        for start in range(0, n_cols, BLOCK_N):
+            chunk = start + cols
+            col_mask = chunk < n_cols
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + chunk, mask=col_mask, other=0.0).to(tl.float32)
+            y = (x - mean[:, None]) * rstd[:, None] * w[None, :]
+            if HAS_BIAS:
+                y += tl.load(b_ptr + chunk, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_rows + chunk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    db_partial_ptr,
+    n_rows,
+    n_cols,
+    dy_row_stride,
+    x_row_stride,
+    dx_row_stride,
+    tiles_per_program,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    first_row = pid * tiles_per_program * BLOCK_M
+    cols = tl.arange(0, BLOCK_N)
+    dw_partial_row = dw_partial_ptr + pid * n_cols
+    db_partial_row = db_partial_ptr + pid * n_cols
+
+    if SINGLE_PASS:
+        col_mask = cols < n_cols
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        # per-row-lane Kahan accumulators over this program's tiles (see rms_norm)
+        dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        db_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for tile in range(0, tiles_per_program):
+            rows = first_row + tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < n_rows
+            mask = row_mask[:, None] & col_mask[None, :]
+            dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            dy = dy.to(tl.float32)
+            xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+            g = dy * w[None, :]
+            mean_gxhat = tl.sum(g * xhat, axis=1) / n_cols
+            mean_g = tl.sum(g, axis=1) / n_cols
+            dx = rstd[:, None] * (g - xhat * mean_gxhat[:, None] - mean_g[:, None])
+            tl.store(
+                dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
+            dw_acc, dw_comp = kahan_add(dw_acc, dw_comp, dy * xhat)
+            if HAS_BIAS:
+                db_acc, db_comp = kahan_add(db_acc, db_comp, dy)
+        dw = tl.sum(dw_acc.to(tl.float64) - dw_comp.to(tl.float64), axis=0)
+        tl.store(dw_partial_row + cols, dw, mask=col_mask)
+        if HAS_BIAS:
+            db = tl.sum(db_acc.to(tl.float64) - db_comp.to(tl.float64), axis=0)
+            tl.store(db_partial_row + cols, db, mask=col_mask)
+    else:
+        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial rows (fp64) live
+        # in global memory and each element is read and written by the same thread (same layout)
+        for start in range(0, n_cols, BLOCK_N):
+            chunk = start + cols
+            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float64), mask=chunk < n_cols)
+            if HAS_BIAS:
+                tl.store(db_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float64), mask=chunk < n_cols)
+        for tile in range(0, tiles_per_program):
+            row = first_row + tile
+            if row < n_rows:
+                mean = tl.load(mean_ptr + row)
+                rstd = tl.load(rstd_ptr + row)
+                sum_gxhat = tl.zeros([BLOCK_N], dtype=tl.float32)
+                sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+                for start in range(0, n_cols, BLOCK_N):
+                    chunk = start + cols
+                    mask = chunk < n_cols
+                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32)
+                    g = dy * w
+                    sum_gxhat += g * tl.where(mask, (x - mean) * rstd, 0.0)
+                    sum_g += g
+                mean_gxhat = tl.sum(sum_gxhat, axis=0) / n_cols
+                mean_g = tl.sum(sum_g, axis=0) / n_cols
+                for start in range(0, n_cols, BLOCK_N):
+                    chunk = start + cols
+                    mask = chunk < n_cols
+                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32)
+                    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+                    dx = rstd * (dy * w - xhat * mean_gxhat - mean_g)
+                    tl.store(dx_ptr + row * dx_row_stride + chunk, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                    dw_old = tl.load(dw_partial_row + chunk, mask=mask, other=0.0)
+                    tl.store(dw_partial_row + chunk, dw_old + (dy * xhat).to(tl.float64), mask=mask)
+                    if HAS_BIAS:
+                        db_old = tl.load(db_partial_row + chunk, mask=mask, other=0.0)
+                        tl.store(db_partial_row + chunk, db_old + dy.to(tl.float64), mask=mask)
+
+
+@torch.library.custom_op("liger_core::layer_norm_fwd", mutates_args=())
+def _layer_norm_fwd(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n_rows, n_cols = x.shape
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if n_rows == 0:
+        return y, mean, rstd
+    s = norm_settings(n_cols)
+    _layer_norm_fwd_kernel[(triton.cdiv(n_rows, s.block_m),)](
+        x, w, w if b is None else b, y, mean, rstd, n_rows, n_cols, x.stride(0), y.stride(0), eps,
+        HAS_BIAS=b is not None, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
+        num_warps=s.num_warps,
+    )  # fmt: skip
+    return y, mean, rstd
+
+
+@_layer_norm_fwd.register_fake
+def _(x, w, b, eps):
+    n_rows = x.shape[0]
+    return (
+        x.new_empty(x.shape),
+        x.new_empty(n_rows, dtype=torch.float32),
+        x.new_empty(n_rows, dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("liger_core::layer_norm_bwd", mutates_args=())
+def _layer_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db); db is an empty tensor when there is no bias."""
+    n_rows, n_cols = x.shape
+    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    if n_rows == 0:
+        return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
+    s = norm_settings(n_cols)
+    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m), s.num_warps)
+    partials = torch.empty((2 if has_bias else 1, programs, n_cols), dtype=torch.float64, device=x.device)
+    _layer_norm_bwd_kernel[(programs,)](
+        dy, x, w, mean, rstd, dx, partials[0], partials[-1], n_rows, n_cols,
+        dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
+        HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
+        num_warps=s.num_warps,
+    )  # fmt: skip
+    # separate reductions: custom-op outputs may not alias each other
+    dw = partials[0].sum(0).to(w.dtype)
+    return dx, dw, partials[1].sum(0).to(w.dtype) if has_bias else w.new_empty(0)
+
+
+@_layer_norm_bwd.register_fake
+def _(dy, x, w, mean, rstd, has_bias):
+    db = torch.empty_like(w) if has_bias else w.new_empty(0)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(w), db
+
+
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, eps: float):
+        x2d = rows_view(x)
+        y, mean, rstd = _layer_norm_fwd(x2d, w, b, eps)
+        ctx.save_for_backward(x2d, w, mean, rstd)
+        ctx.has_bias = b is not None
+        ctx.x_shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, w, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _layer_norm_bwd(rows_view(dy), x2d, w, mean, rstd, ctx.has_bias)
+        return dx.view(ctx.x_shape), dw, db if ctx.has_bias else None, None
+
+
+def layer_norm(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5
+) -> torch.Tensor:
+    """``F.layer_norm(x, (x.shape[-1],), w, b, eps)``: statistics in fp32, one rounding to ``x.dtype``.
+
+    ``w`` (and ``b``) have ``x``'s dtype, or fp32 with a bf16/fp16 ``x`` (mixed precision, as PyTorch allows).
+    """
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("w", w, ndim=1)
+    check_shape("w", w, (x.shape[-1],), "w must match the last dimension of x")
+    if w.dtype != x.dtype and not (w.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16)):
+        raise TypeError(f"w has dtype {w.dtype} but x has dtype {x.dtype}; w must match x or be float32")
+    if b is not None:
+        check_tensor("b", b, ndim=1)
+        check_shape("b", b, (x.shape[-1],), "b must match the last dimension of x")
+        if b.dtype != w.dtype:
+            raise TypeError(f"b has dtype {b.dtype} but w has dtype {w.dtype}; they must match")
+    check_same_device("x", x, w=w, b=b)
+    if x.shape[-1] == 0:
+        raise ValueError("x has an empty last dimension; LayerNorm needs at least one element per row")
+    if not use_triton(x):
+        return reference.layer_norm(x, w, b, eps)
+    return LayerNormFunction.apply(x, w, b, float(eps))

@@ -1,0 +1,319 @@
+"""RMSNorm over the last dimension: ``y = x * rstd * (offset + w)``, with HF's rounding (``casting_mode``).
+
+Math (per row of n columns, all in fp32 inside the kernels)::
+
+    rstd = 1 / sqrt(sum(x**2) / n + eps)            (the only per-row value saved for backward)
+    xn   = x * rstd
+    y    = xn * (offset + w)                       "gemma", "none": one rounding to the output dtype
+    y    = round_to(x.dtype, xn) * (offset + w)    "llama": HF rounds xn to the input dtype before the weight
+    g    = dy * (offset + w)
+    dx   = rstd * (g - xn * sum(g * xn) / n)
+    dw   = sum over rows of dy * xn
+
+The reference implementation (HF's code, bit for bit) is ``liger_core.reference.rms_norm``.
+
+HBM traffic: forward reads x (+ w) and writes y and rstd; backward reads dy, x, rstd (+ w) and writes dx and
+one fp32 partial row of dw per program: the backward grid is persistent (a few programs per SM, each looping
+over a contiguous block of rows and accumulating its dw partial in registers), and the partials are summed
+afterwards. No atomics. ``in_place=True`` writes dx over dy (one buffer fewer; never when dy is reused later,
+as Gemma2's residual stream does).
+
+Rows longer than ``NORM_FUSED_MAX_COLS`` do not fit in registers: the same kernels then loop over column
+chunks (``SINGLE_PASS=False``), re-reading the row once per pass and accumulating dw in the program's partial
+row in global memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from liger_core import reference
+from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._launch import norm_bwd_programs, norm_settings
+from liger_core.reference.rms_norm import CASTING_MODES
+
+
+@triton.jit
+def kahan_add(acc, comp, value):
+    """Compensated (Kahan) ``acc += value``: ``acc - comp`` carries the running sum to about fp32 precision
+    however many terms are added (the backward kernels' dW/dB accumulators over their rows)."""
+    corrected = value - comp
+    total = acc + corrected
+    comp = (total - acc) - corrected
+    return total, comp
+
+
+@triton.jit
+def _rms_norm_scale(x, rstd, w, offset, x_dtype: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr):
+    """y = xn * (offset + w), fp32 in and out; the llama mode rounds xn to the input dtype first."""
+    xn = x * rstd[:, None]
+    if ROUND_BEFORE_WEIGHT:
+        xn = xn.to(x_dtype).to(tl.float32)
+    return xn * (offset + w[None, :])
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    y_row_stride,
+    eps,
+    offset,
+    ROUND_BEFORE_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + rows[:, None] * x_row_stride
+    y_rows = y_ptr + rows[:, None] * y_row_stride
+    x_dtype = x_ptr.dtype.element_ty
+
+    if SINGLE_PASS:
+        mask = row_mask[:, None] & (cols[None, :] < n_cols)
+        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        sum_sq = tl.sum(x * x, axis=1)
+    else:
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            chunk = start + cols
+            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
+            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
+            sum_sq += tl.sum(x * x, axis=1)
+    # per-row scalars in fp64: the correctly rounded rstd costs nothing next to the row traffic
+    rstd = (1.0 / tl.sqrt(sum_sq.to(tl.float64) / n_cols + eps)).to(tl.float32)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+    if SINGLE_PASS:
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        y = _rms_norm_scale(x, rstd, w, offset, x_dtype, ROUND_BEFORE_WEIGHT)
+        tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        for start in range(0, n_cols, BLOCK_N):
+            chunk = start + cols
+            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
+            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + chunk, mask=chunk < n_cols, other=0.0).to(tl.float32)
+            y = _rms_norm_scale(x, rstd, w, offset, x_dtype, ROUND_BEFORE_WEIGHT)
+            tl.store(y_rows + chunk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    n_rows,
+    n_cols,
+    dy_row_stride,
+    x_row_stride,
+    dx_row_stride,
+    offset,
+    tiles_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    first_row = pid * tiles_per_program * BLOCK_M
+    cols = tl.arange(0, BLOCK_N)
+    dw_partial_row = dw_partial_ptr + pid * n_cols
+
+    if SINGLE_PASS:
+        col_mask = cols < n_cols
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
+        # dw accumulates per row lane over this program's tiles with Kahan compensation (no per-tile
+        # cross-warp reduction, and an error that does not grow with the number of rows per program)
+        dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for tile in range(0, tiles_per_program):
+            rows = first_row + tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < n_rows
+            mask = row_mask[:, None] & col_mask[None, :]
+            dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            dy = dy.to(tl.float32)
+            xn = x.to(tl.float32) * rstd[:, None]
+            g = dy * w[None, :]
+            mean_gxn = tl.sum(g * xn, axis=1) / n_cols
+            dx = rstd[:, None] * (g - xn * mean_gxn[:, None])
+            tl.store(
+                dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
+            dw_acc, dw_comp = kahan_add(dw_acc, dw_comp, dy * xn)
+        dw = tl.sum(dw_acc.to(tl.float64) - dw_comp.to(tl.float64), axis=0)
+        tl.store(dw_partial_row + cols, dw, mask=col_mask)
+    else:
+        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial row (fp64) lives
+        # in global memory and is read and written by the same thread for each element (same layout)
+        for start in range(0, n_cols, BLOCK_N):
+            chunk = start + cols
+            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float64), mask=chunk < n_cols)
+        for tile in range(0, tiles_per_program):
+            row = first_row + tile
+            if row < n_rows:
+                rstd = tl.load(rstd_ptr + row)
+                dot = tl.zeros([BLOCK_N], dtype=tl.float32)
+                for start in range(0, n_cols, BLOCK_N):
+                    chunk = start + cols
+                    mask = chunk < n_cols
+                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32) + offset
+                    dot += dy * w * (x * rstd)
+                mean_gxn = tl.sum(dot, axis=0) / n_cols
+                for start in range(0, n_cols, BLOCK_N):
+                    chunk = start + cols
+                    mask = chunk < n_cols
+                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32) + offset
+                    xn = x * rstd
+                    dx = rstd * (dy * w - xn * mean_gxn)
+                    tl.store(dx_ptr + row * dx_row_stride + chunk, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                    dw_old = tl.load(dw_partial_row + chunk, mask=mask, other=0.0)
+                    tl.store(dw_partial_row + chunk, dw_old + (dy * xn).to(tl.float64), mask=mask)
+
+
+def _output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
+    """What HF returns: gemma casts back to the input dtype; llama/none multiply by w with type promotion."""
+    return x_dtype if casting_mode == "gemma" else torch.promote_types(x_dtype, w_dtype)
+
+
+def rows_view(t: torch.Tensor) -> torch.Tensor:
+    """2-D (rows, hidden) view with unit column stride (a copy only when no such view exists)."""
+    t2d = t.reshape(-1, t.shape[-1])
+    return t2d if t2d.stride(-1) == 1 else t2d.contiguous()
+
+
+@torch.library.custom_op("liger_core::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd(
+    x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, casting_mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n_rows, n_cols = x.shape
+    y = torch.empty((n_rows, n_cols), dtype=_output_dtype(x.dtype, w.dtype, casting_mode), device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if n_rows == 0:
+        return y, rstd
+    s = norm_settings(n_cols)
+    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, s.block_m),)](
+        x, w, y, rstd, n_rows, n_cols, x.stride(0), y.stride(0), eps, offset,
+        ROUND_BEFORE_WEIGHT=casting_mode == "llama",
+        BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass, num_warps=s.num_warps,
+    )  # fmt: skip
+    return y, rstd
+
+
+@_rms_norm_fwd.register_fake
+def _(x, w, eps, offset, casting_mode):
+    y = x.new_empty(x.shape, dtype=_output_dtype(x.dtype, w.dtype, casting_mode))
+    return y, x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
+    """Run the backward kernel writing dx into ``dx`` (which may be ``dy`` itself); return dw."""
+    n_rows, n_cols = x.shape
+    if n_rows == 0:
+        return torch.zeros_like(w)
+    s = norm_settings(n_cols)
+    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m), s.num_warps)
+    dw_partial = torch.empty((programs, n_cols), dtype=torch.float64, device=x.device)
+    _rms_norm_bwd_kernel[(programs,)](
+        dy, x, w, rstd, dx, dw_partial, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), offset,
+        tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
+        num_warps=s.num_warps,
+    )  # fmt: skip
+    return dw_partial.sum(0).to(w.dtype)
+
+
+@torch.library.custom_op("liger_core::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, offset: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = _launch_bwd(dy, x, w, rstd, dx, offset)
+    return dx, dw
+
+
+@_rms_norm_bwd.register_fake
+def _(dy, x, w, rstd, offset):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(w)
+
+
+@torch.library.custom_op("liger_core::rms_norm_bwd_inplace", mutates_args=("dy",))
+def _rms_norm_bwd_inplace(
+    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, offset: float
+) -> torch.Tensor:
+    """Backward that overwrites dy with dx (dy: contiguous, dtype of x); returns dw."""
+    return _launch_bwd(dy, x, w, rstd, dy, offset)
+
+
+@_rms_norm_bwd_inplace.register_fake
+def _(dy, x, w, rstd, offset):
+    return torch.empty_like(w)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, eps: float, offset: float, casting_mode: str, in_place: bool):
+        x2d = rows_view(x)
+        y, rstd = _rms_norm_fwd(x2d, w, eps, offset, casting_mode)
+        ctx.save_for_backward(x2d, w, rstd)
+        ctx.offset = offset
+        ctx.in_place = in_place
+        ctx.x_shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, w, rstd = ctx.saved_tensors
+        dy2d = rows_view(dy)
+        if ctx.in_place and dy2d.dtype == x2d.dtype and dy2d.is_contiguous():
+            dw = _rms_norm_bwd_inplace(dy2d, x2d, w, rstd, ctx.offset)
+            dx = dy2d
+        else:
+            dx, dw = _rms_norm_bwd(dy2d, x2d, w, rstd, ctx.offset)
+        return dx.view(ctx.x_shape), dw, None, None, None, None
+
+
+def rms_norm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+    in_place: bool = False,
+) -> torch.Tensor:
+    """RMSNorm of ``x`` over its last dimension, scaled by ``offset + w``, rounded as HF does (module doc).
+
+    ``casting_mode``: "llama" (LlamaRMSNorm and most models), "gemma" (GemmaRMSNorm: use ``offset=1.0``) or
+    "none". ``in_place=True`` lets backward overwrite the incoming gradient with dx (saves one buffer; keep
+    it off where that gradient is used again, e.g. Gemma2). The output dtype is HF's: the input dtype for
+    "gemma", ``promote_types(x.dtype, w.dtype)`` otherwise.
+    """
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("w", w, ndim=1)
+    check_shape("w", w, (x.shape[-1],), "w must match the last dimension of x")
+    check_same_device("x", x, w=w)
+    check_choice("casting_mode", casting_mode, CASTING_MODES)
+    if x.shape[-1] == 0:
+        raise ValueError("x has an empty last dimension; RMSNorm needs at least one element per row")
+    if not use_triton(x):
+        return reference.rms_norm(x, w, eps, offset, casting_mode, in_place)
+    return RMSNormFunction.apply(x, w, float(eps), float(offset), casting_mode, bool(in_place))
