@@ -2,7 +2,7 @@
 
 transformers acts on the flag itself: it imports the third-party `liger_kernel` package (ImportError when
 it is absent) in `Trainer.train()` since 5.3, in `Trainer.__init__` before. The hook wraps methods of the base
-class `transformers.Trainer` (so every subclass, TRL's, LLaMA-Factory's and Axolotl's included, goes through it):
+class `transformers.Trainer` (so every subclass goes through it: TRL's, LLaMA-Factory's, Axolotl's):
 
 - `train()`: patches the model with liger_core, then hides the flag (`args.use_liger_kernel = False`) from
   transformers' own check and gives it back at `on_train_begin` (after the check, before the first step and

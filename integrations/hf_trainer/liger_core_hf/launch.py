@@ -49,7 +49,16 @@ def run(argv: Sequence[str], install: Callable[[], None], prog: str = "liger-cor
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from .hook import install
+    from .patch import require_liger_core
+
+    def install() -> None:
+        try:  # before transformers is imported: a missing liger-core is reported at once, without a traceback
+            require_liger_core()
+        except ImportError as err:
+            raise SystemExit(f"liger-core-run: {err}") from None
+        from .hook import install as install_hook
+
+        install_hook()
 
     run(sys.argv[1:] if argv is None else argv, install)
 
