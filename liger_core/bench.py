@@ -1037,7 +1037,9 @@ def print_table(rows: Sequence[dict], log: Callable[[str], None] = print) -> Non
     """Short table: one line per (op, shape, provider); fwd and fwd+bwd side by side."""
     groups: dict[tuple, dict[str, dict[str, dict]]] = {}
     for r in rows:
-        groups.setdefault((r["op"], r["shape"], r["dtype"]), {}).setdefault(r["provider"], {})[r["mode"]] = r
+        groups.setdefault((r["op"], r["shape"], r.get("dtype", "")), {}).setdefault(r["provider"], {})[
+            r["mode"]
+        ] = r
     head = (
         f"{'op':<14} {'shape':<26} {'provider':<14} {'fwd ms':>9} {'f+b ms':>9} {'f+b GiB':>8} {'%floor':>7}"
         "  check"
@@ -1063,6 +1065,30 @@ def print_table(rows: Sequence[dict], log: Callable[[str], None] = print) -> Non
                 f"{(f'{mem:8.3f}' if mem is not None else ' ' * 8)} {(f'{pct:6.1f}%' if pct else ' ' * 7)}  "
                 f"{check}{'  ' + err[:60] if err else ''}"
             )
+
+
+def peer_wins(rows: Sequence[dict]) -> list[str]:
+    """Cases where a peer (or eager/compiled torch) is faster than liger_core, or leaner in fwd+bwd memory."""
+    by_case: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        by_case.setdefault((r["op"], r["shape"], r["mode"]), {})[r["provider"]] = r
+    out = []
+    for (op, shape, mode), by_p in by_case.items():
+        ours = by_p.get("liger_core", {})
+        ms, mem = _num(ours.get("ms")), _num(ours.get("peak_extra_gib"))
+        if ms is None:
+            continue
+        for p, r in by_p.items():
+            pms, pmem = _num(r.get("ms")), _num(r.get("peak_extra_gib"))
+            if p == "liger_core" or pms is None:
+                continue
+            if pms < ms:
+                out.append(
+                    f"{op} {shape} {mode}: {p} {100 * (ms / pms - 1):.1f}% faster ({pms:.4g} vs {ms:.4g} ms)"
+                )
+            if mode == "fwd+bwd" and mem is not None and pmem is not None and pmem < mem - 1e-3:
+                out.append(f"{op} {shape} {mode}: {p} leaner ({pmem:.3g} GiB vs {mem:.3g} GiB)")
+    return out
 
 
 def _num(v) -> float | None:
@@ -1127,7 +1153,7 @@ def plot_results(rows: Sequence[dict], out_dir: Path, prefix: str) -> list[Path]
             ax.set_ylabel("ms (median)")
         for ax in list(axes.flat)[n:]:
             ax.axis("off")
-        axes.flat[0].legend(fontsize=7)
+        axes.flat[0].legend(fontsize=7, framealpha=0.6)
         fig.suptitle(f"{prefix}: time per op (dashed: bandwidth/FLOP floor)")
         fig.tight_layout()
         written.append(_save(fig, out_dir / f"{prefix}_time.png"))
@@ -1146,37 +1172,44 @@ def plot_results(rows: Sequence[dict], out_dir: Path, prefix: str) -> list[Path]
                 ax.axhline(100, color="k", linestyle="dashed", linewidth=1)
             ax.set_xticks(range(len(cases)), [OPS[o].title if o in OPS else o for o, _ in cases], rotation=20)
             ax.set_ylabel(ylabel)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
             ax.set_title(prefix)
             fig.tight_layout()
             written.append(_save(fig, out_dir / f"{prefix}_{fname}.png"))
     else:
-        # sweep: per op, % of floor (fwd+bwd) against shape, one line per provider
-        cols = min(3, len(ops))
-        rows_n = math.ceil(len(ops) / cols)
-        fig, axes = plt.subplots(rows_n, cols, figsize=(6.5 * cols, 4.2 * rows_n), squeeze=False)
-        for ax, op in zip(axes.flat, ops):
-            shapes = [s for o, s in cases if o == op]
-            for p in providers:
-                ys = [_num(cases[(op, s)].get(p, {}).get("fwd+bwd", {}).get("pct_of_floor")) for s in shapes]
-                ax.plot(
-                    range(len(shapes)),
-                    [y if y is not None else math.nan for y in ys],
-                    "o-",
-                    label=p,
-                    color=_COLORS.get(p),
-                    markersize=3,
-                )
-            ax.axhline(100, color="k", linestyle="dashed", linewidth=1)
-            ax.set_xticks(range(len(shapes)), shapes, rotation=60, fontsize=6, ha="right")
-            ax.set_ylabel("% of floor (fwd+bwd)")
-            ax.set_title(OPS[op].title if op in OPS else op)
-        for ax in list(axes.flat)[len(ops) :]:
-            ax.axis("off")
-        axes.flat[0].legend(fontsize=7)
-        fig.suptitle(f"{prefix}: % of floor per shape")
-        fig.tight_layout()
-        written.append(_save(fig, out_dir / f"{prefix}_floor.png"))
+        # sweep: per op, against shape, one line per provider: % of floor, and time / liger_core's time
+        def value(op, shape, p, key):
+            r = cases[(op, shape)].get(p, {}).get("fwd+bwd", {})
+            v = _num(r.get(key))
+            if key == "ms" and v is not None:
+                ours = _num(cases[(op, shape)].get("liger_core", {}).get("fwd+bwd", {}).get("ms"))
+                v = v / ours if ours else None
+            return v if v is not None else math.nan
+
+        for key, ylabel, line, fname in (
+            ("pct_of_floor", "% of floor (fwd+bwd)", 100.0, "floor"),
+            ("ms", "time / liger_core time (fwd+bwd; > 1: slower)", 1.0, "relative"),
+        ):
+            cols = min(3, len(ops))
+            rows_n = math.ceil(len(ops) / cols)
+            fig, axes = plt.subplots(rows_n, cols, figsize=(6.5 * cols, 4.2 * rows_n), squeeze=False)
+            for ax, op in zip(axes.flat, ops):
+                shapes = [sh for o, sh in cases if o == op]
+                for p in providers:
+                    ys = [value(op, sh, p, key) for sh in shapes]
+                    ax.plot(range(len(shapes)), ys, "o-", label=p, color=_COLORS.get(p), markersize=3)
+                ax.axhline(line, color="k", linestyle="dashed", linewidth=1)
+                if key == "ms":
+                    ax.set_yscale("log")
+                ax.set_xticks(range(len(shapes)), shapes, rotation=60, fontsize=6, ha="right")
+                ax.set_ylabel(ylabel)
+                ax.set_title(OPS[op].title if op in OPS else op)
+            for ax in list(axes.flat)[len(ops) :]:
+                ax.axis("off")
+            axes.flat[0].legend(fontsize=7, framealpha=0.6)
+            fig.suptitle(f"{prefix}: {ylabel} per shape")
+            fig.tight_layout()
+            written.append(_save(fig, out_dir / f"{prefix}_{fname}.png"))
     plt.close("all")
     return written
 
@@ -1237,6 +1270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot_from:
         rows = read_csv(Path(args.plot_from))
         print_table(rows)
+        _print_peer_wins(rows)
         if not args.no_plots:
             for f in plot_results(rows, out_dir, Path(args.plot_from).stem):
                 print(f"wrote {f}")
@@ -1278,6 +1312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out_dir / f"{prefix}_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print()
     print_table(sink.rows)
+    _print_peer_wins(sink.rows)
     print(f"\nwrote {csv_path} ({len(sink.rows)} rows) in {meta['seconds']} s")
     if not args.no_plots:
         try:
@@ -1287,6 +1322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"plots failed: {_short_error(e)}")
             traceback.print_exc()
     return 0
+
+
+def _print_peer_wins(rows: Sequence[dict]) -> None:
+    wins = peer_wins(rows)
+    print(f"\nwhere a peer beats liger_core: {len(wins) or 'nowhere'}")
+    for line in wins:
+        print(f"  {line}")
 
 
 def environment_summary(device: torch.device) -> dict:

@@ -198,7 +198,13 @@ def test_plots_from_rows(tmp_path):
     files = bench.plot_results(rows, tmp_path, "single")
     assert sorted(f.name for f in files) == ["single_floor.png", "single_memory.png", "single_time.png"]
     sweep = rows + [dict(r, shape="16x16") for r in rows]
-    assert [f.name for f in bench.plot_results(sweep, tmp_path, "sweep")] == ["sweep_floor.png"]
+    assert [f.name for f in bench.plot_results(sweep, tmp_path, "sweep")] == [
+        "sweep_floor.png",
+        "sweep_relative.png",
+    ]
+    wins = bench.peer_wins(sweep)  # torch at 2 ms never beats liger_core at 1 ms
+    assert wins == []
+    assert bench.peer_wins([dict(r, ms=0.5) if r["provider"] == "torch" else r for r in rows])
 
 
 @pytest.mark.gpu
