@@ -26,6 +26,7 @@ OUT=${OUT:-$root/benchmarks/results/run}
 mkdir -p "$OUT" benchmarks/results
 logs=$(mktemp -d /tmp/liger_run_logs.XXXX)
 exec > >(tee -a "$OUT/run_gpu.log") 2>&1
+tee_pid=$!
 
 start=$(date +%s)
 TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-570}
@@ -48,7 +49,11 @@ if want wheels; then
   stage wheels
   if compgen -G ".whl/*.whl" >/dev/null; then
     ls .whl/
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+    pip_install() { "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$@"; }
+    if ! pip_install .whl/*.whl; then  # e.g. two versions of one package: take just the two peers
+      echo "installing every wheel failed; retrying with liger-kernel and cut-cross-entropy only"
+      pip_install .whl/liger_kernel-*.whl .whl/cut_cross_entropy-*.whl
+    fi
     record wheels $?
   else
     echo "no .whl/*.whl: liger-kernel and cut-cross-entropy will be skipped (run ../shared/tools/fetch-peer-wheels"
@@ -131,4 +136,8 @@ echo
 echo "=================== stages (total $(($(date +%s) - start)) s) ==================="
 printf '  %s\n' "${results[@]}"
 rm -rf "$logs"
-[ ${#failed[@]} -eq 0 ]
+rc=0
+[ ${#failed[@]} -eq 0 ] || rc=1
+exec 1>&- 2>&-  # let tee drain into the log and the caller before exiting
+wait "$tee_pid" 2>/dev/null
+exit "$rc"

@@ -1321,6 +1321,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - plots are a convenience; the CSV is the result
             print(f"plots failed: {_short_error(e)}")
             traceback.print_exc()
+    ours_bad = [
+        f"{r['op']} {r['shape']} {r['mode']}: {r.get('error') or r.get('check')}"
+        for r in sink.rows
+        if r["provider"] == "liger_core"
+        and r.get("check") != "skipped"
+        and (r.get("error") or r.get("check") == "FAIL")
+    ]
+    if ours_bad:  # the run is complete, but say loudly that our own kernels did not all run correctly
+        print(f"\nliger_core failed in {len(ours_bad)} row(s):")
+        for line in ours_bad:
+            print(f"  {line}")
+        return 1
     return 0
 
 
