@@ -28,6 +28,7 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._activation_math import sigmoid_from_m, sigmoid_of_minus_abs, times_sigmoid
 from liger_core.ops._launch import elementwise_settings
 
 APPROXIMATIONS = ("tanh", "none")
@@ -45,18 +46,16 @@ _TANH_SATURATION: tl.constexpr = 20.0
 def _gelu_tanh_parts(a):
     """For the tanh GELU: (gelu(a), m, 2u'(a)), m = sigmoid(-|2u|) = min(s, 1 - s), s = sigmoid(2u).
 
-    With t = exp(-|2u|) in (0, 1] (never overflows), m = t / (1 + t) has full relative accuracy, and since
-    2u has a's sign, s = 1 - m for a >= 0 and s = m for a < 0. So gelu = a * s is ``a - a * m`` (one rounding
-    next to a, where eager's 0.5 a (1 + tanh(u)) takes several) or ``a * m`` (no cancellation, where eager's
-    1 + tanh(u) cancels catastrophically). a is clamped to +-_TANH_SATURATION inside u only.
+    2u has a's sign, so s = 1 - m for a >= 0 and s = m for a < 0 (``_activation_math``), and gelu = a * s is
+    ``a - a * m`` (one rounding next to a, where eager's 0.5 a (1 + tanh(u)) takes several) or ``a * m`` (no
+    cancellation, where eager's 1 + tanh(u) cancels catastrophically). a is clamped to +-_TANH_SATURATION
+    inside u only.
     """
     a_c = tl.minimum(tl.maximum(a, -_TANH_SATURATION), _TANH_SATURATION)
     a_sq = a_c * a_c
     two_u = 2.0 * _SQRT_2_OVER_PI * a_c * (1.0 + _GELU_CUBIC * a_sq)
-    t = tl.exp(-tl.abs(two_u))
-    m = t / (1.0 + t)
-    a_m = a * m
-    gelu = tl.where(a >= 0.0, a - a_m, a_m)
+    m = sigmoid_of_minus_abs(two_u)
+    gelu = times_sigmoid(a, m)
     d_two_u = 2.0 * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * a_sq)
     return gelu, m, d_two_u
 
@@ -76,7 +75,7 @@ def _gelu_and_grad(a, TANH: tl.constexpr):
     """(gelu(a), gelu'(a)) in fp32 for an fp32 tensor a."""
     if TANH:
         gelu, m, d_two_u = _gelu_tanh_parts(a)
-        s = tl.where(a >= 0.0, 1.0 - m, m)
+        s = sigmoid_from_m(a, m)
         # s (1 - s) = m (1 - m) on both sides
         grad = s + a * (m * (1.0 - m)) * d_two_u
     else:
