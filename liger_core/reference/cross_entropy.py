@@ -1,0 +1,66 @@
+"""Reference cross-entropy: ``torch.nn.functional.cross_entropy`` in the input dtype, plus z-loss and softcap.
+
+Exactly the eager composition it replaces (softcap ``c * tanh(x / c)`` first, as Gemma-2 does), with two
+documented departures from torch that the Triton op shares:
+
+- ``reduction="mean"`` with nothing to average over (every target ignored, or every non-ignored target of
+  class weight 0) gives a loss of 0 and zero gradients; torch gives NaN (0 / 0).
+- z-loss ``lse_square_scale * logsumexp(logits)^2`` is added per non-ignored token, unweighted by the class
+  weights; ``mean`` divides its sum by the number of non-ignored tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    return_z_loss: bool = False,
+    *,
+    inplace_backward: bool = False,  # accepted for signature parity; the reference never writes in place
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    vocab = logits.shape[-1]
+    out_shape = target.shape
+    logits = logits.reshape(-1, vocab)
+    target = target.reshape(-1).long()
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if weight is not None:
+        weight = weight.to(logits.dtype)
+    loss = F.cross_entropy(
+        logits,
+        target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )
+    valid = target != ignore_index
+    n_valid = int(valid.sum())
+    if reduction == "mean":
+        denom = weight[target[valid]].sum().item() if weight is not None else n_valid
+        if denom == 0:
+            loss = logits.narrow(-1, 0, 0).sum()  # 0, connected to the graph (zero gradients), not NaN
+    if lse_square_scale != 0.0 or return_z_loss:
+        z = lse_square_scale * torch.logsumexp(logits, dim=-1).square()
+        z = z.masked_fill(~valid, 0.0)
+        if reduction == "mean":
+            z = z.sum() / n_valid if n_valid else logits.narrow(-1, 0, 0).sum()
+        elif reduction == "sum":
+            z = z.sum()
+        loss = loss + z
+    if reduction == "none":
+        loss = loss.reshape(out_shape)
+    if not return_z_loss:
+        return loss
+    z = z.reshape(out_shape) if reduction == "none" else z
+    return loss, z.detach()

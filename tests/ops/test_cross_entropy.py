@@ -1,0 +1,289 @@
+import pytest
+import torch
+from helpers import SLACK, assert_no_worse_than_eager, devices, leaf, rel_err
+
+from liger_core import reference
+from liger_core.modules import LigerCrossEntropyLoss
+from liger_core.ops import cross_entropy
+
+IGNORE = -100
+
+# option sets (CPU shapes are small: the Triton interpreter runs one row at a time)
+CASES = {
+    "plain": dict(),
+    "smooth_weight": dict(label_smoothing=0.1, weighted=True),
+    "zloss_softcap": dict(lse_square_scale=1e-2, softcap=4.0),
+    "all": dict(label_smoothing=0.2, weighted=True, lse_square_scale=1e-3, softcap=30.0),
+}
+
+
+# A scalar's error is mostly its final rounding to the output dtype, a lottery that eager can win by luck; a
+# scalar loss may exceed SLACK x eager's error by that unavoidable relative half ulp, no more.
+HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-9}
+
+
+def assert_loss_no_worse(name, ours, eager, ref64):
+    if ours.dim() > 0:
+        assert_no_worse_than_eager(name, ours, eager, ref64)
+        return
+    e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
+    assert e_ours <= SLACK * e_eager + HALF_ULP[ours.dtype], (
+        f"{name}: rel. error {e_ours:.3e} > {SLACK} x eager's {e_eager:.3e} + half ulp ({ours.dtype})"
+    )
+
+
+def _inputs(device, dtype, n, vocab, *, scale=3.0, weighted=False, ignore_every=5, batch_shape=None):
+    logits = (torch.randn(n, vocab, dtype=torch.float64, device=device) * scale).to(dtype)
+    target = torch.randint(0, vocab, (n,), device=device)
+    if ignore_every:
+        target[torch.randperm(n, device=device)[: n // ignore_every]] = IGNORE
+    weight = (torch.rand(vocab, dtype=torch.float64, device=device) + 0.5).to(dtype) if weighted else None
+    if batch_shape is not None:
+        logits, target = logits.reshape(*batch_shape, vocab), target.reshape(batch_shape)
+    return logits, target, weight
+
+
+def _three_ways(logits, target, weight, grad_out, **opts):
+    """(loss, z_loss, dlogits) from the kernel, the eager composition in the same dtype, and float64."""
+    out = []
+    for kind in ("ours", "eager", "ref64"):
+        dtype = torch.float64 if kind == "ref64" else logits.dtype
+        x = leaf(logits, dtype)
+        w = weight.to(dtype) if weight is not None else None
+        fn = cross_entropy if kind == "ours" else reference.cross_entropy
+        loss, z = fn(x, target, w, return_z_loss=True, **opts)
+        (dx,) = torch.autograd.grad(loss, x, grad_out.to(dtype))
+        out.append((loss, z, dx))
+    return out
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cross_entropy_matches_float64(device, dtype, reduction, case, poison_empty):
+    opts = dict(CASES[case])
+    weighted = opts.pop("weighted", False)
+    n, vocab = (37, 131) if device == "cpu" else (4096, 128256)
+    logits, target, weight = _inputs(device, dtype, n, vocab, weighted=weighted)
+    if reduction == "none":  # per-token grad_output (the reference system got these wrong)
+        grad_out = torch.randn(n, device=device).to(dtype)
+    else:  # loss is not the last op: grad_output != 1
+        grad_out = torch.tensor(3.7 if case != "plain" else 1.0, device=device).to(dtype)
+    (loss, z, dx), (loss_e, z_e, dx_e), (loss_r, z_r, dx_r) = _three_ways(
+        logits, target, weight, grad_out, reduction=reduction, **opts
+    )
+    assert loss.dtype == dtype and loss.shape == loss_r.shape and z.shape == loss.shape
+    assert_loss_no_worse("loss", loss, loss_e, loss_r)
+    if opts.get("lse_square_scale"):
+        assert_loss_no_worse("z_loss", z, z_e, z_r)
+    assert_no_worse_than_eager("dlogits", dx, dx_e, dx_r)
+    ignored = target == IGNORE
+    assert (dx[ignored] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_multi_block_rows(dtype, poison_empty):
+    """V = 1031 spans several column blocks: the online max / rescaled sum across blocks, all options on."""
+    logits, target, weight = _inputs("cpu", dtype, 11, 1031, weighted=True, ignore_every=4)
+    grad_out = torch.randn(11).to(dtype)
+    opts = dict(reduction="none", label_smoothing=0.05, lse_square_scale=1e-3, softcap=20.0)
+    (loss, z, dx), (loss_e, z_e, dx_e), (loss_r, z_r, dx_r) = _three_ways(
+        logits, target, weight, grad_out, **opts
+    )
+    assert_loss_no_worse("loss", loss, loss_e, loss_r)
+    assert_loss_no_worse("z_loss", z, z_e, z_r)
+    assert_no_worse_than_eager("dlogits", dx, dx_e, dx_r)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_all_targets_ignored(reduction):
+    """Loss 0 and zero gradients, never NaN (torch's mean gives NaN here: 0 / 0)."""
+    logits, _, weight = _inputs("cpu", torch.float32, 13, 131, weighted=True)
+    target = torch.full((13,), IGNORE)
+    for fn in (cross_entropy, reference.cross_entropy):  # the CPU fallback agrees
+        x = leaf(logits)
+        loss, z = fn(
+            x,
+            target,
+            weight,
+            reduction=reduction,
+            label_smoothing=0.1,
+            lse_square_scale=1e-2,
+            return_z_loss=True,
+        )
+        (loss * 2.0).sum().backward()
+        assert torch.equal(loss, torch.zeros_like(loss)) and torch.equal(z, torch.zeros_like(z))
+        assert torch.equal(x.grad, torch.zeros_like(x.grad))
+
+
+def test_cross_entropy_zero_weight_targets_mean_is_zero():
+    logits, target, _ = _inputs("cpu", torch.float32, 9, 131, ignore_every=0)
+    weight = torch.rand(131) + 0.5
+    weight[target] = 0.0
+    x = leaf(logits)
+    loss = cross_entropy(x, target, weight)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(x.grad).all() and not x.grad.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_extreme_logits(dtype):
+    """Logits of +-1e4 (targets on both sides), with label smoothing and z-loss: finite and exact."""
+    n, vocab = 12, 131
+    logits = torch.randn(n, vocab, dtype=torch.float64)
+    logits[:, ::3] += 1e4
+    logits[:, 1::3] -= 1e4
+    logits = logits.to(dtype)
+    target = torch.randint(0, vocab, (n,))
+    target[:4] = torch.arange(4) * 3  # at +1e4
+    target[4:8] = torch.arange(4) * 3 + 1  # at -1e4: loss 2e4
+    target[8] = IGNORE
+    grad_out = torch.tensor(1.5).to(dtype)
+    for opts in (dict(), dict(label_smoothing=0.1, lse_square_scale=1e-6)):
+        (loss, _, dx), (loss_e, _, dx_e), (loss_r, _, dx_r) = _three_ways(
+            logits, target, None, grad_out, **opts
+        )
+        assert torch.isfinite(loss) and torch.isfinite(dx).all()
+        assert_loss_no_worse("loss", loss, loss_e, loss_r)
+        assert_no_worse_than_eager("dlogits", dx, dx_e, dx_r)
+
+
+def test_cross_entropy_tied_extreme_logits():
+    """Every logit +1e4 (a row of exact ties): loss log(V), gradient softmax - onehot = 1/V - [c == y]."""
+    vocab = 131
+    x = leaf(torch.full((4, vocab), 1e4))
+    target = torch.tensor([0, 5, 130, IGNORE])
+    loss = cross_entropy(x, target, reduction="sum")
+    loss.backward()
+    torch.testing.assert_close(loss, torch.tensor(3 * torch.log(torch.tensor(float(vocab))).item()))
+    expected = torch.full((4, vocab), 1.0 / vocab)
+    expected[3] = 0.0
+    expected[torch.arange(3), target[:3]] -= 1.0
+    torch.testing.assert_close(x.grad, expected, rtol=1e-6, atol=1e-9)
+
+
+def test_cross_entropy_batched_shape_int32_target_and_backward_call():
+    """(B, T, V) logits with (B, T) int32 targets; grad_output 1 via loss.backward(); loss * 3.7 backward."""
+    logits, target, _ = _inputs("cpu", torch.float32, 15, 131, batch_shape=(3, 5))
+    target = target.int()
+    x, x_r = leaf(logits), leaf(logits, torch.float64)
+    none = cross_entropy(x, target, reduction="none")
+    assert none.shape == (3, 5)
+    torch.testing.assert_close(none.double(), reference.cross_entropy(x_r, target, reduction="none"))
+    for factor in (1.0, 3.7):
+        x.grad = x_r.grad = None
+        (cross_entropy(x, target) * factor).backward()
+        (reference.cross_entropy(x_r, target) * factor).backward()
+        torch.testing.assert_close(x.grad.double(), x_r.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_cross_entropy_default_never_modifies_logits():
+    logits, target, _ = _inputs("cpu", torch.float32, 13, 131)
+    x = leaf(logits)
+    y = x * 1.0  # a non-leaf, as a model's output would be
+    before = y.detach().clone()
+    cross_entropy(y, target, label_smoothing=0.1).backward()
+    assert torch.equal(y.detach(), before)
+    with torch.no_grad():  # forward only: nothing is written, even when in place is allowed
+        cross_entropy(y, target, inplace_backward=True)
+    assert torch.equal(y.detach(), before)
+
+
+def test_cross_entropy_inplace_backward():
+    """inplace_backward=True: the gradient lives in the logits buffer (no extra memory), same values; the
+    mutation is declared, so another autograd node that saved the logits raises instead of going wrong."""
+    logits, target, _ = _inputs("cpu", torch.float32, 13, 131)
+    x_ref = leaf(logits)
+    (cross_entropy(x_ref, target, reduction="sum") * 2.5).backward()
+
+    x = leaf(logits)
+    y = x * 1.0
+    version = y._version
+    loss = cross_entropy(y, target, reduction="sum", inplace_backward=True)
+    assert y._version > version
+    torch.testing.assert_close(y.detach(), x_ref.grad / 2.5)  # the buffer now holds d(loss)/d(logits)
+    (loss * 2.5).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+    x2 = leaf(logits)
+    y2 = x2 * 1.0
+    other = (y2**2).sum()  # pow saves y2 for its backward
+    loss2 = cross_entropy(y2, target, inplace_backward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (other + loss2).backward()
+
+
+def test_cross_entropy_retain_graph_second_backward_raises():
+    logits, target, _ = _inputs("cpu", torch.float32, 5, 131)
+    x = leaf(logits)
+    loss = cross_entropy(x, target)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        loss.backward()
+
+
+def test_cross_entropy_bad_input():
+    logits = torch.randn(6, 131)
+    target = torch.randint(0, 131, (6,))
+    bad = target.clone()
+    bad[2] = 131
+    with pytest.raises(ValueError, match="target"):
+        cross_entropy(logits, bad)
+    bad[2] = -1
+    with pytest.raises(ValueError, match="target"):
+        cross_entropy(logits, bad)
+    bad[2] = -1
+    cross_entropy(logits, bad, ignore_index=-1)  # -1 is fine when it is the ignore_index
+    with pytest.raises(ValueError, match="target"):
+        cross_entropy(logits, target[:5])
+    with pytest.raises(TypeError, match="target"):
+        cross_entropy(logits, target.float())
+    with pytest.raises(TypeError, match="logits"):
+        cross_entropy(logits.long(), target)
+    with pytest.raises(ValueError, match="weight"):
+        cross_entropy(logits, target, torch.rand(130))
+    with pytest.raises(ValueError, match="reduction"):
+        cross_entropy(logits, target, reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        cross_entropy(logits, target, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="softcap"):
+        cross_entropy(logits, target, softcap=0.0)
+
+
+def test_cross_entropy_module():
+    logits, target, weight = _inputs("cpu", torch.float32, 13, 131, weighted=True)
+    module = LigerCrossEntropyLoss(
+        weight=weight, label_smoothing=0.1, lse_square_scale=1e-3, return_z_loss=True
+    )
+    loss, z = module(leaf(logits), target)
+    loss_f, z_f = cross_entropy(
+        logits, target, weight, label_smoothing=0.1, lse_square_scale=1e-3, return_z_loss=True
+    )
+    assert torch.equal(loss, loss_f) and torch.equal(z, z_f)
+    assert "weight" in dict(module.named_buffers())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_cross_entropy_int64_offsets_cuda():
+    """32768 x 131072 bf16 logits (8 GiB): row * V passes 2^31; per-row losses and the last rows' gradients
+    against an fp64 reference computed row-block by row-block before the in-place overwrite."""
+    n, vocab = 32768, 131072
+    logits = torch.randn(n, vocab, device="cuda", dtype=torch.bfloat16) * 2
+    target = torch.randint(0, vocab, (n,), device="cuda")
+    target[-3] = IGNORE
+    ref_loss = torch.empty(n, dtype=torch.float64, device="cuda")
+    for s in range(0, n, 2048):
+        ref_loss[s : s + 2048] = reference.cross_entropy(
+            logits[s : s + 2048].double(), target[s : s + 2048], reduction="none"
+        )
+    tail = leaf(logits[-8:], torch.float64)
+    reference.cross_entropy(tail, target[-8:], reduction="sum").backward()
+    x = logits.requires_grad_(True)
+    y = x * 1  # a temporary the loss may overwrite
+    del logits
+    loss = cross_entropy(y, target, reduction="none", inplace_backward=True)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=2e-2, atol=2e-2)
+    grad = torch.autograd.grad(loss.sum(), y)[0]
+    torch.testing.assert_close(grad[-8:].double(), tail.grad, rtol=2e-2, atol=1e-6)
