@@ -46,14 +46,22 @@ def num_sms(device) -> int:
 # ----------------------------------------------------------------------------------------------------------
 
 # Rows up to this many columns stay in registers (forward: one read of x; backward: one read of dy and x).
-# Longer rows loop over column chunks of NORM_CHUNK_COLS, re-reading the row (from L2) once per pass.
+# Longer rows loop over column chunks of NORM_CHUNK_COLS, re-reading the row (from L2) once per pass. The
+# backward holds ~11 registers per element (dy, x, w, dW accumulator, temporaries), so its limit is lower.
 NORM_FUSED_MAX_COLS = 16384
+NORM_BWD_FUSED_MAX_COLS = 8192
 NORM_CHUNK_COLS = 4096
 # Elements per tile for short rows: several rows per program so that small hidden sizes still move
 # enough bytes per program.
 NORM_TILE_ELEMENTS = 4096
-# Warps resident per SM that the persistent backward grid aims for (programs per SM = this / num_warps).
-NORM_BWD_WARPS_PER_SM = 16
+# Elements of a tile per thread (sets num_warps). Forward: 16 (~60 registers). Backward: 8 with a software
+# prefetch of the next tile (~105-125 registers, no spills: ptxas sm_90, triton 3.9); tiles above
+# NORM_TILE_ELEMENTS (hidden 5120-8192) already have twice the bytes in flight and take 16 without prefetch.
+NORM_FWD_ELEMENTS_PER_THREAD = 16
+NORM_BWD_ELEMENTS_PER_THREAD = 8
+# Programs per SM of the persistent backward grid (each writes one partial row of dW/dB). Equal work per
+# SM whether one or both fit at once, so over-asking costs only the extra partial rows.
+NORM_BWD_PROGRAMS_PER_SM = 2
 
 
 class NormSettings(NamedTuple):
@@ -61,21 +69,26 @@ class NormSettings(NamedTuple):
     block_n: int  # columns per tile: the whole (padded) row when single_pass, else a chunk
     num_warps: int
     single_pass: bool  # the whole row fits in one tile
+    prefetch: bool  # backward: load the next tile before computing this one
 
 
-def norm_settings(n_cols: int) -> NormSettings:
-    """Tile shape and warps for a row-normalisation kernel over rows of ``n_cols`` elements."""
+def norm_settings(n_cols: int, backward: bool = False) -> NormSettings:
+    """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``."""
     block_n = triton.next_power_of_2(n_cols)
-    if block_n > NORM_FUSED_MAX_COLS:
-        return NormSettings(1, NORM_CHUNK_COLS, 8, False)
-    block_m = max(1, NORM_TILE_ELEMENTS // block_n)
-    warps = min(32, max(4, block_m * block_n // 512))
-    return NormSettings(block_m, block_n, warps, True)
+    if block_n > (NORM_BWD_FUSED_MAX_COLS if backward else NORM_FUSED_MAX_COLS):
+        block_m, block_n, single_pass = 1, NORM_CHUNK_COLS, False
+    else:
+        block_m, single_pass = max(1, NORM_TILE_ELEMENTS // block_n), True
+    tile = block_m * block_n
+    prefetch = backward and single_pass and tile <= NORM_TILE_ELEMENTS
+    per_thread = NORM_BWD_ELEMENTS_PER_THREAD if prefetch or not single_pass else NORM_FWD_ELEMENTS_PER_THREAD
+    warps = min(32, max(4, tile // (32 * per_thread)))
+    return NormSettings(block_m, block_n, warps, single_pass, prefetch)
 
 
-def norm_bwd_programs(device, n_tiles: int, num_warps: int) -> tuple[int, int]:
-    """(programs, tiles per program) for a persistent backward grid that writes one fp32 partial row of
-    dW (and dB) per program: about NORM_BWD_WARPS_PER_SM warps per SM, every program at least one tile."""
-    target = num_sms(device) * max(1, NORM_BWD_WARPS_PER_SM // num_warps)
+def norm_bwd_programs(device, n_tiles: int) -> tuple[int, int]:
+    """(programs, tiles per program) for the persistent backward grid: NORM_BWD_PROGRAMS_PER_SM programs
+    per SM, each with a contiguous block of at least one tile."""
+    target = num_sms(device) * NORM_BWD_PROGRAMS_PER_SM
     tiles_per_program = triton.cdiv(n_tiles, max(1, min(target, n_tiles)))
     return triton.cdiv(n_tiles, tiles_per_program), tiles_per_program

@@ -27,7 +27,7 @@ import triton.language as tl
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
-from liger_core.ops.rms_norm import kahan_add, rows_view
+from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _layer_norm_fwd_kernel(
         x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         mean = shift + tl.sum(tl.where(mask, x - shift[:, None], 0.0), axis=1) / n_cols
         xc = tl.where(mask, x - mean[:, None], 0.0)
-        var = tl.sum(xc * xc, axis=1) / n_cols
+        sum_sq = tl.sum(xc * xc, axis=1)
     else:
         shifted_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
@@ -77,9 +77,7 @@ def _layer_norm_fwd_kernel(
             x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
             xc = tl.where(mask, x - mean[:, None], 0.0)
             sum_sq += tl.sum(xc * xc, axis=1)
-        var = sum_sq / n_cols
-    # per-row scalars in fp64: the correctly rounded rstd costs nothing next to the row traffic
-    rstd = (1.0 / tl.sqrt(var.to(tl.float64) + eps)).to(tl.float32)
+    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, x_ptr.dtype.element_ty == tl.float32)
     tl.store(mean_ptr + rows, mean, mask=row_mask)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
@@ -123,7 +121,9 @@ def _layer_norm_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
+    PRECISE: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
@@ -133,21 +133,33 @@ def _layer_norm_bwd_kernel(
     if SINGLE_PASS:
         col_mask = cols < n_cols
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        # per-row-lane Kahan accumulators over this program's tiles (see rms_norm)
+        # per-row-lane accumulators over this program's tiles, summed once at the end in fp64 (see rms_norm)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         db_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        rows = first_row + tl.arange(0, BLOCK_M)
+        rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
+        if PREFETCH:
+            mask = (rows < n_rows)[:, None] & col_mask[None, :]
+            dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
         for tile in range(0, tiles_per_program):
-            rows = first_row + tile * BLOCK_M + tl.arange(0, BLOCK_M)
             row_mask = rows < n_rows
             mask = row_mask[:, None] & col_mask[None, :]
-            dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
-            x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+            if PREFETCH:
+                # the next tile's loads are issued before this tile's math: two tiles in flight per program
+                dy, x = dy_next, x_next
+                next_mask = (rows + BLOCK_M < rows_end)[:, None] & col_mask[None, :]
+                dy_next, x_next = load_tiles(
+                    dy_ptr, x_ptr, rows + BLOCK_M, cols, dy_row_stride, x_row_stride, next_mask
+                )
+            else:
+                dy, x = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
+            dy = dy.to(tl.float32)
+            x = x.to(tl.float32)
             mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-            dy = dy.to(tl.float32)
-            xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
             g = dy * w[None, :]
             mean_gxhat = tl.sum(g * xhat, axis=1) / n_cols
             mean_g = tl.sum(g, axis=1) / n_cols
@@ -157,9 +169,10 @@ def _layer_norm_bwd_kernel(
                 dx.to(dx_ptr.dtype.element_ty),
                 mask=mask,
             )
-            dw_acc, dw_comp = kahan_add(dw_acc, dw_comp, dy * xhat)
+            dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xhat, PRECISE)
             if HAS_BIAS:
-                db_acc, db_comp = kahan_add(db_acc, db_comp, dy)
+                db_acc, db_comp = accumulate(db_acc, db_comp, dy, PRECISE)
+            rows += BLOCK_M
         dw = tl.sum(dw_acc.to(tl.float64) - dw_comp.to(tl.float64), axis=0)
         tl.store(dw_partial_row + cols, dw, mask=col_mask)
         if HAS_BIAS:
@@ -245,13 +258,13 @@ def _layer_norm_bwd(
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
-    s = norm_settings(n_cols)
-    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m), s.num_warps)
+    s = norm_settings(n_cols, backward=True)
+    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m))
     partials = torch.empty((2 if has_bias else 1, programs, n_cols), dtype=torch.float64, device=x.device)
     _layer_norm_bwd_kernel[(programs,)](
         dy, x, w, mean, rstd, dx, partials[0], partials[-1], n_rows, n_cols,
         dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
-        HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
+        HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass, PREFETCH=s.prefetch,
         num_warps=s.num_warps,
     )  # fmt: skip
     # separate reductions: custom-op outputs may not alias each other

@@ -35,14 +35,39 @@ from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.reference.rms_norm import CASTING_MODES
 
 
+# PRECISE (fp32 data; constexpr): fp32 arithmetic alone would make our error comparable to eager's, so the
+# per-row rstd is computed in fp64 (correctly rounded) and the dW/dB accumulators are Kahan-compensated.
+# For bf16/fp16 data the final rounding dominates by ~2^16 and plain fp32 is kept (fewer registers).
+
+
 @triton.jit
-def kahan_add(acc, comp, value):
-    """Compensated (Kahan) ``acc += value``: ``acc - comp`` carries the running sum to about fp32 precision
-    however many terms are added (the backward kernels' dW/dB accumulators over their rows)."""
-    corrected = value - comp
-    total = acc + corrected
-    comp = (total - acc) - corrected
-    return total, comp
+def inv_sqrt_mean(sum_sq, n_cols, eps, PRECISE: tl.constexpr):
+    """``1 / sqrt(sum_sq / n_cols + eps)`` per row."""
+    if PRECISE:
+        return (1.0 / tl.sqrt(sum_sq.to(tl.float64) / n_cols + eps)).to(tl.float32)
+    return 1.0 / tl.sqrt(sum_sq / n_cols + eps)
+
+
+@triton.jit
+def accumulate(acc, comp, value, PRECISE: tl.constexpr):
+    """``acc += value``; Kahan-compensated when PRECISE (the sum is then ``acc - comp``, to about fp32
+    precision however many rows a program adds up)."""
+    if PRECISE:
+        corrected = value - comp
+        total = acc + corrected
+        comp = (total - acc) - corrected
+        acc = total
+    else:
+        acc += value
+    return acc, comp
+
+
+@triton.jit
+def load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
+    """The (dy, x) tiles of ``rows`` x ``cols`` (int64 rows), in their storage dtype."""
+    dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+    return dy, x
 
 
 @triton.jit
@@ -90,8 +115,7 @@ def _rms_norm_fwd_kernel(
             mask = row_mask[:, None] & (chunk[None, :] < n_cols)
             x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
             sum_sq += tl.sum(x * x, axis=1)
-    # per-row scalars in fp64: the correctly rounded rstd costs nothing next to the row traffic
-    rstd = (1.0 / tl.sqrt(sum_sq.to(tl.float64) / n_cols + eps)).to(tl.float32)
+    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, x_dtype == tl.float32)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
     if SINGLE_PASS:
@@ -126,7 +150,9 @@ def _rms_norm_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
+    PRECISE: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
@@ -135,19 +161,31 @@ def _rms_norm_bwd_kernel(
     if SINGLE_PASS:
         col_mask = cols < n_cols
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
-        # dw accumulates per row lane over this program's tiles with Kahan compensation (no per-tile
-        # cross-warp reduction, and an error that does not grow with the number of rows per program)
+        # dw accumulates per row lane over this program's tiles (no cross-warp reduction per tile); the
+        # BLOCK_M lanes are summed once at the end, in fp64
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        rows = first_row + tl.arange(0, BLOCK_M)
+        rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
+        if PREFETCH:
+            mask = (rows < n_rows)[:, None] & col_mask[None, :]
+            dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
         for tile in range(0, tiles_per_program):
-            rows = first_row + tile * BLOCK_M + tl.arange(0, BLOCK_M)
             row_mask = rows < n_rows
             mask = row_mask[:, None] & col_mask[None, :]
-            dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
-            x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
-            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            if PREFETCH:
+                # the next tile's loads are issued before this tile's math: two tiles in flight per program
+                dy, x = dy_next, x_next
+                next_mask = (rows + BLOCK_M < rows_end)[:, None] & col_mask[None, :]
+                dy_next, x_next = load_tiles(
+                    dy_ptr, x_ptr, rows + BLOCK_M, cols, dy_row_stride, x_row_stride, next_mask
+                )
+            else:
+                dy, x = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
             dy = dy.to(tl.float32)
-            xn = x.to(tl.float32) * rstd[:, None]
+            x = x.to(tl.float32)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            xn = x * rstd[:, None]
             g = dy * w[None, :]
             mean_gxn = tl.sum(g * xn, axis=1) / n_cols
             dx = rstd[:, None] * (g - xn * mean_gxn[:, None])
@@ -156,7 +194,8 @@ def _rms_norm_bwd_kernel(
                 dx.to(dx_ptr.dtype.element_ty),
                 mask=mask,
             )
-            dw_acc, dw_comp = kahan_add(dw_acc, dw_comp, dy * xn)
+            dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xn, PRECISE)
+            rows += BLOCK_M
         dw = tl.sum(dw_acc.to(tl.float64) - dw_comp.to(tl.float64), axis=0)
         tl.store(dw_partial_row + cols, dw, mask=col_mask)
     else:
@@ -231,12 +270,12 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     n_rows, n_cols = x.shape
     if n_rows == 0:
         return torch.zeros_like(w)
-    s = norm_settings(n_cols)
-    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m), s.num_warps)
+    s = norm_settings(n_cols, backward=True)
+    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m))
     dw_partial = torch.empty((programs, n_cols), dtype=torch.float64, device=x.device)
     _rms_norm_bwd_kernel[(programs,)](
         dy, x, w, rstd, dx, dw_partial, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), offset,
-        tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
+        tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass, PREFETCH=s.prefetch,
         num_warps=s.num_warps,
     )  # fmt: skip
     return dw_partial.sum(0).to(w.dtype)
