@@ -39,6 +39,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import time
 import traceback
@@ -872,9 +873,9 @@ def gpu_tag(device: torch.device) -> str:
 class CsvSink:
     """Rows are appended and flushed one by one, so a run cut off by a time limit keeps what it measured."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, append: bool = False):
         self.path, self.rows = path, []
-        if path is not None:
+        if path is not None and not (append and path.exists()):
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(CSV_COLUMNS)
@@ -1255,6 +1256,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "and checked, nothing timed: exercises this script without a GPU",
     )
     p.add_argument("--plot-from", metavar="CSV", help="only print the table and draw the plots of a CSV")
+    # internal: a run whose CUDA context broke (a crashed kernel) continues in a fresh process with these
+    p.add_argument("--append", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--resume-shape", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.ops == ["all"]:
         args.ops = list(ALL_OPS)
@@ -1299,31 +1303,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(json.dumps(meta))
     out_dir.mkdir(parents=True, exist_ok=True)
-    sink = CsvSink(csv_path)
+    sink = CsvSink(csv_path, append=args.append)
     compile_backend = "inductor" if device.type == "cuda" else "aot_eager"  # CPU dry run: no C++ codegen
+    cases = [
+        (name, i, shape)
+        for name in args.ops
+        for i, shape in enumerate(OPS[name].shapes[shapes_key])
+        if not (name == args.ops[0] and i < args.resume_shape)
+    ]
     t0 = time.time()
-    for name in args.ops:
-        spec = OPS[name]
-        for shape in spec.shapes[shapes_key]:
-            bench_case(
-                spec, shape, dtype, device, args.providers, args.modes, timing, sink, gpu, compile_backend
-            )
+    child_rc = 0
+    for k, (name, _, shape) in enumerate(cases):
+        bench_case(
+            OPS[name], shape, dtype, device, args.providers, args.modes, timing, sink, gpu, compile_backend
+        )
+        if k + 1 < len(cases) and process_broken(device):
+            child_rc = continue_in_fresh_process(args, cases[k + 1 :])
+            break
+    if args.append:  # a continuation: the first process prints the table and draws the plots
+        return child_rc
     meta["seconds"] = round(time.time() - t0, 1)
     (out_dir / f"{prefix}_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    rows = read_csv(csv_path)  # every row, also those a continuation process wrote
     print()
-    print_table(sink.rows)
-    _print_peer_wins(sink.rows)
-    print(f"\nwrote {csv_path} ({len(sink.rows)} rows) in {meta['seconds']} s")
+    print_table(rows)
+    _print_peer_wins(rows)
+    print(f"\nwrote {csv_path} ({len(rows)} rows) in {meta['seconds']} s")
     if not args.no_plots:
         try:
-            for f in plot_results(sink.rows, out_dir, prefix):
+            for f in plot_results(rows, out_dir, prefix):
                 print(f"wrote {f}")
         except Exception as e:  # noqa: BLE001 - plots are a convenience; the CSV is the result
             print(f"plots failed: {_short_error(e)}")
             traceback.print_exc()
     ours_bad = [
         f"{r['op']} {r['shape']} {r['mode']}: {r.get('error') or r.get('check')}"
-        for r in sink.rows
+        for r in rows
         if r["provider"] == "liger_core"
         and r.get("check") != "skipped"
         and (r.get("error") or r.get("check") == "FAIL")
@@ -1333,7 +1348,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in ours_bad:
             print(f"  {line}")
         return 1
-    return 0
+    return child_rc
+
+
+def process_broken(device: torch.device) -> bool:
+    """True when this process can no longer use the GPU: a kernel crashed (illegal address, device-side
+    assert) and CUDA's error is sticky, so every later case would fail too."""
+    if device.type != "cuda":
+        return False
+    try:
+        torch.ones(1, device=device).add_(1).item()
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return True
+
+
+def continue_in_fresh_process(args: argparse.Namespace, rest: Sequence[tuple[str, int, dict]]) -> int:
+    """Run the remaining cases in a new Python process that appends to the same CSV."""
+    ops = list(dict.fromkeys(name for name, _, _ in rest))
+    argv = ["--ops", *ops, "--resume-shape", str(rest[0][1]), "--append", "--no-plots"]
+    argv += ["--providers", *args.providers, "--modes", *args.modes, "--dtype", args.dtype, "--out", args.out]
+    argv += [
+        flag
+        for flag, on in (("--sweep", args.sweep), ("--quick", args.quick), ("--dry-run", args.dry_run))
+        if on
+    ]
+    print(
+        f"\nthis process can no longer use the GPU (a kernel crashed): the remaining {len(rest)} case(s) "
+        f"continue in a fresh process: liger-core bench {' '.join(argv)}\n",
+        flush=True,
+    )
+    env = dict(os.environ)  # the package's own root first, in case it was found through sys.path only
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return subprocess.call([sys.executable, "-m", "liger_core.cli", "bench", *argv], env=env)
 
 
 def _print_peer_wins(rows: Sequence[dict]) -> None:
@@ -1362,3 +1411,7 @@ def _dist_version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -182,6 +182,24 @@ def test_bench_dry_run_writes_csv_and_plots(tmp_path):
         assert (tmp_path / "ops_cpu-dryrun_time.png").stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_bench_continues_in_a_fresh_process_after_a_crash(tmp_path, monkeypatch, capsys):
+    """After a case that breaks the GPU context, the remaining cases run in a new process, appending to the
+    same CSV; the first process then prints the table of every row (simulated: the check is forced once)."""
+    broken = iter([True])
+    monkeypatch.setattr(bench, "process_broken", lambda device: next(broken, False))
+    rc = bench.main(["--dry-run", "--ops", "swiglu", "geglu", "--providers", "torch", "--out", str(tmp_path),
+                     "--no-plots"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "continue in a fresh process" in out
+    rows = list(csv.DictReader((tmp_path / "ops_cpu-dryrun.csv").open()))
+    assert [(r["op"], r["mode"]) for r in rows] == [
+        ("swiglu", "fwd"), ("swiglu", "fwd+bwd"), ("geglu", "fwd"), ("geglu", "fwd+bwd")
+    ]  # fmt: skip
+    assert all(r["check"] == "ok" for r in rows), rows
+
+
 def test_plots_from_rows(tmp_path):
     pytest.importorskip("matplotlib")
 
