@@ -144,7 +144,7 @@ def check_one(
 def print_row(row: tuple, header: bool) -> None:
     if header:
         head = (
-            f"{'op':<27} {'dtype':<9} {'shape':<26} {'worst':<9} {'kernel err':>10} {'eager err':>10} "
+            f"{'op':<27} {'dtype':<9} {'shape':<26} {'worst':<16} {'kernel err':>10} {'eager err':>10} "
             f"{'ratio':>6}  {'result':<6} {'f+b ms':>8}"
         )
         print(head)
@@ -153,7 +153,7 @@ def print_row(row: tuple, header: bool) -> None:
     ratio = err / eager_err if eager_err and eager_err > 0 and math.isfinite(err) else math.nan
     ms_cell = f"{ms:8.3f}" if ms is not None else f"{'-':>8}"
     print(
-        f"{op:<27} {dname:<9} {label:<26} {worst:<9} {err:10.2e} {eager_err:10.2e} {ratio:6.2f}  {result:<6} "
-        f"{ms_cell}"
+        f"{op:<27} {dname:<9} {label:<26} {worst:<16} {err:10.2e} {eager_err:10.2e} {ratio:6.2f}  "
+        f"{result:<6} {ms_cell}"
     )
     sys.stdout.flush()
