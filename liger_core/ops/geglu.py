@@ -33,13 +33,15 @@ from liger_core.ops._launch import elementwise_settings
 
 APPROXIMATIONS = ("tanh", "none")
 
-_SQRT_2_OVER_PI: tl.constexpr = 0.7978845608028654
-_GELU_CUBIC: tl.constexpr = 0.044715
-_SQRT_HALF: tl.constexpr = 0.7071067811865476
-_INV_SQRT_2PI: tl.constexpr = 0.3989422804014327
+# Globals read by kernels are tl.constexpr instances (an annotation alone leaves a plain float, which
+# triton 3.6 refuses to compile on the GPU).
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_GELU_CUBIC = tl.constexpr(0.044715)
+_SQRT_HALF = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 # |a| beyond which sigmoid(2u) is exactly 0 or 1 in fp32 (|2u| > 140 from |a| = 12 on): clamping u's argument
 # there changes no result and keeps a^3 (inf past 7e12) and 0 * inf out of the math
-_TANH_SATURATION: tl.constexpr = 20.0
+_TANH_SATURATION = tl.constexpr(20.0)
 
 
 @triton.jit
