@@ -10,7 +10,6 @@ Which path an op takes:
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from collections.abc import Iterable
@@ -21,8 +20,17 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
-@functools.cache
+_STATUS: str | None = None  # cached in a plain global: torch.compile reads it as a constant when tracing ops
+
+
 def triton_status() -> str:
+    global _STATUS
+    if _STATUS is None:
+        _STATUS = _probe_triton()
+    return _STATUS
+
+
+def _probe_triton() -> str:
     """'compiled', 'interpreted' or 'missing': what ``@triton.jit`` does in this process.
 
     Triton decides at decoration time (from ``TRITON_INTERPRET``), so we ask a probe kernel rather than the
@@ -85,7 +93,7 @@ _warned_reference = False
 def use_triton(t: torch.Tensor) -> bool:
     """True when the op on tensor ``t`` should launch Triton kernels, False for the reference path."""
     global _warned_reference
-    status = triton_status()
+    status = _STATUS if _STATUS is not None else triton_status()
     if t.device.type == "cuda":
         if status == "missing":
             raise RuntimeError("liger_core: CUDA tensors need the `triton` package, which failed to import")
@@ -97,7 +105,7 @@ def use_triton(t: torch.Tensor) -> bool:
         return True
     if t.device.type == "cpu" and status == "interpreted":
         return True
-    if not _warned_reference:
+    if not _warned_reference and not torch.compiler.is_compiling():
         _warned_reference = True
         warnings.warn(
             f"liger_core: tensors on {t.device.type!r} run the pure-PyTorch reference path "

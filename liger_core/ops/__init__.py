@@ -1,5 +1,4 @@
-"""Functional entry points: one file per op, each with its Triton kernels and autograd Function.
-
+"""Functional entry points: one file per op, each with its Triton kernels and autograd Function."""
 
 """
 
@@ -7,6 +6,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+
+from liger_core.dispatch import triton_status
+
+triton_status()  # decide compiled/interpreted once, before any kernel is traced by torch.compile
 
 _OPS = (
     "rms_norm",
