@@ -1,0 +1,26 @@
+"""Axolotl plugin for liger_core: list ``liger_core_axolotl.LigerCorePlugin`` under ``plugins:`` and set
+``use_liger_kernel: true`` (per-kernel keys: ``liger_core_rope``, ``liger_core_rms_norm``,
+``liger_core_glu_activation``, ``liger_core_layer_norm``, ``liger_core_cross_entropy``,
+``liger_core_fused_linear_cross_entropy``). ``liger-core-axolotl train config.yaml`` checks the plugin list
+before handing over to Axolotl, so a misspelled or missing plugin stops the run instead of being skipped.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Lazy: Axolotl imports ``liger_core_axolotl.args`` to build its config class; torch is not needed yet.
+    if name == "LigerCorePlugin":
+        from liger_core_axolotl.plugin import LigerCorePlugin
+
+        return LigerCorePlugin
+    if name == "LigerCoreArgs":
+        from liger_core_axolotl.args import LigerCoreArgs
+
+        return LigerCoreArgs
+    raise AttributeError(
+        f"module 'liger_core_axolotl' has no attribute {name!r}; the Axolotl plugin to list under `plugins:` "
+        "is liger_core_axolotl.LigerCorePlugin"
+    )

@@ -1,0 +1,141 @@
+"""The YAML keys this plugin adds to Axolotl's config, and the conflicts it rejects.
+
+Axolotl merges this model into its config class (``axolotl.integrations.config.merge_input_args``), so the
+``mode="before"`` validators see the whole raw config.
+
+- ``use_liger_kernel: true``: turn liger_core on (defaults: rope, rms_norm, glu_activation, layer_norm and
+  fused_linear_cross_entropy on, cross_entropy off).
+- ``liger_core_<kernel>: true|false``: override one kernel (``liger_core_`` prefix: Axolotl's own Liger plugin
+  owns the ``liger_*`` keys). ``liger_core_cross_entropy: true`` turns the fused linear cross-entropy off
+  unless that is set too, which is an error (one loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, model_validator
+
+PLUGIN_NAME = "liger_core_axolotl.LigerCorePlugin"
+KERNEL_DEFAULTS = {
+    "rope": True,
+    "rms_norm": True,
+    "glu_activation": True,
+    "layer_norm": True,
+    "cross_entropy": False,
+    "fused_linear_cross_entropy": True,
+}
+KERNEL_KEYS = {f"liger_core_{name}": name for name in KERNEL_DEFAULTS}
+OUR_KEYS = ("use_liger_kernel", *KERNEL_KEYS)
+# Axolotl's built-in Liger integration (liger-kernel), under the names load_plugin accepts
+AXOLOTL_LIGER_PLUGINS = ("axolotl.integrations.liger.LigerPlugin", "liger.LigerPlugin")
+OTHER_LOSS_KEYS = ("cut_cross_entropy", "chunked_cross_entropy")
+
+
+def truthy(value: Any) -> bool:
+    """A YAML/CLI value as a bool ("false" from a command-line override is False)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "no", "off", "none", "null")
+    return bool(value)
+
+
+def kernel_settings(cfg: Any) -> dict[str, bool]:
+    """Per-kernel on/off from a config (dict or Axolotl's DictDefault), defaults filled in."""
+    settings = {name: cfg.get(key) for key, name in KERNEL_KEYS.items()}
+    if settings["cross_entropy"] is not None and truthy(settings["cross_entropy"]):
+        if settings["fused_linear_cross_entropy"] is None:
+            settings["fused_linear_cross_entropy"] = False
+    return {
+        name: KERNEL_DEFAULTS[name] if value is None else truthy(value) for name, value in settings.items()
+    }
+
+
+def liger_core_flags(cfg: Any) -> dict[str, bool]:
+    """Keyword arguments for ``liger_core.apply_liger_kernel*`` (glu_activation covers SwiGLU and GeGLU)."""
+    s = kernel_settings(cfg)
+    return dict(
+        rope=s["rope"],
+        rms_norm=s["rms_norm"],
+        swiglu=s["glu_activation"],
+        geglu=s["glu_activation"],
+        layer_norm=s["layer_norm"],
+        cross_entropy=s["cross_entropy"],
+        fused_linear_cross_entropy=s["fused_linear_cross_entropy"],
+    )
+
+
+def config_conflicts(data: dict[str, Any]) -> list[str]:
+    """Every reason this config cannot run liger_core as asked (empty: fine). Pure; also used by the CLI."""
+    problems: list[str] = []
+    enabled = truthy(data.get("use_liger_kernel"))
+    set_kernels = [key for key in KERNEL_KEYS if data.get(key) is not None]
+    if not enabled:
+        if set_kernels:
+            problems.append(
+                f"{', '.join(set_kernels)} set without `use_liger_kernel: true`; add it or remove them"
+            )
+        return problems
+    settings = kernel_settings(data)
+    if truthy(data.get("liger_core_cross_entropy")) and truthy(
+        data.get("liger_core_fused_linear_cross_entropy")
+    ):
+        problems.append(
+            "liger_core_cross_entropy and liger_core_fused_linear_cross_entropy are both true: choose one"
+        )
+    plugins = [str(p) for p in data.get("plugins") or []]
+    builtin = [p for p in plugins if p in AXOLOTL_LIGER_PLUGINS]
+    if builtin:
+        problems.append(
+            f"plugin {builtin[0]} (Axolotl's liger-kernel integration) and {PLUGIN_NAME} patch the same "
+            "layers; "
+            "list only one of them under `plugins:`"
+        )
+    liger_keys = sorted(
+        k for k, v in data.items() if k.startswith("liger_") and not k.startswith("liger_core_") and truthy(v)
+    )
+    if liger_keys:
+        problems.append(
+            f"{', '.join(liger_keys)} belong to Axolotl's liger-kernel plugin; with use_liger_kernel use the "
+            f"liger_core_* keys instead ({', '.join(KERNEL_KEYS)})"
+        )
+    loss_on = settings["cross_entropy"] or settings["fused_linear_cross_entropy"]
+    other_losses = [k for k in OTHER_LOSS_KEYS if truthy(data.get(k))]
+    if loss_on and other_losses:
+        problems.append(
+            f"{', '.join(other_losses)} and liger_core's "
+            f"{'fused linear ' if settings['fused_linear_cross_entropy'] else ''}cross-entropy both replace "
+            "the loss; disable one (e.g. `liger_core_fused_linear_cross_entropy: false`)"
+        )
+    tiled_mlp = truthy(data.get("tiled_mlp")) and not truthy(data.get("tiled_mlp_use_original_mlp"))
+    if settings["glu_activation"] and tiled_mlp:
+        problems.append(
+            "tiled_mlp replaces the MLP that liger_core's SwiGLU/GeGLU patches; set "
+            "`tiled_mlp_use_original_mlp: true` or `liger_core_glu_activation: false`"
+        )
+    if (data.get("tensor_parallel_size") or 1) > 1 and (settings["rms_norm"] or loss_on):
+        problems.append(
+            "tensor_parallel_size > 1: liger_core's RMSNorm and losses need whole rows on each rank; set "
+            "liger_core_rms_norm, liger_core_fused_linear_cross_entropy and liger_core_cross_entropy to false"
+        )
+    return problems
+
+
+class LigerCoreArgs(BaseModel):
+    """Axolotl config keys added by ``liger_core_axolotl.LigerCorePlugin`` (module docstring)."""
+
+    use_liger_kernel: bool | None = None
+    liger_core_rope: bool | None = None
+    liger_core_rms_norm: bool | None = None
+    liger_core_glu_activation: bool | None = None
+    liger_core_layer_norm: bool | None = None
+    liger_core_cross_entropy: bool | None = None
+    liger_core_fused_linear_cross_entropy: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def reject_conflicts(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            problems = config_conflicts(data)
+            if problems:
+                raise ValueError("liger_core: " + "; ".join(problems))
+        return data

@@ -1,0 +1,35 @@
+"""``liger-lmf``: ``llamafactory-cli`` with liger_core (see the package docstring)."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage:
+  liger-lmf train config.yaml [key=value ...]   training; enable_liger_kernel: true -> liger_core
+  liger-lmf webui                               LLaMA Board with a "liger_core kernels" checkbox
+  liger-lmf <command> ...                       any other llamafactory-cli command, unchanged
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    from liger_core_llamafactory.compat import ensure_torchaudio_importable
+
+    ensure_torchaudio_importable()
+    command = argv[0] if argv else "help"
+    if command == "train" and not any(a in ("-h", "--help") for a in argv[1:]):
+        from liger_core_llamafactory.launch import train
+
+        sys.exit(train(argv[1:]))
+    if command == "webui":
+        from liger_core_llamafactory.webui import run_web_ui
+
+        run_web_ui()
+        return
+    from llamafactory.cli import main as llamafactory_main
+
+    sys.argv = ["llamafactory-cli", *argv]
+    llamafactory_main()

@@ -1,0 +1,69 @@
+"""The liger switch in LLaMA-Factory arguments: read and removed so LLaMA-Factory never needs liger-kernel."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from liger_core_llamafactory import ENV_FLAG
+
+# LLaMA-Factory's own key, and transformers' TrainingArguments key (which LLaMA-Factory also parses and which
+# would make the HF Trainer import liger-kernel): under liger-lmf both mean liger_core.
+LIGER_KEYS = ("enable_liger_kernel", "use_liger_kernel")
+_TRUE = {"1", "true", "yes", "on", "y"}
+_FALSE = {"0", "false", "no", "off", "n"}
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
+def env_enabled() -> bool:
+    return os.getenv(ENV_FLAG, "0").strip().lower() in _TRUE
+
+
+def pop_liger_flag(args: dict[str, Any] | list[str]) -> bool:
+    """Remove the liger keys from parsed LLaMA-Factory args (a YAML/JSON dict, or ``--key value`` strings, in
+    place); True if any of them was true."""
+    enabled = False
+    if isinstance(args, dict):
+        for key in LIGER_KEYS:
+            if key in args:
+                enabled |= _as_bool(key, args.pop(key))
+        return enabled
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name.lstrip("-") in LIGER_KEYS and name.startswith("--"):
+            if eq:
+                del args[i]
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args.pop(i + 1)
+                del args[i]
+            else:  # a bare flag, as HfArgumentParser accepts for booleans
+                value = "true"
+                del args[i]
+            enabled |= _as_bool(name.lstrip("-"), value)
+            continue
+        i += 1
+    return enabled
+
+
+def read_train_args(argv: list[str]) -> dict[str, Any] | list[str]:
+    """Parse ``config.yaml|json [key=value ...]`` or ``--key value ...`` exactly as llamafactory-cli does."""
+    from llamafactory.hparams.parser import read_args
+
+    saved = sys.argv
+    sys.argv = [saved[0], *argv]
+    try:
+        return read_args()
+    finally:
+        sys.argv = saved
