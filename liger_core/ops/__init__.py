@@ -1,7 +1,5 @@
 """Functional entry points: one file per op, each with its Triton kernels and autograd Function."""
 
-"""
-
 from __future__ import annotations
 
 import importlib
