@@ -143,7 +143,7 @@ def _layer_norm_bwd_kernel(
         if PREFETCH:
             mask = (rows < n_rows)[:, None] & col_mask[None, :]
             dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
-        for tile in range(0, tiles_per_program):
+        for _ in range(0, tiles_per_program):
             row_mask = rows < n_rows
             mask = row_mask[:, None] & col_mask[None, :]
             if PREFETCH:
@@ -264,8 +264,8 @@ def _layer_norm_bwd(
     _layer_norm_bwd_kernel[(programs,)](
         dy, x, w, mean, rstd, dx, partials[0], partials[-1], n_rows, n_cols,
         dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
-        HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass, PREFETCH=s.prefetch,
-        num_warps=s.num_warps,
+        HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
+        PREFETCH=s.prefetch, num_warps=s.num_warps,
     )  # fmt: skip
     # separate reductions: custom-op outputs may not alias each other
     dw = partials[0].sum(0).to(w.dtype)

@@ -34,7 +34,6 @@ from liger_core.dispatch import check_choice, check_same_device, check_shape, ch
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.reference.rms_norm import CASTING_MODES
 
-
 # PRECISE (fp32 data; constexpr): fp32 arithmetic alone would make our error comparable to eager's, so the
 # per-row rstd is computed in fp64 (correctly rounded) and the dW/dB accumulators are Kahan-compensated.
 # For bf16/fp16 data the final rounding dominates by ~2^16 and plain fp32 is kept (fewer registers).
@@ -170,7 +169,7 @@ def _rms_norm_bwd_kernel(
         if PREFETCH:
             mask = (rows < n_rows)[:, None] & col_mask[None, :]
             dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
-        for tile in range(0, tiles_per_program):
+        for _ in range(0, tiles_per_program):
             row_mask = rows < n_rows
             mask = row_mask[:, None] & col_mask[None, :]
             if PREFETCH:
@@ -275,8 +274,8 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     dw_partial = torch.empty((programs, n_cols), dtype=torch.float64, device=x.device)
     _rms_norm_bwd_kernel[(programs,)](
         dy, x, w, rstd, dx, dw_partial, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), offset,
-        tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass, PREFETCH=s.prefetch,
-        num_warps=s.num_warps,
+        tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
+        PREFETCH=s.prefetch, num_warps=s.num_warps,
     )  # fmt: skip
     return dw_partial.sum(0).to(w.dtype)
 

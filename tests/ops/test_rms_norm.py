@@ -1,0 +1,195 @@
+import pytest
+import torch
+from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+
+import liger_core.ops._launch as launch
+from liger_core import reference
+from liger_core.ops import rms_norm
+
+# CPU: small odd shapes with >= ~20 rows (a row's rstd error is shared by the whole row, so a tensor of 2 rows
+# has 2 independent error samples: too few for a stable error ratio). CUDA: realistic sizes.
+SHAPES = {"cpu": [(3, 7, 123), (37, 257), (23, 1031)], "cuda": [(4096, 4096), (16384, 4096), (3001, 5120)]}
+# (casting_mode, offset): HF Llama, HF Gemma, naive, and llama rounding with an offset
+MODES = [("llama", 0.0), ("gemma", 1.0), ("none", 0.0), ("llama", 0.5)]
+EPS = 1e-6
+
+
+def _make_x(shape, dtype, device, layout="contiguous", scale=2.0):
+    x = (torch.randn(shape, dtype=torch.float64, device=device) * scale).to(dtype)
+    return noncontiguous(x) if layout == "noncontiguous" else x
+
+
+def _make_w(n, dtype, device, offset):
+    # around 1 in total: gemma-style weights (offset 1) are small, llama-style ones near 1
+    base = 0.0 if offset else 1.0
+    return (base + 0.2 * torch.randn(n, dtype=torch.float64, device=device)).to(dtype)
+
+
+def _check_against_float64(x, w, mode, offset, in_place=False):
+    """Forward, dx and dw of the kernel vs the float64 reference, no worse than eager (the reference in the
+    inputs' own dtypes, i.e. the HF code). Returns the kernel's (y, dx, dw)."""
+    x, w = leaf(x), leaf(w)
+    x_e, w_e = leaf(x), leaf(w)
+    x_r, w_r = leaf(x, torch.float64), leaf(w, torch.float64)
+
+    y = rms_norm(x, w, EPS, offset, mode, in_place)
+    y_e = reference.rms_norm(x_e, w_e, EPS, offset, mode)
+    y_r = reference.rms_norm(x_r, w_r, EPS, offset, mode)
+    assert y.dtype == y_e.dtype and y.shape == x.shape
+    assert_no_worse_than_eager("y", y, y_e, y_r)
+
+    dy = torch.randn(y.shape, dtype=torch.float64, device=y.device).to(y.dtype)
+    dy_e = dy.clone()  # in_place=True overwrites the gradient it is given
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy_e)
+    dx_r, dw_r = torch.autograd.grad(y_r, (x_r, w_r), dy_e.double())
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype
+    assert_no_worse_than_eager("dx", dx, dx_e, dx_r)
+    assert_no_worse_than_eager("dw", dw, dw_e, dw_r)
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode,offset", MODES)
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+def test_rms_norm_matches_float64(device, dtype, mode, offset, layout, poison_empty):
+    for shape in SHAPES[device]:
+        x = _make_x(shape, dtype, device, layout)
+        _check_against_float64(x, _make_w(shape[-1], dtype, device, offset), mode, offset)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                             (torch.float32, torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize("mode,offset", MODES[:3])
+def test_rms_norm_weight_of_another_dtype(device, x_dtype, w_dtype, mode, offset, poison_empty):
+    """HF models may keep fp32 weights with bf16 activations: output dtype and rounding follow HF."""
+    shape = SHAPES[device][-1]
+    y, _, _ = _check_against_float64(
+        _make_x(shape, x_dtype, device), _make_w(shape[-1], w_dtype, device, offset), mode, offset
+    )
+    expected = x_dtype if mode == "gemma" else torch.promote_types(x_dtype, w_dtype)
+    assert y.dtype == expected
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode,offset", MODES[:3])
+def test_rms_norm_extreme_values(device, dtype, mode, offset):
+    shape = SHAPES[device][1]
+    x = _make_x(shape, dtype, device)
+    flat = x.view(-1)
+    idx = torch.randperm(flat.numel(), device=device)[: flat.numel() // 50]
+    flat[idx] = torch.where(torch.rand(idx.numel(), device=device) < 0.5, -1e4, 1e4).to(dtype)
+    x[0] = 1e4  # a whole row at the extreme
+    x[1] = -1e4
+    y, dx, dw = _check_against_float64(x, _make_w(shape[-1], dtype, device, offset), mode, offset)
+    assert torch.isfinite(y).all() and torch.isfinite(dx).all() and torch.isfinite(dw).all()
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_in_place_backward(device, dtype):
+    """in_place=True writes dx over the incoming gradient: same gradients, one buffer fewer."""
+    shape = SHAPES[device][0]
+    x = leaf(_make_x(shape, dtype, device))
+    w = leaf(_make_w(shape[-1], dtype, device, 0.0))
+    dy = torch.randn(shape, device=device).to(dtype)
+    dy_copy = dy.clone()
+    dy_copy_before = dy.clone()
+    dx_ip, dw_ip = torch.autograd.grad(rms_norm(x, w, in_place=True), (x, w), dy)
+    dx, dw = torch.autograd.grad(rms_norm(x, w), (x, w), dy_copy)
+    assert torch.equal(dx_ip, dx) and torch.equal(dw_ip, dw)
+    assert dx_ip.data_ptr() == dy.data_ptr() and torch.equal(dy, dx)  # the gradient buffer was reused
+    assert torch.equal(dy_copy, dy_copy_before)  # out of place (the default): the gradient is left alone
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                             (torch.float16, torch.float16)])  # fmt: skip
+@pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0)])
+def test_rms_norm_rounds_like_hf(device, x_dtype, w_dtype, mode, offset):
+    """The reference is HF's code bit for bit, and the kernel rounds at the same points: with half-precision
+    inputs its output differs from HF's only where a last-bit difference of the fp32 rstd flips a rounding."""
+    hf = pytest.importorskip("transformers")
+    del hf
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    shape = SHAPES[device][-1]
+    n = shape[-1]
+    module = (LlamaRMSNorm if mode == "llama" else GemmaRMSNorm)(n, eps=EPS).to(device=device, dtype=w_dtype)
+    with torch.no_grad():
+        module.weight.copy_(_make_w(n, w_dtype, device, offset))
+        x = _make_x(shape, x_dtype, device, scale=3.0)
+        y_hf = module(x)
+        y_ref = reference.rms_norm(x, module.weight, EPS, offset, mode)
+        y = rms_norm(x, module.weight, EPS, offset, mode)
+    assert torch.equal(y_ref, y_hf)
+    assert y.dtype == y_hf.dtype
+    assert (y != y_hf).float().mean().item() < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode,offset", MODES[:2])
+def test_rms_norm_long_rows_loop_over_column_chunks(dtype, mode, offset, monkeypatch):
+    """Rows wider than the fused limit loop over column chunks; shrink the limits so small rows take it."""
+    for name in ("NORM_FUSED_MAX_COLS", "NORM_BWD_FUSED_MAX_COLS", "NORM_CHUNK_COLS"):
+        monkeypatch.setattr(launch, name, 128)
+    shape = (21, 301)  # three chunks, the last one partial
+    assert (
+        not launch.norm_settings(301).single_pass and not launch.norm_settings(301, backward=True).single_pass
+    )
+    _check_against_float64(
+        _make_x(shape, dtype, "cpu"), _make_w(shape[-1], dtype, "cpu", offset), mode, offset
+    )
+
+
+def test_rms_norm_hidden_size_above_fused_limit(poison_empty):
+    n = 2 * launch.NORM_FUSED_MAX_COLS + 11
+    x = _make_x((3, n), torch.bfloat16, "cpu")
+    _check_against_float64(x, _make_w(n, torch.bfloat16, "cpu", 0.0), "llama", 0.0)
+
+
+def test_rms_norm_empty_rows():
+    x = leaf(torch.randn(0, 5, 64))
+    w = leaf(torch.randn(64))
+    y = rms_norm(x, w)
+    assert y.shape == x.shape
+    dx, dw = torch.autograd.grad(y, (x, w), torch.randn_like(y))
+    assert dx.shape == x.shape and torch.equal(dw, torch.zeros_like(w))
+
+
+def test_rms_norm_custom_ops_pass_opcheck():
+    import importlib
+
+    mod = importlib.import_module("liger_core.ops.rms_norm")
+    x = torch.randn(5, 33)
+    w = torch.randn(33)
+    for mode in ("llama", "gemma"):
+        torch.library.opcheck(mod._rms_norm_fwd, (x, w, EPS, 0.5, mode))
+    _, rstd = mod._rms_norm_fwd(x, w, EPS, 0.0, "llama")
+    torch.library.opcheck(mod._rms_norm_bwd, (torch.randn(5, 33), x, w, rstd, 0.0))
+    torch.library.opcheck(mod._rms_norm_bwd_inplace, (torch.randn(5, 33), x, w, rstd, 0.0))
+
+
+def test_rms_norm_bad_input():
+    x = torch.randn(4, 8)
+    w = torch.randn(8)
+    with pytest.raises(TypeError, match="x"):
+        rms_norm(x.long(), w)
+    with pytest.raises(TypeError, match="x"):
+        rms_norm([1.0], w)
+    with pytest.raises(TypeError, match="w"):
+        rms_norm(x, w.double())
+    with pytest.raises(ValueError, match="w"):
+        rms_norm(x, torch.randn(9))
+    with pytest.raises(ValueError, match="w"):
+        rms_norm(x, torch.randn(2, 8))
+    with pytest.raises(ValueError, match="w"):
+        rms_norm(x, torch.randn(8, device="meta"))
+    with pytest.raises(ValueError, match="casting_mode"):
+        rms_norm(x, w, casting_mode="float")
+    with pytest.raises(ValueError, match="x"):
+        rms_norm(torch.randn(4, 0), torch.randn(0))
