@@ -105,15 +105,16 @@ def test_rms_norm_in_place_backward(device, dtype):
     assert torch.equal(dy_copy, dy_copy_before)  # out of place (the default): the gradient is left alone
 
 
+HALF_DTYPE_PAIRS = [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float16, torch.float16)]
+
+
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
-                                             (torch.float16, torch.float16)])  # fmt: skip
-@pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0)])
+@pytest.mark.parametrize("x_dtype,w_dtype", HALF_DTYPE_PAIRS)
+@pytest.mark.parametrize("mode,offset", MODES[:2])
 def test_rms_norm_rounds_like_hf(device, x_dtype, w_dtype, mode, offset):
     """The reference is HF's code bit for bit, and the kernel rounds at the same points: with half-precision
     inputs its output differs from HF's only where a last-bit difference of the fp32 rstd flips a rounding."""
-    hf = pytest.importorskip("transformers")
-    del hf
+    pytest.importorskip("transformers")
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
