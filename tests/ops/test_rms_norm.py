@@ -105,7 +105,11 @@ def test_rms_norm_in_place_backward(device, dtype):
     assert torch.equal(dy_copy, dy_copy_before)  # out of place (the default): the gradient is left alone
 
 
-HALF_DTYPE_PAIRS = [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float16, torch.float16)]
+HALF_DTYPE_PAIRS = [
+    (torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float16),
+]
 
 
 @pytest.mark.parametrize("device", devices())
