@@ -1,0 +1,545 @@
+"""Fused linear + cross-entropy: the lm_head matmul and the loss, without ever holding all the logits.
+
+For hidden states ``h (BT, H)``, lm_head weight ``W (V, H)``, optional bias ``b (V,)``, the loss of
+``cross_entropy(h @ W.T + b, target, ...)`` (every option of ``liger_core.ops.cross_entropy``) and its
+gradients are computed chunk by chunk of ``C`` tokens, in the forward pass::
+
+    logits_c  = h_c @ W.T (+ b)           (C, V) in the input dtype, cuBLAS, into one reused chunk buffer
+    dlogits_c = CE kernel, in place       per-row losses; gradient overwrites the chunk buffer (fp32 math)
+    dh_c      = dlogits_c @ W             written straight into its rows of grad_hidden
+    dW       += dlogits_c.T @ h_c         accumulated in ``accum_dtype`` (default: W's dtype), no temporaries
+    db       += sum_rows(dlogits_c)       fp32
+
+Peak extra memory: the gradients (which must exist anyway) plus one chunk of logits; the chunk is sized so
+that it is no larger than the hidden-state gradient (at least 64 MiB on a GPU) and fits in free memory. The
+backward pass only scales the stored gradients by ``grad_output`` (free when it is 1). ``reduction="none"``
+cannot fold per-token ``grad_output`` into gradients computed before it is known, so its forward computes only
+the losses and its backward runs the chunk loop again with the per-token factors inside the kernel.
+
+Accuracy: ``dW`` accumulated in bf16 rounds once per chunk (Liger-Kernel's default too); ``accum_dtype=
+torch.float32`` rounds once at the end, like the single eager GEMM.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from liger_core import reference
+from liger_core.dispatch import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_choice,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    use_triton,
+)
+from liger_core.ops.cross_entropy import (
+    REDUCTIONS,
+    _scale_rows,
+    launch_cross_entropy,
+    reduce_rows,
+    reduction_denominators,
+    target_stats,
+)
+
+# A chunk of logits may be as large as the hidden-state gradient, and at least this large on a GPU (small
+# models: fewer, larger GEMMs; each chunk re-reads and re-writes all of dW).
+MIN_CHUNK_BYTES_CUDA = 64 * 2**20
+
+
+def choose_chunk_tokens(
+    n_tokens: int,
+    hidden_size: int,
+    vocab_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    chunk_size: int | None = None,
+) -> int:
+    """Tokens per chunk: one chunk's logits no larger than the hidden-state gradient (or 64 MiB on a GPU) and
+    than a quarter of the free memory; chunks balanced (equal sizes), multiples of 8 rows on a GPU."""
+    if n_tokens == 0:
+        return 1
+    if chunk_size is not None:
+        return max(1, min(chunk_size, n_tokens))
+    elt = torch.empty((), dtype=dtype).element_size()
+    budget = n_tokens * hidden_size * elt
+    if device.type == "cuda":
+        budget = max(budget, MIN_CHUNK_BYTES_CUDA)
+        free, _ = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        budget = min(budget, free // 4)
+    chunk = max(8, min(n_tokens, budget // (vocab_size * elt)))
+    n_chunks = -(-n_tokens // chunk)
+    chunk = -(-n_tokens // n_chunks)
+    if device.type == "cuda":
+        chunk = min(n_tokens, -(-chunk // 8) * 8)
+    return chunk
+
+
+@functools.cache
+def _has_mixed_precision_mm(device_type: str, in_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+    """Whether ``torch.addmm(..., out_dtype=)`` works here (16-bit operands, fp32 accumulator: CUDA)."""
+    try:
+        a = torch.ones(8, 8, dtype=in_dtype, device=device_type)
+        acc = torch.ones(8, 8, dtype=out_dtype, device=device_type)
+        torch.addmm(acc, a, a, out_dtype=out_dtype, out=acc)
+        return bool((acc == 9).all())
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _mm_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool) -> None:
+    """``acc = a @ b`` (first) or ``acc += a @ b``, accumulated in ``acc``'s dtype without a temporary."""
+    if acc.dtype != a.dtype and not _has_mixed_precision_mm(acc.device.type, a.dtype, acc.dtype):
+        # no mixed-precision GEMM here (the CPU): upcasting the operands is exact, only slower
+        a, b = a.to(acc.dtype), b.to(acc.dtype)
+    if acc.dtype == a.dtype:
+        if first:
+            torch.mm(a, b, out=acc)
+        else:
+            acc.addmm_(a, b)
+    elif first:
+        torch.mm(a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+
+
+def _chunk_loop(
+    hidden,
+    weight,
+    target,
+    bias,
+    ce_weight,
+    ignore_index,
+    reduction,
+    label_smoothing,
+    lse_square_scale,
+    softcap,
+    need_hidden,
+    need_weight,
+    need_bias,
+    accum_dtype,
+    chunk_size,
+    row_scale=None,
+):
+    """Unscaled per-row cross-entropy and z-loss (fp64), the reduction's denominators, and the requested
+    gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32)."""
+    n_tokens, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    n_valid, weight_sum = target_stats(target, ce_weight, ignore_index, vocab)
+    ce_denom, z_denom = reduction_denominators(reduction, n_valid, weight_sum)
+    weight_total = float(ce_weight.double().sum()) if ce_weight is not None and label_smoothing else vocab
+    compute_grad = need_hidden or need_weight or need_bias
+    chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, hidden.dtype, hidden.device, chunk_size)
+
+    device = hidden.device
+    loss_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
+    z_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
+    # accum_dtype=fp32 keeps grad_hidden in fp32 too (BT x H: small), so that scaling by grad_output in
+    # backward is followed by a single rounding to the input dtype
+    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
+    grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
+    grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
+    grad_bias = torch.zeros(vocab, dtype=torch.float32, device=device) if need_bias else None
+    if grad_weight is not None and n_tokens == 0:
+        grad_weight.zero_()
+    logits_buffer = torch.empty(min(chunk, n_tokens), vocab, dtype=hidden.dtype, device=device)
+    weight_t = weight.t()
+    for i, start in enumerate(range(0, n_tokens, chunk)):
+        end = min(start + chunk, n_tokens)
+        hidden_c = hidden[start:end]
+        logits = logits_buffer[: end - start]
+        if bias is None:
+            torch.mm(hidden_c, weight_t, out=logits)
+        else:
+            torch.addmm(bias, hidden_c, weight_t, out=logits)
+        launch_cross_entropy(
+            logits,
+            target[start:end],
+            ce_weight,
+            logits if compute_grad else None,
+            loss_rows[start:end],
+            z_rows[start:end],
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale,
+            softcap=softcap,
+            ce_denom=ce_denom,
+            z_denom=z_denom,
+            weight_total=weight_total,
+            grad_scale=row_scale[start:end] if row_scale is not None else None,
+        )
+        # `logits` now holds dloss/dlogits for the chunk
+        if need_hidden:
+            _mm_accumulate(grad_hidden[start:end], logits, weight, first=True)
+        if need_weight:
+            _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
+        if need_bias:
+            grad_bias += logits.sum(0, dtype=torch.float32)
+    return loss_rows, z_rows, n_valid, weight_sum, grad_hidden, grad_weight, grad_bias
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0)
+
+
+@torch.library.custom_op("liger_core::fused_linear_cross_entropy_fwd", mutates_args=())
+def _flce_fwd(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ce_weight: torch.Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    lse_square_scale: float,
+    softcap: float | None,
+    need_hidden: bool,
+    need_weight: bool,
+    need_bias: bool,
+    accum_dtype: torch.dtype | None,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, z_loss, grad_hidden and grad_weight [accumulation dtype], grad_bias [fp32]); gradients not
+    requested are empty."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        loss_rows, z_rows, n_valid, weight_sum, gh, gw, gb = _chunk_loop(
+            hidden,
+            weight,
+            target,
+            bias,
+            ce_weight,
+            ignore_index,
+            reduction,
+            label_smoothing,
+            lse_square_scale,
+            softcap,
+            need_hidden,
+            need_weight,
+            need_bias,
+            accum_dtype,
+            chunk_size,
+        )
+    loss, z = reduce_rows(loss_rows, z_rows, reduction, n_valid, weight_sum)
+    return (
+        loss.float(),
+        z.float(),
+        gh if gh is not None else _empty(hidden),
+        gw if gw is not None else _empty(weight),
+        gb if gb is not None else _empty(hidden).float(),
+    )
+
+
+@_flce_fwd.register_fake
+def _(
+    hidden,
+    weight,
+    target,
+    bias,
+    ce_weight,
+    ignore_index,
+    reduction,
+    label_smoothing,
+    lse_square_scale,
+    softcap,
+    need_hidden,
+    need_weight,
+    need_bias,
+    accum_dtype,
+    chunk_size,
+):
+    shape = (hidden.shape[0],) if reduction == "none" else ()
+    f32 = dict(dtype=torch.float32)
+    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
+    return (
+        hidden.new_empty(shape, **f32),
+        hidden.new_empty(shape, **f32),
+        hidden.new_empty(hidden.shape, dtype=accum) if need_hidden else _empty(hidden),
+        weight.new_empty(weight.shape, dtype=accum) if need_weight else _empty(weight),
+        hidden.new_empty(weight.shape[0], **f32) if need_bias else _empty(hidden).float(),
+    )
+
+
+@torch.library.custom_op("liger_core::fused_linear_cross_entropy_bwd_rows", mutates_args=())
+def _flce_bwd_rows(
+    grad_rows: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ce_weight: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    lse_square_scale: float,
+    softcap: float | None,
+    need_hidden: bool,
+    need_weight: bool,
+    need_bias: bool,
+    accum_dtype: torch.dtype | None,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """reduction="none" backward: the chunk loop again with one grad_output per token inside the kernel;
+    gradients in the dtypes of hidden, weight and bias (empty where not requested)."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        *_, gh, gw, gb = _chunk_loop(
+            hidden,
+            weight,
+            target,
+            bias,
+            ce_weight,
+            ignore_index,
+            "none",
+            label_smoothing,
+            lse_square_scale,
+            softcap,
+            need_hidden,
+            need_weight,
+            need_bias,
+            accum_dtype,
+            chunk_size,
+            row_scale=grad_rows.contiguous(),
+        )
+    return (
+        gh.to(hidden.dtype) if gh is not None else _empty(hidden),
+        gw.to(weight.dtype) if gw is not None else _empty(weight),
+        gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
+    )
+
+
+@_flce_bwd_rows.register_fake
+def _(
+    grad_rows,
+    hidden,
+    weight,
+    target,
+    bias,
+    ce_weight,
+    ignore_index,
+    label_smoothing,
+    lse_square_scale,
+    softcap,
+    need_hidden,
+    need_weight,
+    need_bias,
+    accum_dtype,
+    chunk_size,
+):
+    return (
+        torch.empty_like(hidden) if need_hidden else _empty(hidden),
+        torch.empty_like(weight) if need_weight else _empty(weight),
+        torch.empty_like(bias) if need_bias and bias is not None else _empty(weight),
+    )
+
+
+class FusedLinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        target,
+        bias,
+        ce_weight,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        lse_square_scale,
+        softcap,
+        accum_dtype,
+        chunk_size,
+    ):
+        need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
+        need_bias = need_bias and bias is not None
+        ctx.needs = (need_hidden, need_weight, need_bias)
+        ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
+        ctx.accum = (accum_dtype, chunk_size)
+        ctx.reduction = reduction
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.grad_consumed = False
+        args = (
+            hidden,
+            weight,
+            target,
+            bias,
+            ce_weight,
+            ignore_index,
+            reduction,
+            label_smoothing,
+            lse_square_scale,
+            softcap,
+        )
+        if reduction == "none":
+            loss, z, *_ = _flce_fwd(*args, False, False, False, accum_dtype, chunk_size)
+            ctx.save_for_backward(hidden, weight, target, bias, ce_weight)
+        else:
+            loss, z, gh, gw, gb = _flce_fwd(
+                *args, need_hidden, need_weight, need_bias, accum_dtype, chunk_size
+            )
+            ctx.save_for_backward(gh, gw, gb)
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_z):
+        need_hidden, need_weight, need_bias = ctx.needs
+        if ctx.reduction == "none":
+            hidden, weight, target, bias, ce_weight = ctx.saved_tensors
+            gh, gw, gb = _flce_bwd_rows(
+                grad_loss,
+                hidden,
+                weight,
+                target,
+                bias,
+                ce_weight,
+                *ctx.options,
+                need_hidden,
+                need_weight,
+                need_bias,
+                *ctx.accum,
+            )
+        else:
+            if ctx.grad_consumed:
+                raise RuntimeError(
+                    "fused_linear_cross_entropy: the gradients stored in forward were scaled in place "
+                    "by the first backward; backward through it twice (retain_graph=True) is not supported"
+                )
+            ctx.grad_consumed = True
+            gh, gw, gb = ctx.saved_tensors
+            hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
+            for grad, needed in ((gh, need_hidden), (gw, need_weight), (gb, need_bias)):
+                if needed:
+                    _scale_rows(grad, grad_loss)  # in place; free when grad_loss is 1
+            # one rounding to the parameter dtype after the scaling (a no-op without accum_dtype)
+            gh = gh.to(hidden_dtype) if need_hidden else gh
+            gw = gw.to(weight_dtype) if need_weight else gw
+            gb = gb.to(bias_dtype) if need_bias else gb
+        return (
+            gh if need_hidden else None,
+            gw if need_weight else None,
+            None,
+            gb if need_bias else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    return_z_loss: bool = False,
+    ce_weight: torch.Tensor | None = None,
+    accum_dtype: torch.dtype | None = None,
+    *,
+    chunk_size: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the (tokens, V) logits.
+
+    hidden ``(..., H)`` (any strides), weight ``(V, H)`` (lm_head layout), bias ``(V,)``, target ``(...)``;
+    ``ce_weight`` are the cross-entropy class weights. Every loss option is that of
+    ``liger_core.ops.cross_entropy`` (same semantics, same departures from torch: loss 0 and zero gradients
+    when there is nothing to average). ``reduction="sum"`` lets a model divide by ``num_items_in_batch``.
+
+    Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. ``accum_dtype``:
+    dtype of the dW accumulator (default: weight's dtype; ``torch.float32`` for eager-level accuracy of a
+    bf16 dW, at 2 bytes per weight element more memory). ``chunk_size``: tokens per chunk (default from the
+    shapes and the free memory). Tied weights work (autograd adds this gradient to the embedding's). Under
+    autocast, hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
+    """
+    check_tensor("hidden", hidden, min_ndim=1)
+    check_tensor("weight", weight, ndim=2)
+    hidden_size = hidden.shape[-1]
+    vocab = weight.shape[0]
+    if weight.shape[1] != hidden_size:
+        raise ValueError(
+            f"weight has shape {tuple(weight.shape)}; expected (V, {hidden_size}) to match hidden"
+        )
+    if vocab == 0:
+        raise ValueError("weight has 0 rows (an empty vocabulary)")
+    check_tensor("target", target, dtypes=INDEX_DTYPES)
+    check_shape("target", target, tuple(hidden.shape[:-1]), "target must have the shape of hidden[..., 0]")
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (vocab,), "one bias per vocabulary row of weight")
+    if ce_weight is not None:
+        check_tensor("ce_weight", ce_weight, dtypes=FLOAT_DTYPES + (torch.float64,))
+        check_shape("ce_weight", ce_weight, (vocab,), "one class weight per vocabulary entry")
+    check_same_device("hidden", hidden, weight=weight, target=target, bias=bias, ce_weight=ce_weight)
+    check_choice("reduction", reduction, REDUCTIONS)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1]")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap={softcap} must be positive (or None)")
+    if accum_dtype is not None and accum_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"accum_dtype={accum_dtype} is not one of {FLOAT_DTYPES}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (or None)")
+    if torch.is_autocast_enabled(hidden.device.type):  # what F.linear does under autocast
+        cast = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(cast), weight.to(cast)
+        bias = bias.to(cast) if bias is not None else None
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != hidden.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but hidden has dtype {hidden.dtype}; they must match"
+            )
+    options = (
+        ignore_index,
+        reduction,
+        float(label_smoothing),
+        float(lse_square_scale),
+        float(softcap) if softcap is not None else None,
+    )
+
+    if not use_triton(hidden):
+        target_stats(target.reshape(-1), ce_weight, ignore_index, vocab)  # same ValueError as the kernel path
+        return reference.fused_linear_cross_entropy(
+            hidden, weight, target, bias, *options, return_z_loss, ce_weight, accum_dtype
+        )
+
+    out_shape = target.shape
+    hidden2d = hidden.reshape(-1, hidden_size)
+    if hidden2d.stride(1) != 1:
+        hidden2d = hidden2d.contiguous()
+    target1d = target.reshape(-1)
+    ce_weight = ce_weight.contiguous() if ce_weight is not None else None
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias)
+    )
+    if wants_grad:
+        loss, z = FusedLinearCrossEntropyFunction.apply(
+            hidden2d, weight, target1d, bias, ce_weight, *options, accum_dtype, chunk_size
+        )
+    else:  # evaluation: losses only, no gradient GEMMs
+        loss, z, *_ = _flce_fwd(
+            hidden2d,
+            weight,
+            target1d,
+            bias,
+            ce_weight,
+            *options,
+            False,
+            False,
+            False,
+            accum_dtype,
+            chunk_size,
+        )
+    if reduction == "none":
+        loss, z = loss.view(out_shape), z.view(out_shape)
+    return (loss, z) if return_z_loss else loss

@@ -1,0 +1,296 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import SLACK, assert_no_worse_than_eager, devices, leaf, noncontiguous, rel_err
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from liger_core import reference
+from liger_core.modules import LigerFusedLinearCrossEntropyLoss
+from liger_core.ops import fused_linear_cross_entropy
+from liger_core.ops.fused_linear_cross_entropy import _chunk_loop, choose_chunk_tokens
+
+IGNORE = -100
+HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-9}
+
+# per reduction, a different mix of options (keeps the CPU interpreter time down while covering each option)
+OPTIONS = {
+    "mean": dict(label_smoothing=0.1, weighted=True, bias=True),
+    "sum": dict(lse_square_scale=1e-3, softcap=30.0, bias=False),
+    "none": dict(label_smoothing=0.05, weighted=True, lse_square_scale=1e-3, softcap=20.0, bias=True),
+}
+
+
+def _inputs(device, dtype, n, hidden_size, vocab, *, bias=False, weighted=False, ignore_every=6):
+    hidden = torch.randn(n, hidden_size, dtype=torch.float64, device=device).to(dtype)
+    weight = (torch.randn(vocab, hidden_size, dtype=torch.float64, device=device) / hidden_size**0.25).to(
+        dtype
+    )
+    b = torch.randn(vocab, dtype=torch.float64, device=device).to(dtype) if bias else None
+    target = torch.randint(0, vocab, (n,), device=device)
+    if ignore_every:
+        target[torch.randperm(n, device=device)[: n // ignore_every]] = IGNORE
+    ce_weight = (torch.rand(vocab, dtype=torch.float64, device=device) + 0.5).to(dtype) if weighted else None
+    return hidden, weight, b, target, ce_weight
+
+
+def _three_ways(hidden, weight, bias, target, grad_out, ours_kwargs, **opts):
+    """[loss, z_loss, dhidden, dweight, dbias] from the op, the eager composition (same dtype), float64."""
+    out = []
+    for kind in ("ours", "eager", "ref64"):
+        dtype = torch.float64 if kind == "ref64" else hidden.dtype
+        h, w = leaf(hidden, dtype), leaf(weight, dtype)
+        b = leaf(bias, dtype) if bias is not None else None
+        kw = dict(opts)
+        if kw.get("ce_weight") is not None:
+            kw["ce_weight"] = kw["ce_weight"].to(dtype)
+        if kind == "ours":
+            loss, z = fused_linear_cross_entropy(h, w, target, b, return_z_loss=True, **kw, **ours_kwargs)
+        else:
+            loss, z = reference.fused_linear_cross_entropy(h, w, target, b, return_z_loss=True, **kw)
+        grads = torch.autograd.grad(loss, [h, w] + ([b] if b is not None else []), grad_out.to(loss.dtype))
+        out.append([loss, z, *grads])
+    return out
+
+
+def assert_loss_no_worse(name, ours, eager, ref64):
+    """A scalar's error is mostly its final rounding (a lottery eager can win by luck): a scalar loss may
+    exceed SLACK x eager's error by that unavoidable relative half ulp, no more."""
+    if ours.dim() > 0:
+        assert_no_worse_than_eager(name, ours, eager, ref64)
+        return
+    e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
+    assert e_ours <= SLACK * e_eager + HALF_ULP[ours.dtype], f"{name}: {e_ours:.3e} vs eager's {e_eager:.3e}"
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_flce_matches_float64(device, dtype, reduction, poison_empty):
+    """Loss and d(hidden, weight, bias) against float64, several chunks, grad_output != 1; bf16 with
+    accum_dtype=fp32 (eager-level dW; the default bf16 accumulation has its own test)."""
+    opts = dict(OPTIONS[reduction])
+    n, hidden_size, vocab = (37, 67, 131) if device == "cpu" else (2048, 4096, 128256)
+    hidden, weight, bias, target, ce_weight = _inputs(
+        device, dtype, n, hidden_size, vocab, bias=opts.pop("bias"), weighted=opts.pop("weighted", False)
+    )
+    grad_out = torch.randn(n, device=device) if reduction == "none" else torch.tensor(3.7, device=device)
+    ours_kwargs = dict(chunk_size=10 if device == "cpu" else 512)
+    if dtype == torch.bfloat16:
+        ours_kwargs["accum_dtype"] = torch.float32
+    ours, eager, ref = _three_ways(
+        hidden, weight, bias, target, grad_out, ours_kwargs, reduction=reduction, ce_weight=ce_weight, **opts
+    )
+    assert ours[0].dtype == torch.float32 and ours[0].shape == ref[0].shape
+    assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
+    assert_loss_no_worse("z_loss", ours[1], eager[1], ref[1])
+    for name, i in (("dhidden", 2), ("dweight", 3), ("dbias", 4)):
+        if i < len(ours):
+            assert ours[i].dtype == dtype
+            assert_no_worse_than_eager(name, ours[i], eager[i], ref[i])
+
+
+def test_flce_bf16_default_accumulation(poison_empty):
+    """accum_dtype=None keeps dW in bf16: one rounding per chunk (documented); dhidden and dbias stay at eager
+    accuracy with grad_output 1 (loss.backward()); the default chunk size (3 chunks here) is used."""
+    n, hidden_size, vocab = 37, 67, 131
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.bfloat16, n, hidden_size, vocab, bias=True)
+    n_chunks = math.ceil(n / choose_chunk_tokens(n, hidden_size, vocab, torch.bfloat16, hidden.device))
+    assert n_chunks > 1
+    ours, eager, ref = _three_ways(hidden, weight, bias, target, torch.tensor(1.0), {})
+    assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
+    assert_no_worse_than_eager("dhidden", ours[2], eager[2], ref[2])
+    assert_no_worse_than_eager("dbias", ours[4], eager[4], ref[4])
+    assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3], slack=SLACK * math.sqrt(n_chunks))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_flce_all_targets_ignored(reduction):
+    """Loss 0 and zero gradients, never NaN (torch's mean gives NaN here)."""
+    hidden, weight, bias, _, ce_weight = _inputs("cpu", torch.float32, 13, 67, 131, bias=True, weighted=True)
+    target = torch.full((13,), IGNORE)
+    h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+    loss = fused_linear_cross_entropy(
+        h,
+        w,
+        target,
+        b,
+        reduction=reduction,
+        label_smoothing=0.1,
+        lse_square_scale=1e-2,
+        ce_weight=ce_weight,
+        chunk_size=5,
+    )
+    (loss * 2.0).sum().backward()
+    assert torch.equal(loss, torch.zeros_like(loss))
+    for g in (h.grad, w.grad, b.grad):
+        assert torch.equal(g, torch.zeros_like(g))
+
+
+def test_flce_tied_weights_noncontiguous_hidden():
+    """lm_head weight shared with the input embedding (gradients add up), hidden (B, T, H) non-contiguous."""
+    batch, seq, hidden_size, vocab = 3, 9, 67, 131
+    ids = torch.randint(0, vocab, (batch, seq))
+    weight64 = torch.randn(vocab, hidden_size, dtype=torch.float64) / 4
+    mix64 = torch.randn(hidden_size, hidden_size, dtype=torch.float64) / 8
+    target = torch.randint(0, vocab, (batch, seq))
+    target[0, :3] = IGNORE
+    results = []
+    for kind, dtype in (("ours", torch.float32), ("eager", torch.float32), ("ref64", torch.float64)):
+        weight = leaf(weight64.to(torch.float32), dtype)
+        hidden = F.embedding(ids, weight) @ mix64.to(torch.float32).to(dtype)
+        hidden = noncontiguous(hidden) if kind == "ours" else hidden
+        fn = fused_linear_cross_entropy if kind == "ours" else reference.fused_linear_cross_entropy
+        kwargs = dict(chunk_size=8) if kind == "ours" else {}
+        loss = fn(hidden, weight, target, reduction="sum", **kwargs)
+        (loss * 0.5).backward()
+        results.append((loss, weight.grad))
+    (loss, dw), (loss_e, dw_e), (loss_r, dw_r) = results
+    assert_loss_no_worse("loss", loss, loss_e, loss_r)
+    assert_no_worse_than_eager("dweight (embedding + lm_head)", dw, dw_e, dw_r)
+
+
+def test_flce_frozen_weight_and_frozen_hidden():
+    """Only the gradients asked for are computed (a frozen lm_head, as with LoRA, skips the dW GEMMs)."""
+    hidden, weight, _, target, _ = _inputs("cpu", torch.float32, 13, 67, 131)
+    h_ref, w_ref = leaf(hidden, torch.float64), leaf(weight, torch.float64)
+    reference.fused_linear_cross_entropy(h_ref, w_ref, target).backward()
+
+    h, w = leaf(hidden), weight.clone()
+    fused_linear_cross_entropy(h, w, target, chunk_size=5).backward()
+    assert w.grad is None
+    torch.testing.assert_close(h.grad.double(), h_ref.grad, rtol=1e-5, atol=1e-7)
+
+    h, w = hidden.clone(), leaf(weight)
+    fused_linear_cross_entropy(h, w, target, chunk_size=5).backward()
+    assert h.grad is None
+    torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-5, atol=1e-7)
+
+
+class _RecordShapes(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.shapes, self.nbytes = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.shapes += [tuple(t.shape) for t in tensors]
+        self.nbytes += [t.numel() * t.element_size() for t in tensors]
+        return out
+
+
+def test_flce_never_materialises_the_logits():
+    """Every tensor the chunk loop creates (forward and the reduction="none" backward recompute) has at most
+    one chunk of logits; and the public op with that chunk size gives the reference loss."""
+    n, hidden_size, vocab, chunk = 37, 23, 1031, 8  # H < n: dW (V, H) is smaller than (n, V)
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, n, hidden_size, vocab, bias=True)
+    options = (IGNORE, "sum", 0.1, 1e-3, 30.0)
+    for row_scale in (None, torch.randn(n)):
+        with _RecordShapes() as rec:
+            _chunk_loop(
+                hidden, weight, target, bias, None, *options, True, True, True, None, chunk, row_scale
+            )
+        # (the interpreter also copies buffers as raw bytes: counting bytes covers those)
+        assert rec.nbytes and max(rec.nbytes) <= 4 * max(chunk * vocab, vocab * hidden_size) < 4 * n * vocab
+        assert (n, vocab) not in rec.shapes
+        assert sum(s == (chunk, vocab) for s in rec.shapes) >= 1  # the chunk buffer was made
+    loss = fused_linear_cross_entropy(hidden, weight, target, bias, chunk_size=chunk)
+    torch.testing.assert_close(
+        loss.double(),
+        reference.fused_linear_cross_entropy(hidden.double(), weight.double(), target, bias.double()),
+    )
+
+
+def test_flce_no_grad_matches_and_returns_z_loss():
+    hidden, weight, _, target, _ = _inputs("cpu", torch.float32, 13, 67, 131)
+    h, w = leaf(hidden), leaf(weight)
+    loss, z = fused_linear_cross_entropy(
+        h, w, target, lse_square_scale=1e-2, return_z_loss=True, chunk_size=5
+    )
+    with torch.no_grad():
+        loss_ng, z_ng = fused_linear_cross_entropy(h, w, target, lse_square_scale=1e-2, return_z_loss=True)
+    assert not loss_ng.requires_grad and not z.requires_grad
+    torch.testing.assert_close(loss_ng, loss)
+    torch.testing.assert_close(z_ng, z)
+    assert 0 < z.item() < loss.item()
+
+
+def test_flce_autocast_casts_like_linear():
+    """Under CPU autocast (bf16) with fp32 parameters the GEMMs run in bf16, as F.linear's would, and the
+    gradients come back in the parameters' dtype."""
+    hidden, weight, _, target, _ = _inputs("cpu", torch.float32, 13, 67, 131)
+    h, w = leaf(hidden), leaf(weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = fused_linear_cross_entropy(h, w, target, chunk_size=5)
+    loss.backward()
+    assert loss.dtype == torch.float32 and h.grad.dtype == w.grad.dtype == torch.float32
+    h_ref, w_ref = leaf(hidden.bfloat16(), torch.float64), leaf(weight.bfloat16(), torch.float64)
+    reference.fused_linear_cross_entropy(h_ref, w_ref, target).backward()
+    torch.testing.assert_close(
+        loss.double(), reference.fused_linear_cross_entropy(h_ref, w_ref, target), rtol=1e-2, atol=1e-2
+    )
+    torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=3e-2, atol=3e-3)
+
+
+def test_flce_bad_input():
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, 6, 67, 131, bias=True)
+    bad = target.clone()
+    bad[1] = 131
+    with pytest.raises(ValueError, match="target"):
+        fused_linear_cross_entropy(hidden, weight, bad)
+    bad[1] = -3
+    with pytest.raises(ValueError, match="target"):
+        fused_linear_cross_entropy(hidden, weight, bad)
+    with pytest.raises(ValueError, match="target"):
+        fused_linear_cross_entropy(hidden, weight, target[:5])
+    with pytest.raises(ValueError, match="weight"):
+        fused_linear_cross_entropy(hidden, weight[:, :66], target)
+    with pytest.raises(TypeError, match="weight"):
+        fused_linear_cross_entropy(hidden, weight.double(), target)
+    with pytest.raises(ValueError, match="bias"):
+        fused_linear_cross_entropy(hidden, weight, target, bias[:130])
+    with pytest.raises(ValueError, match="ce_weight"):
+        fused_linear_cross_entropy(hidden, weight, target, ce_weight=torch.rand(3))
+    with pytest.raises(ValueError, match="chunk_size"):
+        fused_linear_cross_entropy(hidden, weight, target, chunk_size=0)
+    with pytest.raises(ValueError, match="reduction"):
+        fused_linear_cross_entropy(hidden, weight, target, reduction="batchmean")
+
+
+def test_flce_module():
+    hidden, weight, bias, target, ce_weight = _inputs(
+        "cpu", torch.float32, 13, 67, 131, bias=True, weighted=True
+    )
+    module = LigerFusedLinearCrossEntropyLoss(ce_weight=ce_weight, label_smoothing=0.1, reduction="sum")
+    loss = module(weight, hidden, target, bias)
+    torch.testing.assert_close(
+        loss,
+        fused_linear_cross_entropy(
+            hidden, weight, target, bias, reduction="sum", label_smoothing=0.1, ce_weight=ce_weight
+        ),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_flce_peak_memory_cuda():
+    """8192 tokens, H 4096, V 128256, bf16: peak extra memory over fwd+bwd <= the two gradients + one chunk
+    of logits (+ 64 MiB for cuBLAS workspaces and small buffers); the (BT, V) logits would be 2 GiB."""
+    n, hidden_size, vocab = 8192, 4096, 128256
+    h = (torch.randn(n, hidden_size, device="cuda") * 0.5).bfloat16().requires_grad_()
+    w = (torch.randn(vocab, hidden_size, device="cuda") * 0.02).bfloat16().requires_grad_()
+    target = torch.randint(0, vocab, (n,), device="cuda")
+    fused_linear_cross_entropy(h, w, target).backward()  # warm-up (kernel compile, cuBLAS handles)
+    h.grad = w.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    chunk = choose_chunk_tokens(n, hidden_size, vocab, torch.bfloat16, h.device)
+    fused_linear_cross_entropy(h, w, target).backward()
+    torch.cuda.synchronize()
+    peak_extra = torch.cuda.max_memory_allocated() - base
+    budget = (n * hidden_size + vocab * hidden_size) * 2 + chunk * vocab * 2 + 64 * 2**20
+    assert peak_extra <= budget, f"peak extra {peak_extra / 2**30:.3f} GiB > {budget / 2**30:.3f} GiB"
