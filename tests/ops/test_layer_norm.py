@@ -1,0 +1,151 @@
+import importlib
+
+import pytest
+import torch
+from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+
+import liger_core.ops._launch as launch
+from liger_core import reference
+from liger_core.ops import layer_norm
+
+# >= ~20 rows per CPU shape: a row's (mean, rstd) error is shared by its whole row (see test_rms_norm)
+SHAPES = {"cpu": [(3, 7, 123), (37, 257), (23, 1031)], "cuda": [(4096, 4096), (16384, 4096), (3001, 5120)]}
+EPS = 1e-5
+
+
+def _make_x(shape, dtype, device, layout="contiguous", constant_rows=True):
+    """Rows with a nonzero mean, plus (optionally) constant rows: variance 0, where an inexact mean would turn
+    rounding noise into O(1) outputs."""
+    x = torch.randn(shape, dtype=torch.float64, device=device) * 2 + 3
+    if constant_rows:
+        rows = x.view(-1, shape[-1])
+        rows[0] = 7.3
+        rows[-1] = -1234.567
+    x = x.to(dtype)
+    return noncontiguous(x) if layout == "noncontiguous" else x
+
+
+def _make_params(n, dtype, device, bias=True):
+    w = (1 + 0.2 * torch.randn(n, dtype=torch.float64, device=device)).to(dtype)
+    b = (0.5 * torch.randn(n, dtype=torch.float64, device=device)).to(dtype) if bias else None
+    return w, b
+
+
+def _check_against_float64(x, w, b):
+    """y, dx, dw (db) of the kernel vs the float64 reference, no worse than F.layer_norm in the same dtype."""
+    params = [w] if b is None else [w, b]
+    ours = [leaf(t) for t in (x, *params)]
+    eager = [leaf(t) for t in (x, *params)]
+    ref = [leaf(t, torch.float64) for t in (x, *params)]
+
+    def run(tensors, fn):
+        return fn(tensors[0], tensors[1], tensors[2] if b is not None else None, EPS)
+
+    y, y_e, y_r = run(ours, layer_norm), run(eager, reference.layer_norm), run(ref, reference.layer_norm)
+    assert y.dtype == x.dtype == y_e.dtype and y.shape == x.shape
+    assert_no_worse_than_eager("y", y, y_e, y_r)
+
+    dy = torch.randn(y.shape, dtype=torch.float64, device=y.device).to(y.dtype)
+    grads = torch.autograd.grad(y, ours, dy)
+    grads_e = torch.autograd.grad(y_e, eager, dy)
+    grads_r = torch.autograd.grad(y_r, ref, dy.double())
+    for name, g, g_e, g_r, t in zip(("dx", "dw", "db"), grads, grads_e, grads_r, ours):
+        assert g.dtype == t.dtype
+        assert_no_worse_than_eager(name, g, g_e, g_r)
+    return (y, *grads)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+def test_layer_norm_matches_float64(device, dtype, bias, layout, poison_empty):
+    for shape in SHAPES[device]:
+        w, b = _make_params(shape[-1], dtype, device, bias)
+        _check_against_float64(_make_x(shape, dtype, device, layout), w, b)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layer_norm_fp32_params_with_half_input(device, dtype, poison_empty):
+    """Mixed precision as PyTorch allows it: fp32 weight and bias, bf16/fp16 activations and output."""
+    shape = SHAPES[device][-1]
+    w, b = _make_params(shape[-1], torch.float32, device)
+    _check_against_float64(_make_x(shape, dtype, device), w, b)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_extreme_values(device, dtype):
+    shape = SHAPES[device][1]
+    x = _make_x(shape, dtype, device, constant_rows=False)
+    flat = x.view(-1)
+    idx = torch.randperm(flat.numel(), device=device)[: flat.numel() // 50]
+    flat[idx] = torch.where(torch.rand(idx.numel(), device=device) < 0.5, -1e4, 1e4).to(dtype)
+    x[0] = 1e4  # constant at the extreme: variance 0 around a mean of 1e4
+    x[1, ::2] = -1e4  # bimodal row
+    x[1, 1::2] = 1e4
+    w, b = _make_params(shape[-1], dtype, device)
+    y, *grads = _check_against_float64(x, w, b)
+    assert torch.isfinite(y).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_long_rows_loop_over_column_chunks(dtype, bias, monkeypatch):
+    """Rows wider than the fused limit loop over column chunks; shrink the limits so small rows take it."""
+    for name in ("NORM_FUSED_MAX_COLS", "NORM_BWD_FUSED_MAX_COLS", "NORM_CHUNK_COLS"):
+        monkeypatch.setattr(launch, name, 128)
+    shape = (21, 301)  # three chunks, the last one partial
+    assert not launch.norm_settings(301).single_pass
+    assert not launch.norm_settings(301, backward=True).single_pass
+    w, b = _make_params(shape[-1], dtype, "cpu", bias)
+    _check_against_float64(_make_x(shape, dtype, "cpu"), w, b)
+
+
+def test_layer_norm_hidden_size_above_fused_limit(poison_empty):
+    n = 2 * launch.NORM_FUSED_MAX_COLS + 11
+    w, b = _make_params(n, torch.bfloat16, "cpu")
+    _check_against_float64(_make_x((3, n), torch.bfloat16, "cpu"), w, b)
+
+
+def test_layer_norm_empty_rows():
+    x, w, b = leaf(torch.randn(0, 64)), leaf(torch.randn(64)), leaf(torch.randn(64))
+    y = layer_norm(x, w, b)
+    assert y.shape == x.shape
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), torch.randn_like(y))
+    assert dx.shape == x.shape and not dw.any() and not db.any()
+
+
+def test_layer_norm_custom_ops_pass_opcheck():
+    mod = importlib.import_module("liger_core.ops.layer_norm")
+    x, w, b = torch.randn(5, 33), torch.randn(33), torch.randn(33)
+    torch.library.opcheck(mod._layer_norm_fwd, (x, w, b, EPS))
+    torch.library.opcheck(mod._layer_norm_fwd, (x, w, None, EPS))
+    _, mean, rstd = mod._layer_norm_fwd(x, w, b, EPS)
+    for has_bias in (True, False):
+        torch.library.opcheck(mod._layer_norm_bwd, (torch.randn(5, 33), x, w, mean, rstd, has_bias))
+
+
+def test_layer_norm_bad_input():
+    x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    with pytest.raises(TypeError, match="x"):
+        layer_norm(x.long(), w, b)
+    with pytest.raises(TypeError, match="x"):
+        layer_norm("x", w, b)
+    with pytest.raises(TypeError, match="w"):
+        layer_norm(x, w.bfloat16(), b.bfloat16())  # fp32 input with half weights: PyTorch refuses it too
+    with pytest.raises(TypeError, match="b"):
+        layer_norm(x, w, b.double())
+    with pytest.raises(TypeError, match="b"):
+        layer_norm(x.bfloat16(), w, b.bfloat16())  # b must have w's dtype
+    with pytest.raises(ValueError, match="w"):
+        layer_norm(x, torch.randn(9), b)
+    with pytest.raises(ValueError, match="b"):
+        layer_norm(x, w, torch.randn(9))
+    with pytest.raises(ValueError, match="w"):
+        layer_norm(x, torch.randn(8, device="meta"), b)
+    with pytest.raises(ValueError, match="b"):
+        layer_norm(x, w, torch.randn(8, device="meta"))
+    with pytest.raises(ValueError, match="x"):
+        layer_norm(torch.randn(4, 0), torch.randn(0), torch.randn(0))
