@@ -287,3 +287,25 @@ def test_cross_entropy_int64_offsets_cuda():
     torch.testing.assert_close(loss.double(), ref_loss, rtol=2e-2, atol=2e-2)
     grad = torch.autograd.grad(loss.sum(), y)[0]
     torch.testing.assert_close(grad[-8:].double(), tail.grad, rtol=2e-2, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_cross_entropy_inplace_extra_memory_cuda():
+    """8192 x 128256 bf16 with inplace_backward=True: fwd + bwd allocate ~nothing beyond the logits (the
+    gradient lives in their buffer); the default allocates exactly one logits-sized gradient buffer."""
+    n, vocab = 8192, 128256
+    target = torch.randint(0, vocab, (n,), device="cuda")
+    logits_bytes = n * vocab * 2
+    for inplace, budget in ((True, 16 * 2**20), (False, logits_bytes + 16 * 2**20)):
+        x = torch.randn(n, vocab, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        cross_entropy(x, target, inplace_backward=inplace).backward()  # warm-up (compile)
+        x.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        cross_entropy(x, target, inplace_backward=inplace).backward()
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+        assert extra <= budget, f"inplace={inplace}: {extra / 2**20:.1f} MiB extra"
+        del x
