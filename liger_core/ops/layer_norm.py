@@ -47,6 +47,7 @@ def _layer_norm_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -77,7 +78,7 @@ def _layer_norm_fwd_kernel(
             x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
             xc = tl.where(mask, x - mean[:, None], 0.0)
             sum_sq += tl.sum(xc * xc, axis=1)
-    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, x_ptr.dtype.element_ty == tl.float32)
+    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, PRECISE)
     tl.store(mean_ptr + rows, mean, mask=row_mask)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
@@ -122,8 +123,8 @@ def _layer_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
-    PRECISE: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
@@ -234,7 +235,7 @@ def _layer_norm_fwd(
     _layer_norm_fwd_kernel[(triton.cdiv(n_rows, s.block_m),)](
         x, w, w if b is None else b, y, mean, rstd, n_rows, n_cols, x.stride(0), y.stride(0), eps,
         HAS_BIAS=b is not None, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
-        num_warps=s.num_warps,
+        PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
     )  # fmt: skip
     return y, mean, rstd
 
@@ -265,7 +266,7 @@ def _layer_norm_bwd(
         dy, x, w, mean, rstd, dx, partials[0], partials[-1], n_rows, n_cols,
         dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
         HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
-        PREFETCH=s.prefetch, num_warps=s.num_warps,
+        PREFETCH=s.prefetch, PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
     )  # fmt: skip
     # separate reductions: custom-op outputs may not alias each other
     dw = partials[0].sum(0).to(w.dtype)

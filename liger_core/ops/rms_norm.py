@@ -34,9 +34,9 @@ from liger_core.dispatch import check_choice, check_same_device, check_shape, ch
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.reference.rms_norm import CASTING_MODES
 
-# PRECISE (fp32 data; constexpr): fp32 arithmetic alone would make our error comparable to eager's, so the
-# per-row rstd is computed in fp64 (correctly rounded) and the dW/dB accumulators are Kahan-compensated.
-# For bf16/fp16 data the final rounding dominates by ~2^16 and plain fp32 is kept (fewer registers).
+# PRECISE (constexpr, set for fp32 data): fp32 arithmetic alone would make our error comparable to eager's,
+# so the per-row rstd is computed in fp64 (correctly rounded) and the dW/dB accumulators are Kahan
+# compensated. For bf16/fp16 data the final rounding dominates by ~2^16: plain fp32 (fewer registers).
 
 
 @triton.jit
@@ -94,6 +94,7 @@ def _rms_norm_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
     # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -114,7 +115,7 @@ def _rms_norm_fwd_kernel(
             mask = row_mask[:, None] & (chunk[None, :] < n_cols)
             x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
             sum_sq += tl.sum(x * x, axis=1)
-    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, x_dtype == tl.float32)
+    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, PRECISE)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
     if SINGLE_PASS:
@@ -150,8 +151,8 @@ def _rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PRECISE: tl.constexpr,
 ):
-    PRECISE: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
@@ -252,8 +253,8 @@ def _rms_norm_fwd(
     s = norm_settings(n_cols)
     _rms_norm_fwd_kernel[(triton.cdiv(n_rows, s.block_m),)](
         x, w, y, rstd, n_rows, n_cols, x.stride(0), y.stride(0), eps, offset,
-        ROUND_BEFORE_WEIGHT=casting_mode == "llama",
-        BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass, num_warps=s.num_warps,
+        ROUND_BEFORE_WEIGHT=casting_mode == "llama", BLOCK_M=s.block_m, BLOCK_N=s.block_n,
+        SINGLE_PASS=s.single_pass, PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
     )  # fmt: skip
     return y, rstd
 
@@ -275,7 +276,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     _rms_norm_bwd_kernel[(programs,)](
         dy, x, w, rstd, dx, dw_partial, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), offset,
         tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
-        PREFETCH=s.prefetch, num_warps=s.num_warps,
+        PREFETCH=s.prefetch, PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
     )  # fmt: skip
     return dw_partial.sum(0).to(w.dtype)
 

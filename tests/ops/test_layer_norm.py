@@ -109,6 +109,21 @@ def test_layer_norm_hidden_size_above_fused_limit(poison_empty):
     _check_against_float64(_make_x((3, n), torch.bfloat16, "cpu"), w, b)
 
 
+def test_layer_norm_broadcast_grad_and_frozen_params():
+    """A gradient broadcast along the rows (row stride 0) or fully (y.sum()), frozen w and b (LoRA)."""
+    x = leaf(_make_x((3, 7, 123), torch.bfloat16, "cpu"))
+    w, b = _make_params(123, torch.bfloat16, "cpu")
+    x_e, x_r = leaf(x), leaf(x, torch.float64)
+    v = torch.randn(123).to(torch.bfloat16)
+    for dy in (v.expand(x.shape), torch.ones((), dtype=torch.bfloat16).expand(x.shape)):
+        (dx,) = torch.autograd.grad(layer_norm(x, w, b), x, dy)
+        (dx_e,) = torch.autograd.grad(reference.layer_norm(x_e, w, b, EPS), x_e, dy)
+        (dx_r,) = torch.autograd.grad(
+            reference.layer_norm(x_r, w.double(), b.double(), EPS), x_r, dy.double()
+        )
+        assert_no_worse_than_eager("dx", dx, dx_e, dx_r)
+
+
 def test_layer_norm_empty_rows():
     x, w, b = leaf(torch.randn(0, 64)), leaf(torch.randn(64)), leaf(torch.randn(64))
     y = layer_norm(x, w, b)

@@ -157,6 +157,23 @@ def test_rms_norm_hidden_size_above_fused_limit(poison_empty):
     _check_against_float64(x, _make_w(n, torch.bfloat16, "cpu", 0.0), "llama", 0.0)
 
 
+@pytest.mark.parametrize("in_place", [False, True])
+def test_rms_norm_broadcast_grad_and_frozen_weight(in_place):
+    """A gradient broadcast along the rows (row stride 0: read through strides, never written in place) or
+    fully (y.sum(): copied), and a frozen weight (LoRA): dx still right."""
+    x = leaf(_make_x((3, 7, 123), torch.bfloat16, "cpu"))
+    w = _make_w(123, torch.bfloat16, "cpu", 0.0)
+    x_e, x_r = leaf(x), leaf(x, torch.float64)
+    v = torch.randn(123).to(torch.bfloat16)
+    v_before = v.clone()
+    for dy in (v.expand(x.shape), torch.ones((), dtype=torch.bfloat16).expand(x.shape)):
+        (dx,) = torch.autograd.grad(rms_norm(x, w, in_place=in_place), x, dy)
+        (dx_e,) = torch.autograd.grad(reference.rms_norm(x_e, w, EPS), x_e, dy)
+        (dx_r,) = torch.autograd.grad(reference.rms_norm(x_r, w.double(), EPS), x_r, dy.double())
+        assert_no_worse_than_eager("dx", dx, dx_e, dx_r)
+    assert torch.equal(v, v_before)  # the broadcast gradient's storage was not written over
+
+
 def test_rms_norm_empty_rows():
     x = leaf(torch.randn(0, 5, 64))
     w = leaf(torch.randn(64))
