@@ -12,7 +12,8 @@ class `transformers.Trainer` (so every subclass goes through it: TRL's, LLaMA-Fa
 - `evaluate()` / `predict()` without a `train()` first: the model is patched before use.
 - `__init__()` (transformers < 5.3 only, where the check is in the constructor): the flag is hidden during the
   constructor and the model patched right after it.
-- `HfArgumentParser`: `--liger_kernel_config '{"rope": false}'` is parsed as JSON.
+- `HfArgumentParser`: `--liger_kernel_config '{"rope": false}'` is parsed as JSON (`accept_json_kernel_config`
+  does the same for other parser classes).
 
 A Trainer wants liger_core when its `args.use_liger_kernel` is set or when it was given a `LigerCoreCallback`.
 `uninstall()` puts every original method back.
@@ -171,6 +172,12 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
     setattr(cls, name, make(original))
 
 
+def accept_json_kernel_config(parser_class: type) -> None:
+    """Make `--liger_kernel_config '{"rope": false}'` parse as JSON in every `parser_class(...)` built from
+    now on (an HfArgumentParser, or a copy of it such as TRL's `TrlParser`). Undone by `uninstall()`."""
+    _wrap(parser_class, "__init__", _parser_init)
+
+
 def install() -> None:
     """Make `use_liger_kernel` / `--use_liger_kernel` run liger_core for every Trainer in this process.
 
@@ -183,7 +190,7 @@ def install() -> None:
     _wrap(Trainer, "predict", _patch_first)
     if _CHECKS_IN_INIT:
         _wrap(Trainer, "__init__", _init)
-    _wrap(HfArgumentParser, "__init__", _parser_init)
+    accept_json_kernel_config(HfArgumentParser)
 
 
 def uninstall() -> None:

@@ -12,6 +12,7 @@ The script sees the `sys.argv` it would see if run directly (`train.py --use_lig
 
 from __future__ import annotations
 
+import logging
 import os
 import runpy
 import sys
@@ -24,15 +25,30 @@ Runs a training script with liger_core serving TrainingArguments' use_liger_kern
 (and --liger_kernel_config '{{"rope": false}}'), without the third-party liger-kernel package."""
 
 
-def run(argv: Sequence[str], install: Callable[[], None], prog: str = "liger-core-run") -> None:
+def show_patch_logs(names: Sequence[str] = ("liger_core", "liger_core_hf", "liger_core_trl")) -> None:
+    """Print what was patched (liger_core's one-line report, INFO) on stderr, unless logging is configured."""
+    for name in names:
+        log = logging.getLogger(name)
+        if not log.handlers and log.level == logging.NOTSET:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
+            log.propagate = False
+
+
+def run(
+    argv: Sequence[str], install: Callable[[], None], prog: str = "liger-core-run", usage: str = USAGE
+) -> None:
     """Install the hook, then run `argv` (`script.py args...` or `-m module args...`) as `__main__`."""
     argv = list(argv)
+    show_patch_logs()
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE.format(prog=prog), file=sys.stderr if not argv else sys.stdout)
+        print(usage.format(prog=prog), file=sys.stderr if not argv else sys.stdout)
         raise SystemExit(2 if not argv else 0)
     if argv[0] == "-m":
         if len(argv) < 2:
-            raise SystemExit(f"{prog}: -m needs a module name\n" + USAGE.format(prog=prog))
+            raise SystemExit(f"{prog}: -m needs a module name\n" + usage.format(prog=prog))
         install()
         module, rest = argv[1], argv[2:]
         sys.argv = [module, *rest]  # run_module(alter_sys=True) replaces argv[0] with the module's file
@@ -41,7 +57,7 @@ def run(argv: Sequence[str], install: Callable[[], None], prog: str = "liger-cor
         return
     script, rest = argv[0], argv[1:]
     if not os.path.isfile(script):
-        raise SystemExit(f"{prog}: no such script: {script}\n" + USAGE.format(prog=prog))
+        raise SystemExit(f"{prog}: no such script: {script}\n" + usage.format(prog=prog))
     install()
     sys.argv = [script, *rest]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # like `python script.py`
