@@ -409,13 +409,15 @@ OPS: dict[str, OpSpec] = {
             "swiglu", "SwiGLU", build_glu, _mn, floor_glu,
             {"default": ({"M": 16384, "N": 14336},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
             lambda s: 8 * s["M"] * s["N"],
-            liger_kernel=_liger_kernel("liger_swiglu"),
+            liger_kernel=_liger_kernel("liger_swiglu"),  # writes da, db over a, b in backward
+            ours_kwargs={"inplace_backward": True},  # the same memory-saving setting (as our MLP modules use)
         ),
         OpSpec(
             "geglu", "GeGLU", build_glu, _mn, floor_glu,
             {"default": ({"M": 16384, "N": 14336},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
             lambda s: 8 * s["M"] * s["N"],
             liger_kernel=_liger_kernel("liger_geglu"),  # tanh approximation, as ours by default
+            ours_kwargs={"inplace_backward": True},  # as liger-kernel (da, db over a, b) and our MLP modules
         ),
         OpSpec(
             "rope", "RoPE", build_rope,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -113,6 +113,18 @@ def use_triton(t: torch.Tensor) -> bool:
             stacklevel=3,
         )
     return False
+
+
+# Set True to route eager calls through the custom ops as well (benchmarks compare the two paths).
+EAGER_VIA_CUSTOM_OPS = False
+
+
+def launcher(op: Callable, impl: Callable) -> Callable:
+    """The kernel launcher an autograd Function should call: the ``torch.library`` custom op ``op`` while
+    torch.compile traces (the graph gets an opaque op with a fake implementation, no graph break), else its
+    plain Python implementation ``impl``. In eager mode the custom-op dispatcher adds tens of microseconds of
+    host time per call, as much as a whole kernel at typical shapes."""
+    return op if EAGER_VIA_CUSTOM_OPS or torch.compiler.is_compiling() else impl
 
 
 def env_flag(name: str) -> bool:

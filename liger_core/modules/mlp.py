@@ -2,7 +2,9 @@
 
 Parameter names (``gate_proj``, ``up_proj``, ``down_proj``, plain ``nn.Linear``) and shapes are HF's, so
 state_dicts load across both ways; only the activation-times-up product runs in one Triton kernel
-(``swiglu`` / ``geglu``), which saves the activation's intermediate tensor in forward and backward.
+(``swiglu`` / ``geglu``), which saves the activation's intermediate tensor in forward and backward. The
+projections' outputs are used by nothing but the activation, so its backward writes their gradients over
+them (``inplace_backward=True``): the backward allocates no tensor of the intermediate size for them.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class LigerSwiGLUMLP(_GatedMLP):
         super().__init__(hidden, inter, use_bias, config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        # gate and up are ours alone (no other op saves or reads them): backward writes their grads over them
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), inplace_backward=True))
 
 
 def gelu_approximation(activation: str) -> str:
@@ -126,7 +129,10 @@ class LigerGEGLUMLP(_GatedMLP):
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(geglu(self.gate_proj(x), self.up_proj(x), self.approximate))
+        # gate and up are ours alone (no other op saves or reads them): backward writes their grads over them
+        return self.down_proj(
+            geglu(self.gate_proj(x), self.up_proj(x), self.approximate, inplace_backward=True)
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, approximate={self.approximate!r}"

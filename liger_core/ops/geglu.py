@@ -27,8 +27,21 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
-from liger_core.ops._activation_math import sigmoid_from_m, sigmoid_of_minus_abs, times_sigmoid
+from liger_core.dispatch import (
+    check_choice,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    launcher,
+    use_triton,
+)
+from liger_core.ops._activation_math import (
+    gradients_in_saved_inputs,
+    sigmoid_from_m,
+    sigmoid_of_minus_abs,
+    times_sigmoid,
+    use_inplace_backward,
+)
 from liger_core.ops._launch import elementwise_settings
 
 APPROXIMATIONS = ("tanh", "none")
@@ -112,40 +125,61 @@ def _geglu_bwd_kernel(
     tl.store(db_ptr + offsets, (dy * gelu).to(db_ptr.dtype.element_ty), mask=mask)
 
 
+def _grid_settings(n: int) -> tuple[int, int, int]:
+    block, warps = elementwise_settings(n)
+    return triton.cdiv(n, block), block, warps
+
+
 # Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched
-# model through them without graph breaks; the autograd Function below composes them.
-@torch.library.custom_op("liger_core::geglu_fwd", mutates_args=())
-def _geglu_fwd(a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch.Tensor:
+# model through them without graph breaks; the autograd Function below composes them, and in eager mode calls
+# the plain implementations (``dispatch.launcher``: the dispatcher's host time per call is as long as the
+# kernel at small shapes).
+def _geglu_fwd_impl(a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch.Tensor:
     y = torch.empty_like(a)
     n = a.numel()
-    if n == 0:
-        return y
-    block, warps = elementwise_settings(n)
-    _geglu_fwd_kernel[(triton.cdiv(n, block),)](
-        a, b, y, n, TANH=approximate == "tanh", BLOCK_SIZE=block, num_warps=warps
-    )
+    if n:
+        grid, block, warps = _grid_settings(n)
+        _geglu_fwd_kernel[(grid,)](a, b, y, n, TANH=approximate == "tanh", BLOCK_SIZE=block, num_warps=warps)
     return y
+
+
+def _geglu_bwd_into(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor, approximate: str
+) -> None:
+    """Writes da, db; ``da is a`` and ``db is b`` is allowed: each element is read before it is written, by
+    the same program."""
+    n = a.numel()
+    if n:
+        grid, block, warps = _grid_settings(n)
+        _geglu_bwd_kernel[(grid,)](
+            dy, a, b, da, db, n, TANH=approximate == "tanh", BLOCK_SIZE=block, num_warps=warps
+        )
+
+
+def _geglu_bwd_impl(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, approximate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    da = torch.empty_like(a)
+    db = torch.empty_like(b)
+    _geglu_bwd_into(dy, a, b, da, db, approximate)
+    return da, db
+
+
+def _geglu_bwd_over_inputs_impl(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, approximate: str) -> None:
+    _geglu_bwd_into(dy, a, b, a, b, approximate)
+
+
+_geglu_fwd = torch.library.custom_op("liger_core::geglu_fwd", _geglu_fwd_impl, mutates_args=())
+_geglu_bwd = torch.library.custom_op("liger_core::geglu_bwd", _geglu_bwd_impl, mutates_args=())
+# Eager only (see GeGLUFunction); registered so a graph that does hold it knows a and b are overwritten.
+_geglu_bwd_over_inputs = torch.library.custom_op(
+    "liger_core::geglu_bwd_over_inputs", _geglu_bwd_over_inputs_impl, mutates_args=("a", "b")
+)
 
 
 @_geglu_fwd.register_fake
 def _(a, b, approximate):
     return torch.empty_like(a)
-
-
-@torch.library.custom_op("liger_core::geglu_bwd", mutates_args=())
-def _geglu_bwd(
-    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, approximate: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    da = torch.empty_like(a)
-    db = torch.empty_like(b)
-    n = a.numel()
-    if n == 0:
-        return da, db
-    block, warps = elementwise_settings(n)
-    _geglu_bwd_kernel[(triton.cdiv(n, block),)](
-        dy, a, b, da, db, n, TANH=approximate == "tanh", BLOCK_SIZE=block, num_warps=warps
-    )
-    return da, db
 
 
 @_geglu_bwd.register_fake
@@ -155,23 +189,35 @@ def _(dy, a, b, approximate):
 
 class GeGLUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch.Tensor:
+    def forward(
+        ctx, a: torch.Tensor, b: torch.Tensor, approximate: str, inplace_backward: bool
+    ) -> torch.Tensor:
         a = a.contiguous()
         b = b.contiguous()
+        ctx.inplace_backward = use_inplace_backward(inplace_backward, a, b)
         ctx.save_for_backward(a, b)
         ctx.approximate = approximate
-        return _geglu_fwd(a, b, approximate)
+        return launcher(_geglu_fwd, _geglu_fwd_impl)(a, b, approximate)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         a, b = ctx.saved_tensors
-        da, db = _geglu_bwd(dy.contiguous(), a, b, ctx.approximate)
-        return da, db, None
+        dy = dy.contiguous()
+        if ctx.inplace_backward:
+            launcher(_geglu_bwd_over_inputs, _geglu_bwd_over_inputs_impl)(dy, a, b, ctx.approximate)
+            return (*gradients_in_saved_inputs(a, b), None, None)
+        return (*launcher(_geglu_bwd, _geglu_bwd_impl)(dy, a, b, ctx.approximate), None, None)
 
 
-def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+def geglu(
+    a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh", inplace_backward: bool = False
+) -> torch.Tensor:
     """``gelu(a, approximate=approximate) * b`` for tensors of any (equal) shape; ``approximate`` is "tanh"
-    (Gemma's ``gelu_pytorch_tanh``) or "none" (erf GELU). Exact fp32 math, one rounding to the input dtype."""
+    (Gemma's ``gelu_pytorch_tanh``) or "none" (erf GELU). Exact fp32 math, one rounding to the input dtype.
+
+    ``inplace_backward=True`` writes da, db over ``a`` and ``b`` in backward (as liger-kernel always does):
+    only for callers that never read a and b after the op; see ``liger_core.ops.swiglu`` for the contract.
+    """
     check_tensor("a", a)
     check_tensor("b", b)
     check_shape("b", b, tuple(a.shape), "b must match a")
@@ -181,4 +227,4 @@ def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "tanh") -> torch.
     check_choice("approximate", approximate, APPROXIMATIONS)
     if not use_triton(a):
         return reference.geglu(a, b, approximate)
-    return GeGLUFunction.apply(a, b, approximate)
+    return GeGLUFunction.apply(a, b, approximate, bool(inplace_backward))

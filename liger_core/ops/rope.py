@@ -27,10 +27,11 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_tensor, use_triton
+from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_tensor, launcher, use_triton
 
 # Elements of one [heads x half-rotary] tile a program holds in registers per step of its head loop.
 _TILE_ELEMENTS = 2048
+_NUM_WARPS = 4
 
 
 @triton.jit
@@ -215,30 +216,24 @@ def _launch(
         BLOCK_HALF=block_half,
         BLOCK_PASS=triton.next_power_of_2(pass_dim) if pass_dim > 0 else 1,
         BACKWARD=backward,
-        num_warps=4,
+        num_warps=_NUM_WARPS,
     )
     return y_q, y_k
 
 
 # Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched
-# model through them without graph breaks; the autograd Function below composes them. Inputs arrive validated:
-# q/k 4-D with unit last stride, cos/sin (1 or B, T, rotary_dim) with equal strides and unit last stride.
-@torch.library.custom_op("liger_core::rope_fwd", mutates_args=())
-def _rope_fwd(
+# model through them without graph breaks; the autograd Function below composes them, and in eager mode calls
+# the plain implementations (``dispatch.launcher``: the dispatcher's host time per call is as long as the
+# kernel at typical shapes). Inputs arrive validated: q/k 4-D with unit last stride, cos/sin (1 or B, T,
+# rotary_dim) with equal strides and unit last stride.
+def _rope_fwd_impl(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     return _launch(q, k, cos, sin, unsqueeze_dim, out_dtype, backward=False)
 
 
-@_rope_fwd.register_fake
-def _(q, k, cos, sin, unsqueeze_dim):
-    out_dtype = torch.promote_types(q.dtype, cos.dtype)
-    return torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
-
-
-@torch.library.custom_op("liger_core::rope_bwd", mutates_args=())
-def _rope_bwd(
+def _rope_bwd_impl(
     dq_embed: torch.Tensor,
     dk_embed: torch.Tensor,
     cos: torch.Tensor,
@@ -247,6 +242,16 @@ def _rope_bwd(
     grad_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _launch(dq_embed, dk_embed, cos, sin, unsqueeze_dim, grad_dtype, backward=True)
+
+
+_rope_fwd = torch.library.custom_op("liger_core::rope_fwd", _rope_fwd_impl, mutates_args=())
+_rope_bwd = torch.library.custom_op("liger_core::rope_bwd", _rope_bwd_impl, mutates_args=())
+
+
+@_rope_fwd.register_fake
+def _(q, k, cos, sin, unsqueeze_dim):
+    out_dtype = torch.promote_types(q.dtype, cos.dtype)
+    return torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
 
 
 @_rope_bwd.register_fake
@@ -269,13 +274,14 @@ class RopeFunction(torch.autograd.Function):
         # cos/sin gradients are rare (HF builds them under no_grad) and need q, k: keep those only then
         ctx.table_grads = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
         ctx.save_for_backward(cos, sin, *((q, k) if ctx.table_grads else ()))
-        return _rope_fwd(q, k, cos, sin, unsqueeze_dim)
+        return launcher(_rope_fwd, _rope_fwd_impl)(q, k, cos, sin, unsqueeze_dim)
 
     @staticmethod
     def backward(ctx, dq_embed, dk_embed):
         cos, sin = ctx.saved_tensors[:2]
         dq_embed, dk_embed = _unit_last_stride(dq_embed), _unit_last_stride(dk_embed)
-        dq, dk = _rope_bwd(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, ctx.q_dtype)
+        bwd = launcher(_rope_bwd, _rope_bwd_impl)
+        dq, dk = bwd(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, ctx.q_dtype)
         dcos = dsin = None
         if ctx.table_grads:
             # eager autograd of the reference: these gradients are a reduction over heads, off the hot path

@@ -22,8 +22,14 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
-from liger_core.ops._activation_math import sigmoid_from_m, sigmoid_of_minus_abs, times_sigmoid
+from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
+from liger_core.ops._activation_math import (
+    gradients_in_saved_inputs,
+    sigmoid_from_m,
+    sigmoid_of_minus_abs,
+    times_sigmoid,
+    use_inplace_backward,
+)
 from liger_core.ops._launch import elementwise_settings
 
 
@@ -54,15 +60,44 @@ def _swiglu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_elements, BLOCK_S
     tl.store(db_ptr + offsets, db.to(db_ptr.dtype.element_ty), mask=mask)
 
 
+def _grid_settings(n: int) -> tuple[int, int, int]:
+    block, warps = elementwise_settings(n)
+    return triton.cdiv(n, block), block, warps
+
+
 # Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched
-# model through them without graph breaks; the autograd Function below composes them.
-@torch.library.custom_op("liger_core::swiglu_fwd", mutates_args=())
-def _swiglu_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+# model through them without graph breaks; the autograd Function below composes them, and in eager mode calls
+# the plain implementations (``dispatch.launcher``: the dispatcher's host time per call is as long as the
+# kernel at small shapes).
+def _swiglu_fwd_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(a)
     n = a.numel()
-    block, warps = elementwise_settings(n)
-    _swiglu_fwd_kernel[(triton.cdiv(n, block),)](a, b, y, n, BLOCK_SIZE=block, num_warps=warps)
+    if n:
+        grid, block, warps = _grid_settings(n)
+        _swiglu_fwd_kernel[(grid,)](a, b, y, n, BLOCK_SIZE=block, num_warps=warps)
     return y
+
+
+def _swiglu_bwd_impl(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    da = torch.empty_like(a)
+    db = torch.empty_like(b)
+    _swiglu_bwd_inplace_impl(dy, a, b, da, db)
+    return da, db
+
+
+def _swiglu_bwd_inplace_impl(
+    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor
+) -> None:
+    """Writes da, db; ``da is a`` and ``db is b`` is allowed: each element is read before it is written, by
+    the same program."""
+    n = a.numel()
+    if n:
+        grid, block, warps = _grid_settings(n)
+        _swiglu_bwd_kernel[(grid,)](dy, a, b, da, db, n, BLOCK_SIZE=block, num_warps=warps)
+
+
+_swiglu_fwd = torch.library.custom_op("liger_core::swiglu_fwd", _swiglu_fwd_impl, mutates_args=())
+_swiglu_bwd = torch.library.custom_op("liger_core::swiglu_bwd", _swiglu_bwd_impl, mutates_args=())
 
 
 @_swiglu_fwd.register_fake
@@ -70,37 +105,51 @@ def _(a, b):
     return torch.empty_like(a)
 
 
-@torch.library.custom_op("liger_core::swiglu_bwd", mutates_args=())
-def _swiglu_bwd(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    da = torch.empty_like(a)
-    db = torch.empty_like(b)
-    n = a.numel()
-    block, warps = elementwise_settings(n)
-    _swiglu_bwd_kernel[(triton.cdiv(n, block),)](dy, a, b, da, db, n, BLOCK_SIZE=block, num_warps=warps)
-    return da, db
-
-
 @_swiglu_bwd.register_fake
 def _(dy, a, b):
     return torch.empty_like(a), torch.empty_like(b)
 
 
+def _swiglu_bwd_over_inputs_impl(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    _swiglu_bwd_inplace_impl(dy, a, b, a, b)
+
+
+# Eager only (see SwiGLUFunction); registered so a graph that does hold it knows a and b are overwritten.
+_swiglu_bwd_over_inputs = torch.library.custom_op(
+    "liger_core::swiglu_bwd_over_inputs", _swiglu_bwd_over_inputs_impl, mutates_args=("a", "b")
+)
+
+
 class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> torch.Tensor:
         a = a.contiguous()
         b = b.contiguous()
+        ctx.inplace_backward = use_inplace_backward(inplace_backward, a, b)
         ctx.save_for_backward(a, b)
-        return _swiglu_fwd(a, b)
+        return launcher(_swiglu_fwd, _swiglu_fwd_impl)(a, b)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         a, b = ctx.saved_tensors
-        return _swiglu_bwd(dy.contiguous(), a, b)
+        dy = dy.contiguous()
+        if ctx.inplace_backward:
+            launcher(_swiglu_bwd_over_inputs, _swiglu_bwd_over_inputs_impl)(dy, a, b)
+            return (*gradients_in_saved_inputs(a, b), None)
+        return (*launcher(_swiglu_bwd, _swiglu_bwd_impl)(dy, a, b), None)
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``silu(a) * b`` for tensors of any (equal) shape; exact fp32 math, one rounding to the input dtype."""
+def swiglu(a: torch.Tensor, b: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
+    """``silu(a) * b`` for tensors of any (equal) shape; exact fp32 math, one rounding to the input dtype.
+
+    ``inplace_backward=True`` writes the gradients into the memory of ``a`` and ``b`` during backward (as
+    liger-kernel always does), saving two tensors of a's size at the backward's peak. Only for callers that
+    own ``a`` and ``b`` and never read them after the op, e.g. ``swiglu(gate_proj(x), up_proj(x), True)``
+    (what LigerSwiGLUMLP and the patched MLP forwards do): after backward they hold ``da`` and ``db``. A
+    second backward through the same graph then raises autograd's "modified by an inplace operation" error
+    instead of using the overwritten values. Ignored under torch.compile (its own memory planning applies)
+    and when ``a`` and ``b`` share storage.
+    """
     check_tensor("a", a)
     check_tensor("b", b)
     check_shape("b", b, tuple(a.shape), "b must match a")
@@ -109,4 +158,4 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_same_device("a", a, b=b)
     if not use_triton(a):
         return reference.swiglu(a, b)
-    return SwiGLUFunction.apply(a, b)
+    return SwiGLUFunction.apply(a, b, bool(inplace_backward))

@@ -118,3 +118,19 @@ def test_mlp_bad_config():
         LigerSwiGLUMLP(object())
     with pytest.raises(ValueError, match="approximate"):
         LigerGEGLUMLP(8, 16, approximate="erf")
+
+
+@pytest.mark.parametrize("mlp_class", [LigerSwiGLUMLP, LigerGEGLUMLP])
+def test_mlp_writes_activation_grads_over_projections(mlp_class):
+    """The modules take the in-place backward: gate_proj's and up_proj's outputs receive their gradients in
+    their own memory (no extra intermediate-sized tensors), and those gradients are the exact ones (the
+    HF comparisons above run through the same path)."""
+    mlp = mlp_class(24, 40)
+    outputs = {}
+    for name in ("gate_proj", "up_proj"):
+        getattr(mlp, name).register_forward_hook(lambda m, i, o, name=name: outputs.__setitem__(name, o))
+    x = torch.randn(3, 5, 24, requires_grad=True)
+    y = mlp(x)
+    gate, up = outputs["gate_proj"], outputs["up_proj"]
+    d_gate, d_up = torch.autograd.grad(y, (gate, up), torch.randn_like(y))
+    assert d_gate.data_ptr() == gate.data_ptr() and d_up.data_ptr() == up.data_ptr()

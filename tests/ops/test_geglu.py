@@ -108,3 +108,36 @@ def test_geglu_bad_input():
         geglu(a, a, approximate="erf")
     with pytest.raises(ValueError, match="b"):
         geglu(a, a.to("meta"))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_geglu_inplace_backward(device, dtype, approximate):
+    """inplace_backward=True: the out-of-place gradients bit for bit, written over a and b; a second backward
+    through the graph then fails loudly; a and b in one buffer still get correct, separate gradients."""
+    shape = SHAPES[device][1]
+    a0 = leaf((torch.randn(shape, dtype=torch.float64, device=device) * 3).to(dtype))
+    b0 = leaf(torch.randn(shape, dtype=torch.float64, device=device).to(dtype))
+    dy = torch.randn(shape, dtype=torch.float64, device=device).to(dtype)
+    y_copy = geglu(a0, b0, approximate)
+    da_copy, db_copy = torch.autograd.grad(y_copy, (a0, b0), dy)
+
+    a, b = (t.detach() * 1 for t in (a0, b0))  # what gate_proj(x), up_proj(x) hand over
+    a.requires_grad_(), b.requires_grad_()
+    y = geglu(a, b, approximate, inplace_backward=True)
+    assert torch.equal(y, y_copy)
+    da, db = torch.autograd.grad(y, (a, b), dy, retain_graph=True)
+    assert torch.equal(da, da_copy) and torch.equal(db, db_copy)
+    assert da.data_ptr() == a.data_ptr() and db.data_ptr() == b.data_ptr()
+    with pytest.raises(RuntimeError, match="inplace"):
+        torch.autograd.grad(y, (a, b), dy)
+
+    h = a0.detach() * 1
+    h.requires_grad_()
+    h_r = leaf(h, torch.float64)
+    (dh,) = torch.autograd.grad(geglu(h, h, approximate, inplace_backward=True), h, dy)
+    (dh_r,) = torch.autograd.grad(reference.geglu(h_r, h_r, approximate), h_r, dy.double())
+    h_e = leaf(h)
+    (dh_e,) = torch.autograd.grad(reference.geglu(h_e, h_e, approximate), h_e, dy)
+    assert_no_worse_than_eager("dh", dh, dh_e, dh_r)

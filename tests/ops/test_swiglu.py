@@ -61,3 +61,60 @@ def test_swiglu_bad_input():
         swiglu(a.long(), a.long())
     with pytest.raises(TypeError, match="a"):
         swiglu([1.0], a)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+def test_swiglu_inplace_backward(device, dtype, layout):
+    """inplace_backward=True: the same gradients, bit for bit, written over a and b (contiguous inputs) or
+    over the op's private contiguous copies (then the caller's a and b keep their values)."""
+    shape = SHAPES[device][1]
+    make = noncontiguous if layout == "noncontiguous" else (lambda t: t)
+    a0 = leaf((torch.randn(shape, dtype=torch.float64, device=device) * 3).to(dtype))
+    b0 = leaf(torch.randn(shape, dtype=torch.float64, device=device).to(dtype))
+    dy = torch.randn(shape, dtype=torch.float64, device=device).to(dtype)
+    da_copy, db_copy = torch.autograd.grad(swiglu(a0, b0), (a0, b0), dy)
+
+    a, b = make(a0.detach() * 1), make(b0.detach() * 1)  # what gate_proj(x), up_proj(x) hand over
+    a.requires_grad_(), b.requires_grad_()
+    a_before, b_before = a.detach().clone(), b.detach().clone()
+    y = swiglu(a, b, inplace_backward=True)
+    assert torch.equal(y, swiglu(a0, b0))
+    da, db = torch.autograd.grad(y, (a, b), dy)
+    assert torch.equal(da, da_copy) and torch.equal(db, db_copy)
+    if layout == "contiguous":  # the gradients live in a's and b's memory
+        assert da.data_ptr() == a.data_ptr() and db.data_ptr() == b.data_ptr()
+        assert torch.equal(a.detach(), da_copy)
+    else:
+        assert torch.equal(a.detach(), a_before) and torch.equal(b.detach(), b_before)
+
+    a_r, b_r = leaf(a0, torch.float64), leaf(b0, torch.float64)
+    da_r, db_r = torch.autograd.grad(reference.swiglu(a_r, b_r), (a_r, b_r), dy.double())
+    a_e, b_e = leaf(a0), leaf(b0)
+    da_e, db_e = torch.autograd.grad(reference.swiglu(a_e, b_e), (a_e, b_e), dy)
+    assert_no_worse_than_eager("da", da, da_e, da_r)
+    assert_no_worse_than_eager("db", db, db_e, db_r)
+
+
+def test_swiglu_inplace_backward_refuses_stale_inputs():
+    """After an in-place backward a and b hold the gradients: a second backward through the graph fails
+    loudly instead of computing from them; a and b in one buffer fall back to separate gradients."""
+    a, b = leaf(torch.randn(5, 33) * 3), leaf(torch.randn(5, 33))
+    y = swiglu(a * 1, b * 1, inplace_backward=True)
+    y.backward(torch.ones_like(y), retain_graph=True)
+    with pytest.raises(RuntimeError, match="inplace"):
+        y.backward(torch.ones_like(y))
+
+    x = leaf(torch.randn(7, 19) * 3)
+    x_r = leaf(x, torch.float64)
+    x_before = x.detach().clone()
+    y = swiglu(x * 1, x * 1, inplace_backward=True)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    (dx_r,) = torch.autograd.grad(reference.swiglu(x_r, x_r), x_r, torch.ones_like(x_r))
+    torch.testing.assert_close(dx.double(), dx_r, rtol=1e-5, atol=1e-6)
+    assert torch.equal(x.detach(), x_before)
+    h = x.detach() * 1  # one tensor as both arguments
+    h.requires_grad_()
+    (dh,) = torch.autograd.grad(swiglu(h, h, inplace_backward=True), h, torch.ones_like(h))
+    torch.testing.assert_close(dh.double(), dx_r, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,234 @@
+"""Side-by-side variants of RoPE, SwiGLU and GeGLU in one GPU call (issue 7 method: predict, change, measure).
+
+    PYTHONPATH=.:/tmp/liger_peer_site python benchmarks/variants_glu_rope.py [--quick] [--only rope,glu,host]
+
+Every variant is checked against the float64 reference and timed by the suite's own code
+(``liger_core.bench``: CaseRunner, do_bench with the L2 flush, the restoring loop for providers that write
+their inputs, peak extra memory), at the default shapes, beside liger-kernel. Also:
+- ``host``: host (CPU) time per call of each provider at a tiny shape, where the GPU work is negligible: the
+  time a training step cannot hide when the GPU waits for the launch;
+- ``profile``: the GPU kernels of one fwd+bwd (name, count, total µs) from torch.profiler.
+Variants are module knobs flipped here (``dispatch.EAGER_VIA_CUSTOM_OPS``, ``rope._NUM_WARPS``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from liger_core import bench, dispatch  # noqa: E402
+from liger_core.ops import geglu, rope, swiglu  # noqa: E402
+
+rope_module = sys.modules["liger_core.ops.rope"]
+
+ROWS: list[str] = []
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a smoke test of this script
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+    ROWS.append(line)
+
+
+@contextlib.contextmanager
+def knobs(module, **values) -> Iterator[None]:
+    old = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def liger_kernel_fn(op: str) -> Callable | None:
+    """liger-kernel's functional op, called exactly as the suite calls it (None if not installed)."""
+    return bench.OPS[op].liger_kernel if bench.peer_version("liger_kernel") else None
+
+
+def measure(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], timing: bench.Timing) -> None:
+    """variants: name -> (fn, {module: knobs}) timed at `shape` with the suite's code."""
+    spec = bench.OPS[op]
+    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    runner.compute_reference()
+    eager = runner.run_checked(bench.available("reference", op))
+    runner.set_eager(eager.errors)
+    del eager
+    floors = {m: spec.floor(shape, 2, m).ms for m in bench.MODES}
+    log(
+        f"-- {spec.title} {spec.label(shape)}: floor fwd {floors['fwd']:.4f} ms, "
+        f"fwd+bwd {floors['fwd+bwd']:.4f} ms"
+    )
+    for name, (fn, knob_map) in variants.items():
+        if fn is None:
+            log(f"   {name:34s} unavailable")
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for module, values in knob_map.items():
+                    stack.enter_context(knobs(module, **values))
+                run = runner.run_checked(fn)
+                err, eager_err, out_name, ok = runner.verdict(run.errors)
+                cells = []
+                for mode in bench.MODES:
+                    med, p20, p80, _ = bench.time_step(run, mode, timing)
+                    cells.append(f"{mode} {med:.4f} ({100 * floors[mode] / med:3.0f}%)")
+                mem = bench.peak_extra_bytes(run, "fwd+bwd") / 2**30
+                written = "writes inputs" if run.restore_pairs else ""
+                log(
+                    f"   {name:34s} {' | '.join(cells)} | {mem:.3f} GiB | "
+                    f"{'ok' if ok else 'FAIL'} {out_name} {err:.2e} (eager {eager_err:.2e}) {written}"
+                )
+                del run
+        except Exception as e:  # noqa: BLE001
+            log(f"   {name:34s} ERROR {type(e).__name__}: {str(e)[:200]}")
+            traceback.print_exc()
+        bench._free_memory()
+
+
+def host_time(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], n: int = 300) -> None:
+    """Host µs per fwd and fwd+bwd call at a tiny shape (GPU time negligible: the CPU is the bottleneck)."""
+    spec = bench.OPS[op]
+    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    runner.compute_reference()
+    log(f"-- host time per call, {spec.title} {spec.label(shape)} (µs, median of 5 x {n} calls)")
+    for name, (fn, knob_map) in variants.items():
+        if fn is None:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for module, values in knob_map.items():
+                    stack.enter_context(knobs(module, **values))
+                run = runner.run_checked(fn)
+                cells = []
+                for mode in bench.MODES:
+                    step = bench.make_step(run, mode)
+                    samples = []
+                    for _ in range(5):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        for _ in range(n):
+                            step()
+                            for t in run.diff_tensors:
+                                t.grad = None
+                        torch.cuda.synchronize()
+                        samples.append((time.perf_counter() - t0) / n * 1e6)
+                    cells.append(f"{mode} {sorted(samples)[2]:6.1f}")
+                log(f"   {name:34s} {' | '.join(cells)}")
+        except Exception as e:  # noqa: BLE001
+            log(f"   {name:34s} ERROR {type(e).__name__}: {str(e)[:200]}")
+
+
+def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]]) -> None:
+    """GPU kernels of one fwd+bwd (after warm-up): name, count, total µs."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    spec = bench.OPS[op]
+    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    runner.compute_reference()
+    log(f"-- kernels of one fwd+bwd, {spec.title} {spec.label(shape)}")
+    for name, (fn, knob_map) in variants.items():
+        if fn is None:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for module, values in knob_map.items():
+                    stack.enter_context(knobs(module, **values))
+                run = runner.run_checked(fn)
+                step = bench.make_step(run, "fwd+bwd")
+                for _ in range(3):
+                    step()
+                    for t in run.diff_tensors:
+                        t.grad = None
+                torch.cuda.synchronize()
+                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    step()
+                    torch.cuda.synchronize()
+                kernels = {}
+                for ev in prof.events():
+                    if ev.device_type.name == "CUDA":
+                        c, t = kernels.get(ev.name, (0, 0.0))
+                        kernels[ev.name] = (c + 1, t + ev.device_time_total)
+                total = sum(t for _, t in kernels.values())
+                parts = ", ".join(
+                    f"{k[:40]} x{c} {t:.1f}" for k, (c, t) in sorted(kernels.items(), key=lambda x: -x[1][1])
+                )
+                log(f"   {name:34s} total {total:7.1f} µs: {parts}")
+                for t in run.diff_tensors:
+                    t.grad = None
+        except Exception as e:  # noqa: BLE001
+            log(f"   {name:34s} ERROR {type(e).__name__}: {str(e)[:200]}")
+
+
+def rope_variants() -> dict[str, tuple[Callable, dict]]:
+    return {
+        "liger_core custom-op dispatch (old)": (rope, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
+        "liger_core direct launch": (rope, {}),
+        "liger_core direct, 8 warps": (rope, {rope_module: {"_NUM_WARPS": 8}}),
+        "liger_core direct, 2 warps": (rope, {rope_module: {"_NUM_WARPS": 2}}),
+        "liger_kernel": (liger_kernel_fn("rope"), {}),
+    }
+
+
+def glu_variants(op: str) -> dict[str, tuple[Callable, dict]]:
+    fn = swiglu if op == "swiglu" else geglu
+    return {
+        "liger_core custom-op dispatch (old)": (fn, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
+        "liger_core direct": (fn, {}),
+        "liger_core inplace_backward": (lambda a, b: fn(a, b, inplace_backward=True), {}),
+        "liger_kernel": (liger_kernel_fn(op), {}),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="rope,glu,host,profile")
+    args = parser.parse_args()
+    parts = set(args.only.split(","))
+    bench.prepare_triton()
+    if DEVICE.type == "cpu":  # smoke test: tiny shapes, no timing
+        bench.time_step = lambda run, mode, timing: (1.0, 1.0, 1.0, "none")
+        bench.peak_extra_bytes = lambda run, mode: 0
+        torch.cuda.synchronize = lambda: None
+    timing = bench.QUICK if args.quick else bench.Timing()
+    rope_shape = {"B": 4, "T": 4096, "Hq": 32, "Hk": 8, "D": 128}
+    glu_shape = {"M": 16384, "N": 14336}
+    if DEVICE.type == "cpu":
+        rope_shape, glu_shape = {"B": 2, "T": 5, "Hq": 4, "Hk": 2, "D": 16}, {"M": 7, "N": 33}
+    log(f"device {DEVICE}, torch {torch.__version__}")
+    sections = [
+        ("rope", lambda: measure("rope", rope_shape, rope_variants(), timing)),
+        ("profile", lambda: profile("rope", rope_shape, rope_variants())),
+        ("host", lambda: host_time("rope", {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}, rope_variants())),
+        ("host", lambda: host_time("swiglu", {"M": 16, "N": 256}, glu_variants("swiglu"))),
+        ("glu", lambda: measure("swiglu", glu_shape, glu_variants("swiglu"), timing)),
+        ("glu", lambda: measure("geglu", glu_shape, glu_variants("geglu"), timing)),
+    ]
+    for part, section in sections:
+        if part in parts:
+            try:
+                section()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+    print("\n==================== summary ====================")
+    print("\n".join(ROWS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
