@@ -17,8 +17,8 @@ cannot fold per-token ``grad_output`` into gradients computed before it is known
 the losses and its backward runs the chunk loop again with the per-token factors inside the kernel.
 
 Accuracy: by default ``dW`` accumulates in the weight's dtype, so a bf16 ``dW`` rounds once per chunk (error
-up to ~sqrt(chunks) x eager's; Liger-Kernel's default too), and a ``grad_output`` other than 1 rounds the stored
-bf16 gradients a second time. ``accum_dtype=torch.float32`` keeps ``dW`` and ``dh`` in fp32 until backward:
+up to ~sqrt(chunks) x eager's; Liger-Kernel's default too), and a ``grad_output`` other than 1 rounds the
+stored bf16 gradients a second time. ``accum_dtype=torch.float32`` keeps ``dW`` and ``dh`` in fp32 until backward:
 one rounding at the end, like the eager GEMMs, for 2 more bytes per element of W and h.
 """
 
@@ -461,8 +461,9 @@ def fused_linear_cross_entropy(
     Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. ``accum_dtype``:
     dtype of the dW (and dh) accumulators (default: weight's dtype; ``torch.float32`` for eager-level
     accuracy of bf16 gradients, at 2 more bytes per element of weight and hidden). ``chunk_size``: tokens
-    per chunk (default from the shapes and the free memory). Tied weights work (autograd adds this gradient to the embedding's). Under
-    autocast, hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
+    per chunk (default from the shapes and the free memory). Tied weights work (autograd adds this gradient
+    to the embedding's). Under autocast, hidden/weight/bias are cast to the autocast dtype first, as
+    ``F.linear`` would be.
     """
     check_tensor("hidden", hidden, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
