@@ -18,8 +18,8 @@ the losses and its backward runs the chunk loop again with the per-token factors
 
 Accuracy: by default ``dW`` accumulates in the weight's dtype, so a bf16 ``dW`` rounds once per chunk (error
 up to ~sqrt(chunks) x eager's; Liger-Kernel's default too), and a ``grad_output`` other than 1 rounds the
-stored bf16 gradients a second time. ``accum_dtype=torch.float32`` keeps ``dW`` and ``dh`` in fp32 until backward:
-one rounding at the end, like the eager GEMMs, for 2 more bytes per element of W and h.
+stored bf16 gradients a second time. ``accum_dtype=torch.float32`` keeps ``dW`` and ``dh`` in fp32 until
+backward: one rounding at the end, like the eager GEMMs, for 2 more bytes per element of W and h.
 """
 
 from __future__ import annotations
