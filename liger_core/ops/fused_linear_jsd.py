@@ -5,16 +5,20 @@ Math (``jsd`` is liger_core.ops.jsd's generalised JSD, beta weighting the teache
 
     z_s = h_s @ W_s^T,  z_t = h_t @ W_t^T                        (per token chunk, in the models' dtypes)
     x   = log_softmax(z_s / T),  y = log_softmax(z_t / T)        (fp32, inside the kernel)
-    loss = sum over kept rows of JSD_beta(x, y) / n_kept         (fp32; not rescaled by T^2)
+    loss = sum over kept rows of JSD_beta(x, y) / n_kept         (fp32 terms, float64 sums; no T^2 factor)
     dz_s = (dx - Q * sum_j dx_j) / T,  Q = e^x                   (softmax backward, dx = dJSD/dx / n_kept)
     dh_s = dz_s @ W_s,   dW_s = sum over chunks of dz_s^T @ h_s  (dW_s accumulated in fp32)
 
 Tokens are processed in chunks of ``chunk_size`` rows: two matmuls give the chunk's student and teacher
 logits, one kernel turns them into the chunk's loss rows and writes dz_s over the student logits (three
-streaming passes per row: log-sum-exps, loss and sum of dx, then dz_s), and two more matmuls give the chunk's
-dh_s and add its dW_s. All gradients are thus computed in forward; backward only scales them by grad_output
-(skipped when it is 1). Peak extra memory: two (chunk_size x V) logits buffers, the fp32 dW_s accumulator and
-the gradients themselves. The teacher (hidden states and weight) gets no gradient.
+streaming passes per row: max and sum of exp, loss and sum of dx, then dz_s), and two more matmuls add the
+chunk's dh_s and dW_s into fp32 buffers. All gradients are thus computed in forward; backward multiplies them
+by grad_output and rounds them once to the parameters' dtype (no host sync, exact for any grad_output).
+Peak extra memory: two (chunk_size x V) logits buffers and the fp32 gradients (for bf16 parameters the fp32
+dW_s lives until backward, where the bf16 one is written from it). The teacher gets no gradient.
+
+exp and log in the kernel are liger_core.ops.jsd's exp_precise / log_precise (about 1 ulp in fp32), and
+logits / T is a correctly rounded division, as in the eager composition.
 """
 
 from __future__ import annotations
@@ -27,16 +31,20 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._launch import elementwise_settings
 from liger_core.ops.jsd import (
     as_rows,
     check_beta,
     check_ignore_index,
     check_shift_labels,
-    inverse_kept_count,
+    exp_precise,
     jsd_mode,
     jsd_terms,
-    looped_row_settings,
-    scale_grads_,
+    kept_count,
+    kept_rows,
+    log_precise,
+    row_tiles,
+    tile_rows,
 )
 
 # Budget for the two per-chunk logits buffers (student + teacher): 512 MiB is 1024 rows of a 128256-entry
@@ -44,7 +52,8 @@ from liger_core.ops.jsd import (
 CHUNK_LOGITS_BYTES = 512 * 2**20
 MIN_CHUNK_ROWS = 16
 
-_TORCH_VERSION = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+# cuBLAS matmuls with bf16/fp16 operands and an fp32 output (torch.mm / addmm ``out_dtype``), torch >= 2.8
+_CUDA_OUT_DTYPE_MM = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
 
 def default_chunk_rows(n_rows: int, vocab: int, bytes_per_logit_pair: int) -> int:
@@ -55,97 +64,126 @@ def default_chunk_rows(n_rows: int, vocab: int, bytes_per_logit_pair: int) -> in
 
 
 @triton.jit
-def _scaled_logits(ptr, offsets, mask, inv_temperature):
-    """Logits / temperature in fp32; masked-off lanes are -inf (probability 0)."""
-    return tl.load(ptr + offsets, mask=mask, other=float("-inf")).to(tl.float32) * inv_temperature
+def _scaled_logits(ptr, offsets, mask, temperature):
+    """Logits / temperature in fp32, correctly rounded like the eager division; masked-off lanes are -inf."""
+    z = tl.load(ptr + offsets, mask=mask, other=float("-inf")).to(tl.float32)
+    return tl.math.div_rn(z, temperature)
 
 
 @triton.jit
 def _fused_jsd_logits_kernel(
-    zs_ptr,  # student logits of the chunk; overwritten with dloss/dlogits when COMPUTE_GRAD
+    zs_ptr,  # student logits of the chunk; overwritten with d loss / d logits when COMPUTE_GRAD
     zs_row_stride,
     zt_ptr,  # teacher logits of the chunk
     zt_row_stride,
     labels_ptr,
-    inv_n_ptr,
-    loss_ptr,
+    grad_scale_ptr,  # 1 / (n_kept * temperature), fp32 0-dim
+    loss_ptr,  # per-row JSD, float64 sums of fp32 terms (the caller divides the sum by n_kept)
+    n_rows,
     n_cols,
-    inv_temperature,
+    temperature,
     beta,
     ignore_index,
     MODE: tl.constexpr,
     HAS_LABELS: tl.constexpr,
     COMPUTE_GRAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    zs_ptr += row * zs_row_stride
-    zt_ptr += row * zt_row_stride
-    cols = tl.arange(0, BLOCK_SIZE)
-    if HAS_LABELS:
-        if tl.load(labels_ptr + row) == ignore_index:
-            tl.store(loss_ptr + row, 0.0)
-            if COMPUTE_GRAD:  # the buffer holds logits: an ignored row's gradient must be written as 0
-                zeros = tl.zeros([BLOCK_SIZE], dtype=zs_ptr.dtype.element_ty)
-                for start in range(0, n_cols, BLOCK_SIZE):
-                    tl.store(zs_ptr + start + cols, zeros, mask=start + cols < n_cols)
-            return
+    rows, row_mask = tile_rows(n_rows, BLOCK_M)
+    keep = kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS)
+    cols = tl.arange(0, BLOCK_N)
+    zs_row = zs_ptr + rows[:, None] * zs_row_stride
+    zt_row = zt_ptr + rows[:, None] * zt_row_stride
 
-    # Pass 1: online log-sum-exp of both rows of scaled logits.
-    max_s = float("-inf")
-    max_t = float("-inf")
-    sum_s = 0.0
-    sum_t = 0.0
-    for start in range(0, n_cols, BLOCK_SIZE):
-        offsets = start + cols
-        mask = offsets < n_cols
-        zs = _scaled_logits(zs_ptr, offsets, mask, inv_temperature)
-        zt = _scaled_logits(zt_ptr, offsets, mask, inv_temperature)
-        new_max_s = tl.maximum(max_s, tl.max(zs, axis=0))
-        new_max_t = tl.maximum(max_t, tl.max(zt, axis=0))
-        sum_s = sum_s * tl.exp(max_s - new_max_s) + tl.sum(tl.exp(zs - new_max_s), axis=0)
-        sum_t = sum_t * tl.exp(max_t - new_max_t) + tl.sum(tl.exp(zt - new_max_t), axis=0)
+    # Pass 1: online max and sum of exp of both rows of scaled logits. Ignored rows are never read (their
+    # lanes are -inf, so their statistics are NaN until replaced below).
+    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    sum_s = tl.zeros([BLOCK_M], dtype=tl.float32)
+    sum_t = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offsets = (start + cols)[None, :]
+        mask = keep[:, None] & (offsets < n_cols)
+        zs = _scaled_logits(zs_row, offsets, mask, temperature)
+        zt = _scaled_logits(zt_row, offsets, mask, temperature)
+        new_max_s = tl.maximum(max_s, tl.max(zs, axis=1))
+        new_max_t = tl.maximum(max_t, tl.max(zt, axis=1))
+        sum_s = sum_s * exp_precise(max_s - new_max_s) + tl.sum(exp_precise(zs - new_max_s[:, None]), axis=1)
+        sum_t = sum_t * exp_precise(max_t - new_max_t) + tl.sum(exp_precise(zt - new_max_t[:, None]), axis=1)
         max_s = new_max_s
         max_t = new_max_t
-    lse_s = max_s + tl.log(sum_s)
-    lse_t = max_t + tl.log(sum_t)
+    # Ignored rows: finite stand-ins, so that their (all -inf) lanes give exactly zero loss and gradient.
+    max_s = tl.where(keep, max_s, 0.0)
+    max_t = tl.where(keep, max_t, 0.0)
+    # log_softmax = (z - max) - log(sum), as torch computes it: max + log(sum) is never rounded as one number
+    log_sum_s = log_precise(tl.where(keep, sum_s, 1.0))[:, None]
+    log_sum_t = log_precise(tl.where(keep, sum_t, 1.0))[:, None]
+    max_s = max_s[:, None]
+    max_t = max_t[:, None]
 
-    # Pass 2: the row's loss, and sum_j dx_j for the softmax backward.
-    loss_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-    dx_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_SIZE):
-        offsets = start + cols
-        mask = offsets < n_cols
-        x = _scaled_logits(zs_ptr, offsets, mask, inv_temperature) - lse_s
-        y = _scaled_logits(zt_ptr, offsets, mask, inv_temperature) - lse_t
+    # Pass 2: the rows' loss, and sum_j dx_j for the softmax backward.
+    loss_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
+    dx_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offsets = (start + cols)[None, :]
+        mask = keep[:, None] & (offsets < n_cols)
+        x = (_scaled_logits(zs_row, offsets, mask, temperature) - max_s) - log_sum_s
+        y = (_scaled_logits(zt_row, offsets, mask, temperature) - max_t) - log_sum_t
         loss, dx = jsd_terms(x, y, beta, MODE)
-        loss_acc += loss
+        loss_acc += loss.to(tl.float64)
         dx_acc += dx
-    inv_n = tl.load(inv_n_ptr)
-    tl.store(loss_ptr + row, tl.sum(loss_acc, axis=0) * inv_n)
+    tl.store(loss_ptr + rows, tl.sum(loss_acc, axis=1), mask=row_mask)
 
-    # Pass 3: dlogits = (dx - Q * sum(dx)) / (T * n_kept), written over the student logits.
+    # Pass 3: dlogits = (dx - Q * sum(dx)) / (T * n_kept), written over the student logits (ignored rows
+    # get zeros: their buffer rows hold logits).
     if COMPUTE_GRAD:
-        dx_sum = tl.sum(dx_acc, axis=0)
-        grad_scale = inv_temperature * inv_n
-        for start in range(0, n_cols, BLOCK_SIZE):
-            offsets = start + cols
-            mask = offsets < n_cols
-            x = _scaled_logits(zs_ptr, offsets, mask, inv_temperature) - lse_s
-            y = _scaled_logits(zt_ptr, offsets, mask, inv_temperature) - lse_t
+        dx_sum = tl.sum(dx_acc, axis=1)[:, None]
+        grad_scale = tl.load(grad_scale_ptr)
+        for start in range(0, n_cols, BLOCK_N):
+            offsets = (start + cols)[None, :]
+            col_mask = offsets < n_cols
+            mask = keep[:, None] & col_mask
+            x = (_scaled_logits(zs_row, offsets, mask, temperature) - max_s) - log_sum_s
+            y = (_scaled_logits(zt_row, offsets, mask, temperature) - max_t) - log_sum_t
             _, dx = jsd_terms(x, y, beta, MODE)
-            dz = (dx - tl.exp(x) * dx_sum) * grad_scale
-            tl.store(zs_ptr + offsets, dz.to(zs_ptr.dtype.element_ty), mask=mask)
+            dz = tl.where(keep[:, None], (dx - exp_precise(x) * dx_sum) * grad_scale, 0.0)
+            tl.store(zs_row + offsets, dz.to(zs_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask)
 
 
-def _add_matmul_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``acc += a @ b`` with an fp32 accumulator and a, b in the model dtype, without an fp32 copy of a."""
+@triton.jit
+def _scale_kernel(src_ptr, dst_ptr, scale_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    """dst = src * scale (fp32 math, one rounding to dst's dtype); dst may be src."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    scale = tl.load(scale_ptr).to(tl.float32)
+    g = tl.load(src_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst_ptr + offsets, (g * scale).to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_scale(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor) -> None:
+    n = src.numel()
+    block, warps = elementwise_settings(n)
+    if n:
+        _scale_kernel[(triton.cdiv(n, block),)](src, dst, scale, n, BLOCK_SIZE=block, num_warps=warps)
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` as fp32 (fp32 accumulation, one rounding) for a, b in the model dtype."""
+    if a.dtype == torch.float32:
+        return a @ b
+    if a.is_cuda and _CUDA_OUT_DTYPE_MM and torch.cuda.get_device_capability(a.device)[0] >= 8:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()  # CPU has no out_dtype kernels: upcast the (chunk-sized) operands
+
+
+def _add_mm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b`` into an fp32 accumulator, a and b in the model dtype (no fp32 copies on the GPU)."""
     if a.dtype == torch.float32:
         acc.addmm_(a, b)
-    elif acc.is_cuda and _TORCH_VERSION >= (2, 8) and torch.cuda.get_device_capability(acc.device)[0] >= 8:
-        # cuBLAS reads bf16/fp16 operands and accumulates into the fp32 output in place
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    else:  # CPU (no out_dtype kernel) and old GPUs: upcast the operands
+    elif acc.is_cuda and _CUDA_OUT_DTYPE_MM and torch.cuda.get_device_capability(acc.device)[0] >= 8:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # cuBLAS accumulates into fp32 C in place
+    else:
         acc.addmm_(a.float(), b.float())
 
 
@@ -163,20 +201,23 @@ def _fused_linear_jsd_fwd(
     grad_hidden: bool,
     grad_weight: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(fp32 0-dim loss, d loss/d student_hidden, d loss/d student_weight); empty when not asked for."""
+    """(fp32 0-dim loss, fp32 d loss/d student_hidden, fp32 d loss/d student_weight); the gradients are
+    empty when not asked for. They stay fp32 until backward folds grad_output in and rounds them once."""
     n_rows = student_hidden.shape[0]
     vocab = student_weight.shape[0]
     device = student_hidden.device
     compute_grad = grad_hidden or grad_weight
-    row_loss = torch.empty(n_rows, dtype=torch.float32, device=device)
-    inv_n = inverse_kept_count(labels, ignore_index, n_rows, device)
-    dh = torch.empty_like(student_hidden, memory_format=torch.contiguous_format) if grad_hidden else None
-    dw_acc = torch.zeros(student_weight.shape, dtype=torch.float32, device=device) if grad_weight else None
+    row_loss = torch.empty(n_rows, dtype=torch.float64, device=device)
+    n_kept = kept_count(labels, ignore_index, n_rows, device)
+    # 1 / (n_kept * T) rounded once (eager rounds g / n_kept and then / T: two roundings)
+    grad_scale = (1.0 / (n_kept.double() * temperature)).float()
+    dh = torch.empty(student_hidden.shape, dtype=torch.float32, device=device) if grad_hidden else None
+    dw = torch.zeros(student_weight.shape, dtype=torch.float32, device=device) if grad_weight else None
 
     chunk_size = max(1, min(chunk_size, n_rows))
     zs_buffer = torch.empty((chunk_size, vocab), dtype=student_hidden.dtype, device=device)
     zt_buffer = torch.empty((chunk_size, vocab), dtype=teacher_hidden.dtype, device=device)
-    block, warps = looped_row_settings(vocab)
+    tiles = row_tiles(chunk_size, vocab, device)
     for start in range(0, n_rows, chunk_size):
         end = min(start + chunk_size, n_rows)
         hs = student_hidden[start:end]
@@ -184,38 +225,35 @@ def _fused_linear_jsd_fwd(
         zt = zt_buffer[: end - start]
         torch.mm(hs, student_weight.t(), out=zs)
         torch.mm(teacher_hidden[start:end], teacher_weight.t(), out=zt)
-        _fused_jsd_logits_kernel[(end - start,)](
+        _fused_jsd_logits_kernel[tiles.grid(end - start)](
             zs,
             zs.stride(0),
             zt,
             zt.stride(0),
             labels[start:end] if labels is not None else None,
-            inv_n,
+            grad_scale,
             row_loss[start:end],
+            end - start,
             vocab,
-            1.0 / temperature,
+            temperature,
             beta,
             ignore_index,
             MODE=jsd_mode(beta),
             HAS_LABELS=labels is not None,
             COMPUTE_GRAD=compute_grad,
-            BLOCK_SIZE=block,
-            num_warps=warps,
+            BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n,
+            num_warps=tiles.num_warps,
         )
-        if dh is not None:
-            torch.mm(zs, student_weight, out=dh[start:end])
-        if dw_acc is not None:
-            _add_matmul_fp32_(dw_acc, zs.t(), hs)
+        if dh is not None:  # zs now holds d loss / d logits
+            dh[start:end] = _mm_fp32(zs, student_weight)
+        if dw is not None:
+            _add_mm_fp32_(dw, zs.t(), hs)
     del zs_buffer, zt_buffer
-
-    dw = None
-    if dw_acc is not None:
-        dw = dw_acc if student_weight.dtype == torch.float32 else dw_acc.to(student_weight.dtype)
-        del dw_acc
-    # outputs of a custom op may not alias each other: one fresh empty tensor per gradient not asked for
-    dh = dh if dh is not None else student_hidden.new_empty(0)
-    dw = dw if dw is not None else student_hidden.new_empty(0)
-    return row_loss.sum(), dh, dw
+    # outputs of a custom op may not alias each other: a fresh empty tensor per gradient not asked for
+    dh = dh if dh is not None else student_hidden.new_empty(0, dtype=torch.float32)
+    dw = dw if dw is not None else student_hidden.new_empty(0, dtype=torch.float32)
+    return (row_loss.sum() / n_kept).to(torch.float32), dh, dw
 
 
 @_fused_linear_jsd_fwd.register_fake
@@ -233,9 +271,46 @@ def _(
     grad_weight,
 ):
     loss = student_hidden.new_empty((), dtype=torch.float32)
-    dh = torch.empty_like(student_hidden) if grad_hidden else student_hidden.new_empty(0)
-    dw = torch.empty_like(student_weight) if grad_weight else student_hidden.new_empty(0)
+    empty = (0,)
+    dh = student_hidden.new_empty(student_hidden.shape if grad_hidden else empty, dtype=torch.float32)
+    dw = student_hidden.new_empty(student_weight.shape if grad_weight else empty, dtype=torch.float32)
     return loss, dh, dw
+
+
+@torch.library.custom_op("liger_core::fused_linear_jsd_scale_", mutates_args=("grad",))
+def _scale_(grad: torch.Tensor, scale: torch.Tensor) -> None:
+    """``grad *= scale`` in place (fp32 gradients of fp32 parameters)."""
+    _launch_scale(grad, grad, scale)
+
+
+@_scale_.register_fake
+def _(grad, scale):
+    return None
+
+
+@torch.library.custom_op("liger_core::fused_linear_jsd_scale_to", mutates_args=())
+def _scale_to(grad: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(grad * scale).to(dtype)``, one rounding (fp32 gradients of bf16/fp16 parameters)."""
+    out = torch.empty(grad.shape, dtype=dtype, device=grad.device)
+    _launch_scale(grad, out, scale)
+    return out
+
+
+@_scale_to.register_fake
+def _(grad, scale, dtype):
+    return grad.new_empty(grad.shape, dtype=dtype)
+
+
+def _finish_grad(grad32: torch.Tensor | None, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """grad_output times the fp32 gradient from forward, in the parameter's dtype: one rounding, no host sync.
+    For fp32 parameters it scales in place, so a second backward through the same graph fails loudly
+    (autograd's "modified by an inplace operation") instead of returning a doubly scaled gradient."""
+    if grad32 is None:
+        return None
+    if dtype == torch.float32:
+        _scale_(grad32, scale)
+        return grad32
+    return _scale_to(grad32, scale, dtype)
 
 
 class FusedLinearJSDFunction(torch.autograd.Function):
@@ -268,17 +343,28 @@ class FusedLinearJSDFunction(torch.autograd.Function):
             grad_hidden,
             grad_weight,
         )
-        ctx.grad_hidden, ctx.grad_weight = grad_hidden, grad_weight
-        ctx.hidden_shape = student_hidden.shape
         ctx.save_for_backward(dh if grad_hidden else None, dw if grad_weight else None)
+        ctx.hidden_shape, ctx.hidden_dtype = student_hidden.shape, student_hidden.dtype
+        ctx.weight_dtype = student_weight.dtype
         return loss
 
     @staticmethod
     def backward(ctx, grad_output):
         dh, dw = ctx.saved_tensors
-        scale_grads_(grad_output, dh, dw)
-        dh = dh.view(ctx.hidden_shape) if dh is not None else None
-        return dh, dw, None, None, None, None, None, None, None
+        scale = grad_output.detach().to(torch.float32)
+        dh = _finish_grad(dh, scale, ctx.hidden_dtype)
+        dw = _finish_grad(dw, scale, ctx.weight_dtype)
+        return (
+            dh.view(ctx.hidden_shape) if dh is not None else None,
+            dw,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def fused_linear_jsd(

@@ -15,14 +15,22 @@ A term whose probability is 0 contributes 0 (``0 * log 0 = 0``), so log-probs of
 entry) give finite results where the eager formula gives NaN. When every row is ignored the loss is 0 and the
 gradient is 0 (eager divides 0 by 0). Only ``student_logp`` gets a gradient; ``teacher_logp`` is a constant.
 
-One kernel: the forward pass writes each row's loss (fp32) and, when the student needs a gradient, the
-gradient ``dx / n_kept`` in the student's dtype (one rounding). Backward only scales it by grad_output, in
-place and in fp32, and skips even that when grad_output is 1 (the usual ``loss.backward()``). HBM traffic:
-forward reads x, y and writes dx (3 tensors); no logits-sized temporary beyond dx itself. ``n_kept`` stays on
-the device (no host sync in forward).
+One kernel per pass. Forward streams x and y once and writes each row's loss; torch adds the rows and divides
+by n_kept (kept on the device: no host sync). The terms are fp32 but their sums are float64, so the only error
+left in the loss is (almost always) its final rounding to the output dtype, where an fp32 sum of 10^5+ terms
+would add several ulp. Backward streams x and y again and writes
+``dx * grad_output / n_kept`` with grad_output folded into the fp32 math, so the gradient is rounded once to
+the student's dtype whatever grad_output is (distillation losses are usually weighted or scaled for gradient
+accumulation). HBM traffic: forward reads 2 tensors, backward reads 2 and writes 1; nothing is saved but
+references to the inputs, and no logits-sized buffer lives between forward and backward.
+
+exp and log are computed by ``exp_precise`` / ``log_precise`` (about 1 ulp in fp32 on every backend) rather
+than ``tl.exp`` / ``tl.log``, which on NVIDIA GPUs are approximations several ulp off for fp32.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -31,16 +39,45 @@ import triton.language as tl
 from liger_core import reference
 from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_shape, check_tensor, use_triton
 
-# Rows of any length are streamed through the kernels in blocks of at most this many columns.
-MAX_BLOCK = 4096
-
 FORWARD_KL, REVERSE_KL, MIXTURE = 0, 1, 2
 
 
-def looped_row_settings(n_cols: int) -> tuple[int, int]:
-    """(BLOCK_SIZE, num_warps) for kernels that stream a row of ``n_cols`` elements block by block."""
-    block = min(MAX_BLOCK, triton.next_power_of_2(n_cols))
-    return block, 8 if block >= 2048 else 4
+class RowTiles(NamedTuple):
+    block_m: int  # rows per program
+    block_n: int  # columns per step of the loop along the row
+    num_warps: int
+
+    def grid(self, n_rows: int) -> tuple[int]:
+        return (triton.cdiv(n_rows, self.block_m),)
+
+
+def row_tiles(n_rows: int, n_cols: int, device: torch.device) -> RowTiles:
+    """Tile shape for kernels that stream rows of ``n_cols`` elements, several short rows per program.
+
+    A vocabulary-sized row (32k-256k) gets a program of its own, looping in 4096-column blocks; short rows
+    share a program (4096-element tiles) so small vocabularies still move enough bytes per program. Under
+    the CPU interpreter, whose cost is per interpreted operation, tiles are 4x larger.
+    """
+    tile = 4 * 4096 if device.type == "cpu" else 4096
+    block_n = min(tile, triton.next_power_of_2(max(n_cols, 1)))
+    block_m = max(1, min(tile // block_n, triton.next_power_of_2(max(n_rows, 1))))
+    return RowTiles(block_m, block_n, 8 if block_m * block_n >= 2048 else 4)
+
+
+@triton.jit
+def tile_rows(n_rows, BLOCK_M: tl.constexpr):
+    """This program's row indices (int64: row * stride can pass 2^31) and their in-range mask."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows, rows < n_rows
+
+
+@triton.jit
+def kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS: tl.constexpr):
+    """Mask of the rows that count: in range and (with labels) not labelled ignore_index."""
+    if HAS_LABELS:
+        labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index)
+        return row_mask & (labels != ignore_index)
+    return row_mask
 
 
 def jsd_mode(beta: float) -> int:
@@ -48,29 +85,91 @@ def jsd_mode(beta: float) -> int:
 
 
 @triton.jit
+def exp_precise(x):
+    """e^x in fp32 to about 1 ulp on every backend.
+
+    On NVIDIA GPUs ``tl.exp`` is ``ex2.approx(x * log2(e))``, whose relative error grows with |x| (several
+    ulp at x = -10), which would make fp32 results less accurate than eager PyTorch's. Here: Cody-Waite
+    reduction x = k ln2 + r (k ln2_hi exact), |r| <= ln2 / 2, a degree-7 Taylor polynomial for e^r
+    (truncation < 0.1 ulp) and 2^k built from its bits. Results below the smallest normal float (x < -87.3)
+    are flushed to 0.
+    """
+    x = tl.where(x > 89.0, 89.0, x)  # e^89 overflows: 2^128 * p = inf, as it should (NaN passes through)
+    k = tl.floor(x * 1.4426950408889634 + 0.5)
+    k = tl.where(k < -126.0, -126.0, k)
+    r = x - k * 0.693145751953125
+    r = r - k * 1.4286068203094173e-06
+    p = r * (1.0 / 5040.0) + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    two_k = ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(x < -87.33654, 0.0, p * two_k)
+
+
+@triton.jit
+def log_precise(x):
+    """ln(x) in fp32 to about 1 ulp on every backend (``tl.log`` is lg2.approx-based on NVIDIA GPUs).
+
+    x = 2^e * m with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, odd
+    series to s^11 (truncation < 1e-10). Zero, subnormal, negative, inf and NaN inputs go to ``tl.log``.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    big = m > 1.4142135623730951
+    m = tl.where(big, m * 0.5, m)
+    e = tl.where(big, e + 1, e)
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    p = s2 * (2.0 / 11.0) + 2.0 / 9.0
+    p = p * s2 + 2.0 / 7.0
+    p = p * s2 + 2.0 / 5.0
+    p = p * s2 + 2.0 / 3.0
+    p = p * s2 + 2.0
+    ef = e.to(tl.float32)
+    result = ef * 0.693145751953125 + (ef * 1.4286068203094173e-06 + p * s)
+    normal = (x >= 1.1754943508222875e-38) & (x < float("inf"))
+    return tl.where(normal, result, tl.log(x))
+
+
+@triton.jit
 def jsd_terms(x, y, beta, MODE: tl.constexpr):
     """Elementwise (loss, dloss/dx) for fp32 student log-probs ``x`` and teacher log-probs ``y``.
 
-    Every product is masked where its probability is 0, so -inf inputs (and masked-off lanes loaded as -inf)
-    contribute exactly 0 instead of 0 * inf = NaN.
+    The mixture's log-ratios are computed from d = x - y, never as y - log M with log M rounded on its own:
+    with e = exp(-|d|) (no overflow), L = -log(beta + (1 - beta) e) when d <= 0, else -log(1 - beta + beta e),
+
+        y - log M = L (d <= 0) or L - d,      x - log M = L + d (d <= 0) or L,
+
+    so their error is an ulp of the (small) ratio rather than of |log M| (~10 for a large vocabulary): for a
+    student close to its teacher, the case distillation converges to, this is what keeps the loss exact.
+    A term whose probability is 0 is 0 (so -inf inputs and masked-off lanes loaded as -inf contribute nothing
+    instead of 0 * inf = NaN); NaN inputs still give NaN.
     """
     if MODE == 0:  # forward KL(P || Q)
-        p = tl.exp(y)
-        loss = tl.where(p > 0.0, p * (y - x), 0.0)
+        p = exp_precise(y)
+        loss = tl.where(p == 0.0, 0.0, p * (y - x))
         dx = -p
     elif MODE == 1:  # reverse KL(Q || P)
-        q = tl.exp(x)
-        diff = x - y
-        loss = tl.where(q > 0.0, q * diff, 0.0)
-        dx = tl.where(q > 0.0, q * (diff + 1.0), 0.0)
+        q = exp_precise(x)
+        d = x - y
+        loss = tl.where(q == 0.0, 0.0, q * d)
+        dx = tl.where(q == 0.0, 0.0, q * (d + 1.0))
     else:
-        p_part = beta * tl.exp(y)
-        q_part = (1.0 - beta) * tl.exp(x)
-        # Clamped at the smallest normal float: where M is smaller, both terms are < 1e-36 anyway, and the
-        # clamp keeps log finite on hardware that flushes subnormals (0 * -inf would be NaN).
-        log_m = tl.log(tl.maximum(p_part + q_part, 1.1754944e-38))
-        dx = tl.where(q_part > 0.0, q_part * (x - log_m), 0.0)
-        loss = tl.where(p_part > 0.0, p_part * (y - log_m), 0.0) + dx
+        d = x - y
+        e = exp_precise(-tl.abs(d))
+        student_ahead = d > 0.0
+        log_ratio = -log_precise(tl.where(student_ahead, (1.0 - beta) + beta * e, beta + (1.0 - beta) * e))
+        y_minus_log_m = tl.where(student_ahead, log_ratio - d, log_ratio)
+        x_minus_log_m = tl.where(student_ahead, log_ratio, log_ratio + d)
+        p_part = beta * exp_precise(y)
+        q_part = (1.0 - beta) * exp_precise(x)
+        dx = tl.where(q_part == 0.0, 0.0, q_part * x_minus_log_m)
+        loss = tl.where(p_part == 0.0, 0.0, p_part * y_minus_log_m) + dx
     return loss, dx
 
 
@@ -81,51 +180,66 @@ def _jsd_fwd_kernel(
     y_ptr,
     y_row_stride,
     labels_ptr,
-    inv_n_ptr,
     loss_ptr,
-    dx_ptr,
+    n_rows,
     n_cols,
     beta,
     ignore_index,
     MODE: tl.constexpr,
     HAS_LABELS: tl.constexpr,
-    COMPUTE_GRAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2^31
-    x_ptr += row * x_row_stride
-    y_ptr += row * y_row_stride
-    dx_ptr += row * n_cols
-    cols = tl.arange(0, BLOCK_SIZE)
-    if HAS_LABELS:
-        if tl.load(labels_ptr + row) == ignore_index:
-            tl.store(loss_ptr + row, 0.0)
-            if COMPUTE_GRAD:
-                zeros = tl.zeros([BLOCK_SIZE], dtype=dx_ptr.dtype.element_ty)
-                for start in range(0, n_cols, BLOCK_SIZE):
-                    tl.store(dx_ptr + start + cols, zeros, mask=start + cols < n_cols)
-            return
-    inv_n = tl.load(inv_n_ptr)
-    acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_SIZE):
+    rows, row_mask = tile_rows(n_rows, BLOCK_M)
+    keep = kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
+    for start in range(0, n_cols, BLOCK_N):
         offsets = start + cols
-        mask = offsets < n_cols
-        x = tl.load(x_ptr + offsets, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.load(y_ptr + offsets, mask=mask, other=float("-inf")).to(tl.float32)
-        loss, dx = jsd_terms(x, y, beta, MODE)
-        acc += loss
-        if COMPUTE_GRAD:
-            tl.store(dx_ptr + offsets, (dx * inv_n).to(dx_ptr.dtype.element_ty), mask=mask)
-    tl.store(loss_ptr + row, tl.sum(acc, axis=0) * inv_n)
+        # ignored rows and padding columns are never read: -inf log-probs contribute exactly 0
+        mask = keep[:, None] & (offsets < n_cols)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
+        y = tl.load(y_ptr + rows[:, None] * y_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
+        loss, _ = jsd_terms(x.to(tl.float32), y.to(tl.float32), beta, MODE)
+        acc += loss.to(tl.float64)
+    tl.store(loss_ptr + rows, tl.sum(acc, axis=1), mask=row_mask)
 
 
 @triton.jit
-def _scale_kernel(g_ptr, scale_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    scale = tl.load(scale_ptr).to(tl.float32)
-    g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    tl.store(g_ptr + offsets, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
+def _jsd_bwd_kernel(
+    x_ptr,
+    x_row_stride,
+    y_ptr,
+    y_row_stride,
+    labels_ptr,
+    scale_ptr,  # grad_output / n_kept, fp32 0-dim
+    dx_ptr,
+    n_rows,
+    n_cols,
+    beta,
+    ignore_index,
+    MODE: tl.constexpr,
+    HAS_LABELS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows, row_mask = tile_rows(n_rows, BLOCK_M)
+    keep = kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS)
+    cols = tl.arange(0, BLOCK_N)
+    scale = tl.load(scale_ptr)
+    for start in range(0, n_cols, BLOCK_N):
+        offsets = start + cols
+        col_mask = (offsets < n_cols)[None, :]
+        mask = keep[:, None] & col_mask
+        x = tl.load(x_ptr + rows[:, None] * x_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
+        y = tl.load(y_ptr + rows[:, None] * y_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
+        _, dx = jsd_terms(x.to(tl.float32), y.to(tl.float32), beta, MODE)
+        dx = tl.where(keep[:, None], dx * scale, 0.0)  # ignored rows: zeros, whatever their inputs hold
+        tl.store(
+            dx_ptr + rows[:, None] * n_cols + offsets[None, :],
+            dx.to(dx_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & col_mask,
+        )
 
 
 # Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces through
@@ -135,83 +249,87 @@ def _jsd_fwd(
     student_logp: torch.Tensor,
     teacher_logp: torch.Tensor,
     labels: torch.Tensor | None,
-    inv_n: torch.Tensor,
     beta: float,
     ignore_index: int,
-    compute_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
+    """Per-row JSD (float64 sums of fp32 terms, 0 for ignored rows) of (rows, V) log-probs."""
     n_rows, n_cols = student_logp.shape
-    row_loss = torch.empty(n_rows, dtype=torch.float32, device=student_logp.device)
-    dx = torch.empty_like(student_logp, memory_format=torch.contiguous_format) if compute_grad else None
-    block, warps = looped_row_settings(n_cols)
+    row_loss = torch.empty(n_rows, dtype=torch.float64, device=student_logp.device)
+    tiles = row_tiles(n_rows, n_cols, student_logp.device)
     if n_rows:
-        _jsd_fwd_kernel[(n_rows,)](
+        _jsd_fwd_kernel[tiles.grid(n_rows)](
             student_logp,
             student_logp.stride(0),
             teacher_logp,
             teacher_logp.stride(0),
             labels,
-            inv_n,
             row_loss,
-            dx if dx is not None else row_loss,  # unused when COMPUTE_GRAD is False
+            n_rows,
             n_cols,
             float(beta),
             int(ignore_index),
             MODE=jsd_mode(beta),
             HAS_LABELS=labels is not None,
-            COMPUTE_GRAD=compute_grad,
-            BLOCK_SIZE=block,
-            num_warps=warps,
+            BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n,
+            num_warps=tiles.num_warps,
         )
-    return row_loss, dx if dx is not None else student_logp.new_empty(0)
+    return row_loss
 
 
 @_jsd_fwd.register_fake
-def _(student_logp, teacher_logp, labels, inv_n, beta, ignore_index, compute_grad):
-    row_loss = student_logp.new_empty(student_logp.shape[0], dtype=torch.float32)
-    dx = torch.empty_like(student_logp, memory_format=torch.contiguous_format)
-    return row_loss, dx if compute_grad else student_logp.new_empty(0)
+def _(student_logp, teacher_logp, labels, beta, ignore_index):
+    return student_logp.new_empty(student_logp.shape[0], dtype=torch.float64)
 
 
-@torch.library.custom_op("liger_core::scale_", mutates_args=("grad",))
-def _scale_(grad: torch.Tensor, scale: torch.Tensor) -> None:
-    """``grad *= scale`` in place, in fp32 (scale is a 0-dim tensor on grad's device: no host sync)."""
-    n = grad.numel()
-    block, warps = 4096, 8
-    if n:
-        _scale_kernel[(triton.cdiv(n, block),)](grad, scale, n, BLOCK_SIZE=block, num_warps=warps)
+@torch.library.custom_op("liger_core::jsd_bwd", mutates_args=())
+def _jsd_bwd(
+    student_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    labels: torch.Tensor | None,
+    scale: torch.Tensor,
+    beta: float,
+    ignore_index: int,
+) -> torch.Tensor:
+    """d(scale * sum of kept rows' JSD) / d student_logp, (rows, V) in the student's dtype."""
+    n_rows, n_cols = student_logp.shape
+    dx = torch.empty((n_rows, n_cols), dtype=student_logp.dtype, device=student_logp.device)
+    tiles = row_tiles(n_rows, n_cols, student_logp.device)
+    if n_rows:
+        _jsd_bwd_kernel[tiles.grid(n_rows)](
+            student_logp,
+            student_logp.stride(0),
+            teacher_logp,
+            teacher_logp.stride(0),
+            labels,
+            scale,
+            dx,
+            n_rows,
+            n_cols,
+            float(beta),
+            int(ignore_index),
+            MODE=jsd_mode(beta),
+            HAS_LABELS=labels is not None,
+            BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n,
+            num_warps=tiles.num_warps,
+        )
+    return dx
 
 
-@_scale_.register_fake
-def _(grad, scale):
-    return None
+@_jsd_bwd.register_fake
+def _(student_logp, teacher_logp, labels, scale, beta, ignore_index):
+    return student_logp.new_empty(student_logp.shape)
 
 
-def scale_grads_(grad_output: torch.Tensor, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """Multiply gradients computed in forward by the incoming ``grad_output`` (a 0-dim tensor), in place.
-
-    Skipped when grad_output is exactly 1 (``loss.backward()``): that check costs a host sync, which in eager
-    mode is far cheaper than a pass over the gradients; under torch.compile they are always scaled. Scaling
-    in place bumps the saved tensors' version, so a second backward through the same graph fails loudly
-    (autograd's "modified by an inplace operation" error) instead of returning doubly scaled gradients.
-    """
-    if not torch.compiler.is_compiling() and grad_output.item() == 1.0:
-        return grads
-    scale = grad_output.detach().to(torch.float32)
-    for g in grads:
-        if g is not None:
-            _scale_(g, scale)
-    return grads
-
-
-def inverse_kept_count(
+def kept_count(
     labels: torch.Tensor | None, ignore_index: int, n_rows: int, device: torch.device
 ) -> torch.Tensor:
-    """1 / (rows whose label is not ignore_index) as an fp32 0-dim device tensor (1 when none is kept)."""
+    """Rows whose label is not ignore_index (all rows without labels), at least 1, as an fp32 0-dim device
+    tensor: the loss divides by it without a host sync, and an all-ignored batch gives 0 / 1 = 0."""
     if labels is None:
-        return torch.full((), 1.0 / max(n_rows, 1), dtype=torch.float32, device=device)
-    kept = (labels != ignore_index).sum().clamp_min(1)
-    return kept.to(torch.float32).reciprocal()
+        return torch.full((), max(n_rows, 1), dtype=torch.float32, device=device)
+    return (labels != ignore_index).sum().clamp_min(1).to(torch.float32)
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -252,18 +370,17 @@ class JSDFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student_logp, teacher_logp, labels, beta, ignore_index):
         x, y = as_rows(student_logp), as_rows(teacher_logp.detach())
-        inv_n = inverse_kept_count(labels, ignore_index, x.shape[0], x.device)
-        compute_grad = ctx.needs_input_grad[0]
-        row_loss, dx = _jsd_fwd(x, y, labels, inv_n, beta, ignore_index, compute_grad)
-        if compute_grad:
-            ctx.save_for_backward(dx)
-        ctx.student_shape = student_logp.shape
-        return row_loss.sum().to(student_logp.dtype)
+        n_kept = kept_count(labels, ignore_index, x.shape[0], x.device)
+        row_loss = _jsd_fwd(x, y, labels, beta, ignore_index)
+        ctx.save_for_backward(x, y, labels, n_kept)
+        ctx.beta, ctx.ignore_index, ctx.student_shape = beta, ignore_index, student_logp.shape
+        return (row_loss.sum() / n_kept).to(student_logp.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        (dx,) = ctx.saved_tensors
-        scale_grads_(grad_output, dx)
+        x, y, labels, n_kept = ctx.saved_tensors
+        scale = grad_output.to(torch.float32) / n_kept
+        dx = _jsd_bwd(x, y, labels, scale, ctx.beta, ctx.ignore_index)
         return dx.view(ctx.student_shape), None, None, None, None
 
 

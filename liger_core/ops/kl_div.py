@@ -9,7 +9,8 @@ Math (elementwise, fp32 inside the kernels, x = input, t = target)::
     reduction="none": l;  "sum": sum(l);  "mean": sum(l) / numel;  "batchmean": sum(l) / input.size(0)
 
 Rows are the last dimension (any leading dims). The forward kernel streams each row once and writes either
-l (``none``) or the row's fp32 sum, which torch then adds up; one rounding to the input dtype at the end.
+l (``none``) or the row's float64 sum of the fp32 terms, which torch then adds up; one rounding to the input
+dtype at the end.
 Nothing but ``target`` is saved for backward, whose kernel reads target (and grad_output for ``none``) and
 writes ``-p * grad_output / divisor``. Only ``input`` gets a gradient: ``target`` is treated as a constant
 (as in Liger-Kernel; torch would also differentiate w.r.t. target).
@@ -23,7 +24,7 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
-from liger_core.ops.jsd import as_rows, looped_row_settings
+from liger_core.ops.jsd import as_rows, exp_precise, log_precise, row_tiles, tile_rows
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 
@@ -34,32 +35,37 @@ def _kl_div_fwd_kernel(
     x_row_stride,
     t_ptr,
     t_row_stride,
-    out_ptr,  # (rows, n_cols) in the input dtype when not REDUCE, else (rows,) fp32 row sums
+    out_ptr,  # (rows, n_cols) in the input dtype when not REDUCE, else (rows,) float64 row sums
+    n_rows,
     n_cols,
     LOG_TARGET: tl.constexpr,
     REDUCE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_ptr += row * x_row_stride
-    t_ptr += row * t_row_stride
-    cols = tl.arange(0, BLOCK_SIZE)
-    acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_SIZE):
+    rows, row_mask = tile_rows(n_rows, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
+    for start in range(0, n_cols, BLOCK_N):
         offsets = start + cols
-        mask = offsets < n_cols
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        t = tl.load(t_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        mask = row_mask[:, None] & (offsets < n_cols)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_row_stride + offsets[None, :], mask=mask, other=0.0).to(
+            tl.float32
+        )
+        t = tl.load(t_ptr + rows[:, None] * t_row_stride + offsets[None, :], mask=mask, other=0.0).to(
+            tl.float32
+        )
         if LOG_TARGET:
-            loss = tl.exp(t) * (t - x)
+            loss = exp_precise(t) * (t - x)
         else:
-            loss = tl.where(t == 0.0, 0.0, t * tl.log(t)) - t * x
+            loss = tl.where(t == 0.0, 0.0, t * log_precise(t)) - t * x
         if REDUCE:
-            acc += tl.where(mask, loss, 0.0)
+            acc += tl.where(mask, loss, 0.0).to(tl.float64)
         else:
-            tl.store(out_ptr + row * n_cols + offsets, loss.to(out_ptr.dtype.element_ty), mask=mask)
+            out = out_ptr + rows[:, None] * n_cols + offsets[None, :]
+            tl.store(out, loss.to(out_ptr.dtype.element_ty), mask=mask)
     if REDUCE:
-        tl.store(out_ptr + row, tl.sum(acc, axis=0))
+        tl.store(out_ptr + rows, tl.sum(acc, axis=1), mask=row_mask)
 
 
 @triton.jit
@@ -69,50 +75,58 @@ def _kl_div_bwd_kernel(
     g_ptr,  # grad_output: a 0-dim tensor when SCALAR_GRAD, else (rows, n_cols)
     g_row_stride,
     dx_ptr,
+    n_rows,
     n_cols,
     inv_divisor,
     LOG_TARGET: tl.constexpr,
     SCALAR_GRAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    t_ptr += row * t_row_stride
-    dx_ptr += row * n_cols
-    cols = tl.arange(0, BLOCK_SIZE)
+    rows, row_mask = tile_rows(n_rows, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
     if SCALAR_GRAD:
         g = tl.load(g_ptr).to(tl.float32) * inv_divisor
-    for start in range(0, n_cols, BLOCK_SIZE):
+    for start in range(0, n_cols, BLOCK_N):
         offsets = start + cols
-        mask = offsets < n_cols
-        t = tl.load(t_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        mask = row_mask[:, None] & (offsets < n_cols)[None, :]
+        t = tl.load(t_ptr + rows[:, None] * t_row_stride + offsets[None, :], mask=mask, other=0.0).to(
+            tl.float32
+        )
         if LOG_TARGET:
-            t = tl.exp(t)
+            t = exp_precise(t)
         if not SCALAR_GRAD:
-            g = tl.load(g_ptr + row * g_row_stride + offsets, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + offsets, (-t * g).to(dx_ptr.dtype.element_ty), mask=mask)
+            g = tl.load(g_ptr + rows[:, None] * g_row_stride + offsets[None, :], mask=mask, other=0.0)
+            g = g.to(tl.float32)
+        dx = -t * g
+        tl.store(
+            dx_ptr + rows[:, None] * n_cols + offsets[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask
+        )
 
 
 @torch.library.custom_op("liger_core::kl_div_fwd", mutates_args=())
 def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool) -> torch.Tensor:
-    """(rows, V) elementwise loss in x's dtype, or (rows,) fp32 row sums when ``reduce``."""
+    """(rows, V) elementwise loss in x's dtype, or (rows,) float64 row sums when ``reduce``."""
     n_rows, n_cols = x.shape
     if reduce:
-        out = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        out = torch.empty(n_rows, dtype=torch.float64, device=x.device)
     else:
         out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    block, warps = looped_row_settings(n_cols)
+    tiles = row_tiles(n_rows, n_cols, x.device)
     if n_rows:
-        _kl_div_fwd_kernel[(n_rows,)](
+        _kl_div_fwd_kernel[tiles.grid(n_rows)](
             x,
             x.stride(0),
             t,
             t.stride(0),
             out,
+            n_rows,
             n_cols,
             LOG_TARGET=log_target,
             REDUCE=reduce,
-            BLOCK_SIZE=block,
-            num_warps=warps,
+            BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n,
+            num_warps=tiles.num_warps,
         )
     return out
 
@@ -120,7 +134,7 @@ def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool
 @_kl_div_fwd.register_fake
 def _(x, t, log_target, reduce):
     if reduce:
-        return x.new_empty(x.shape[0], dtype=torch.float32)
+        return x.new_empty(x.shape[0], dtype=torch.float64)
     return x.new_empty(x.shape)
 
 
@@ -131,20 +145,22 @@ def _kl_div_bwd(
     n_rows, n_cols = t.shape
     dx = torch.empty((n_rows, n_cols), dtype=dtype, device=t.device)
     scalar_grad = grad_output.dim() == 0
-    block, warps = looped_row_settings(n_cols)
+    tiles = row_tiles(n_rows, n_cols, t.device)
     if n_rows:
-        _kl_div_bwd_kernel[(n_rows,)](
+        _kl_div_bwd_kernel[tiles.grid(n_rows)](
             t,
             t.stride(0),
             grad_output,
             0 if scalar_grad else grad_output.stride(0),
             dx,
+            n_rows,
             n_cols,
             inv_divisor,
             LOG_TARGET=log_target,
             SCALAR_GRAD=scalar_grad,
-            BLOCK_SIZE=block,
-            num_warps=warps,
+            BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n,
+            num_warps=tiles.num_warps,
         )
     return dx
 
