@@ -132,6 +132,29 @@ def host_time(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], 
             log(f"   {name:34s} ERROR {type(e).__name__}: {str(e)[:200]}")
 
 
+def raw_launch_host_time(n: int = 1000) -> None:
+    """Host µs of one bare RoPE kernel launch (no checks, no autograd): ours vs liger-kernel's."""
+    shape = {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}
+    q, k, cos, sin = bench.OPS["rope"].build(shape, torch.bfloat16, DEVICE).args
+    calls = {"liger_core _launch": lambda: rope_module._launch(q, k, cos, sin, 1, q.dtype, False)}
+    if bench.peer_version("liger_kernel"):
+        from liger_kernel.ops.rope import rope_forward  # noqa: PLC0415
+
+        calls["liger_kernel rope_forward"] = lambda: rope_forward(q, k, cos, sin)
+    log(f"-- host time of one bare launch, RoPE {bench.OPS['rope'].label(shape)} (µs)")
+    for name, call in calls.items():
+        call()
+        samples = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) / n * 1e6)
+        log(f"   {name:34s} {sorted(samples)[2]:6.1f}")
+
+
 def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]]) -> None:
     """GPU kernels of one fwd+bwd (after warm-up): name, count, total µs."""
     from torch.profiler import ProfilerActivity
@@ -179,7 +202,7 @@ def rope_variants() -> dict[str, tuple[Callable, dict]]:
         "liger_core custom-op dispatch (old)": (rope, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
         "liger_core direct launch": (rope, {}),
         "liger_core direct, 8 warps": (rope, {rope_module: {"_NUM_WARPS": 8}}),
-        "liger_core direct, 2 warps": (rope, {rope_module: {"_NUM_WARPS": 2}}),
+        "liger_core direct, head loop (tile 1024)": (rope, {rope_module: {"_TILE_ELEMENTS": 1024}}),
         "liger_kernel": (liger_kernel_fn("rope"), {}),
     }
 
@@ -215,6 +238,7 @@ def main() -> int:
         ("rope", lambda: measure("rope", rope_shape, rope_variants(), timing)),
         ("profile", lambda: profile("rope", rope_shape, rope_variants())),
         ("host", lambda: host_time("rope", {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}, rope_variants())),
+        ("host", raw_launch_host_time),
         ("host", lambda: host_time("swiglu", {"M": 16, "N": 256}, glu_variants("swiglu"))),
         ("glu", lambda: measure("swiglu", glu_shape, glu_variants("swiglu"), timing)),
         ("glu", lambda: measure("geglu", glu_shape, glu_variants("geglu"), timing)),

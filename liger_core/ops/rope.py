@@ -13,7 +13,8 @@ The backward is the forward with ``(s1, s2)`` replaced by ``(-s2, -s1)`` (with H
 ``s1 == s2``, simply sin negated), so one kernel serves both passes.
 
 One program per token (b, t): it loads that token's cos/sin row once and rotates every q head and every k
-head of the token in one launch (any head counts, so GQA needs nothing special). q/k are read through their
+head of the token in one launch (any head counts, so GQA needs nothing special; head counts are compile-time
+constants, one compilation per model config). q/k are read through their
 strides, so HF's ``(B, T, H, D) -> transpose(1, 2)`` views are not copied. Minimal HBM traffic: read q, k
 (cos/sin are re-read per token but stay in L2), write the two outputs; the backward reads dq_embed, dk_embed
 and writes dq, dk.
@@ -29,54 +30,83 @@ import triton.language as tl
 from liger_core import reference
 from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_tensor, launcher, use_triton
 
-# Elements of one [heads x half-rotary] tile a program holds in registers per step of its head loop.
+# Elements of one [heads x half-rotary] tile a program holds in registers per step of its head loop. When q's
+# and k's heads each fit in one tile (up to 64 heads of head_dim 64, 32 of 128), all of a token's loads are
+# issued before its first store.
 _TILE_ELEMENTS = 2048
 _NUM_WARPS = 4
 
 
 @triton.jit
-def _rotate_heads(
+def _load_halves(
     x_ptr,
     x_stride_h,
+    h0,
+    N_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    """The two rotary halves of heads [h0, h0 + BLOCK_H) of one token (x_ptr: head 0, feature 0), fp32."""
+    heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = (heads < N_HEADS)[:, None] & (cols < HALF)[None, :]
+    offsets = heads[:, None] * x_stride_h + cols[None, :]
+    x1 = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _store_rotated(
     y_ptr,
     y_stride_h,
-    n_heads,
+    h0,
+    x1,
+    x2,
     c1,
     c2,
     s1,
     s2,
+    N_HEADS: tl.constexpr,
     HALF: tl.constexpr,
-    PASS_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+):
+    """y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2 for heads [h0, h0 + BLOCK_H), rounded once to y's dtype."""
+    heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = (heads < N_HEADS)[:, None] & (cols < HALF)[None, :]
+    offsets = heads[:, None] * y_stride_h + cols[None, :]
+    y1 = x1 * c1[None, :] - x2 * s1[None, :]
+    y2 = x2 * c2[None, :] + x1 * s2[None, :]
+    tl.store(y_ptr + offsets, y1.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offsets + HALF, y2.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _copy_pass_through(
+    x_ptr,
+    x_stride_h,
+    y_ptr,
+    y_stride_h,
+    N_HEADS: tl.constexpr,
+    START: tl.constexpr,
+    PASS_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
 ):
-    """Rotate heads [0, n_heads) of one token: x_ptr / y_ptr point at head 0, feature 0 of that token."""
-    cols = tl.arange(0, BLOCK_HALF)
-    col_mask = cols < HALF
-    for h0 in range(0, n_heads, BLOCK_H):
+    """Features [START, START + PASS_DIM) of every head (partial rotary) are copied unchanged."""
+    cols = tl.arange(0, BLOCK_PASS)
+    for h0 in tl.static_range(0, N_HEADS, BLOCK_H):
         heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-        head_mask = heads < n_heads
-        mask = head_mask[:, None] & col_mask[None, :]
-        x_offsets = heads[:, None] * x_stride_h + cols[None, :]
-        y_offsets = heads[:, None] * y_stride_h + cols[None, :]
-        x1 = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_ptr + x_offsets + HALF, mask=mask, other=0.0).to(tl.float32)
-        y1 = x1 * c1[None, :] - x2 * s1[None, :]
-        y2 = x2 * c2[None, :] + x1 * s2[None, :]
-        tl.store(y_ptr + y_offsets, y1.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(y_ptr + y_offsets + HALF, y2.to(y_ptr.dtype.element_ty), mask=mask)
-        if PASS_DIM > 0:
-            pass_cols = tl.arange(0, BLOCK_PASS)
-            pass_mask = head_mask[:, None] & (pass_cols < PASS_DIM)[None, :]
-            x_pass = tl.load(
-                x_ptr + heads[:, None] * x_stride_h + 2 * HALF + pass_cols[None, :], mask=pass_mask, other=0.0
-            )
-            tl.store(
-                y_ptr + heads[:, None] * y_stride_h + 2 * HALF + pass_cols[None, :],
-                x_pass.to(y_ptr.dtype.element_ty),
-                mask=pass_mask,
-            )
+        mask = (heads < N_HEADS)[:, None] & (cols < PASS_DIM)[None, :]
+        x = tl.load(x_ptr + heads[:, None] * x_stride_h + START + cols[None, :], mask=mask, other=0.0)
+        tl.store(
+            y_ptr + heads[:, None] * y_stride_h + START + cols[None, :],
+            x.to(y_ptr.dtype.element_ty),
+            mask=mask,
+        )
 
 
 @triton.jit
@@ -88,8 +118,6 @@ def _rope_kernel(
     q_out_ptr,
     k_out_ptr,
     seq_len,
-    n_q_heads,
-    n_k_heads,
     q_stride_b,
     q_stride_t,
     q_stride_h,
@@ -104,6 +132,8 @@ def _rope_kernel(
     k_out_stride_h,
     cs_stride_b,
     cs_stride_t,
+    N_Q_HEADS: tl.constexpr,
+    N_K_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     PASS_DIM: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
@@ -128,45 +158,50 @@ def _rope_kernel(
         # transpose of the rotation: (s1, s2) -> (-s2, -s1)
         s1, s2 = -s2, -s1
 
-    _rotate_heads(
-        q_ptr + b * q_stride_b + t * q_stride_t,
-        q_stride_h,
-        q_out_ptr + b * q_out_stride_b + t * q_out_stride_t,
-        q_out_stride_h,
-        n_q_heads,
-        c1,
-        c2,
-        s1,
-        s2,
-        HALF,
-        PASS_DIM,
-        BLOCK_HQ,
-        BLOCK_HALF,
-        BLOCK_PASS,
-    )
-    _rotate_heads(
-        k_ptr + b * k_stride_b + t * k_stride_t,
-        k_stride_h,
-        k_out_ptr + b * k_out_stride_b + t * k_out_stride_t,
-        k_out_stride_h,
-        n_k_heads,
-        c1,
-        c2,
-        s1,
-        s2,
-        HALF,
-        PASS_DIM,
-        BLOCK_HK,
-        BLOCK_HALF,
-        BLOCK_PASS,
-    )
+    q_in = q_ptr + b * q_stride_b + t * q_stride_t
+    k_in = k_ptr + b * k_stride_b + t * k_stride_t
+    q_out = q_out_ptr + b * q_out_stride_b + t * q_out_stride_t
+    k_out = k_out_ptr + b * k_out_stride_b + t * k_out_stride_t
+    if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
+        # one tile each: every load of the token in flight before the first store
+        q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+        k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+        _store_rotated(
+            q_out, q_out_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
+        )
+        _store_rotated(
+            k_out, k_out_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
+        )
+    else:
+        for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
+            q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+            _store_rotated(
+                q_out, q_out_stride_h, h0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
+            )
+        for h0 in tl.static_range(0, N_K_HEADS, BLOCK_HK):
+            k1, k2 = _load_halves(k_in, k_stride_h, h0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+            _store_rotated(
+                k_out, k_out_stride_h, h0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
+            )
+    if PASS_DIM > 0:
+        _copy_pass_through(
+            q_in, q_stride_h, q_out, q_out_stride_h, N_Q_HEADS, 2 * HALF, PASS_DIM, BLOCK_HQ, BLOCK_PASS
+        )
+        _copy_pass_through(
+            k_in, k_stride_h, k_out, k_out_stride_h, N_K_HEADS, 2 * HALF, PASS_DIM, BLOCK_HK, BLOCK_PASS
+        )
+
+
+def _pow2(n: int) -> int:
+    """Smallest power of two >= n (>= 1). Plain Python: triton.next_power_of_2 is a constexpr_function in
+    recent Triton, with wrapper overhead on every launch."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _bthd_strides(x: torch.Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
     """(batch, token, head) strides of a 4-D q/k-shaped tensor in either HF layout."""
-    if unsqueeze_dim == 1:  # (B, H, T, D)
-        return x.stride(0), x.stride(2), x.stride(1)
-    return x.stride(0), x.stride(1), x.stride(2)  # (B, T, H, D)
+    s_b, s_1, s_2, _ = x.stride()
+    return (s_b, s_2, s_1) if unsqueeze_dim == 1 else (s_b, s_1, s_2)  # (B, H, T, D) or (B, T, H, D)
 
 
 def _launch(
@@ -181,18 +216,15 @@ def _launch(
     # empty_like keeps a dense input's memory layout (HF's transposed q stays (B, T, H, D) in memory)
     y_q = torch.empty_like(x_q, dtype=out_dtype)
     y_k = torch.empty_like(x_k, dtype=out_dtype)
-    batch, head_dim = x_q.shape[0], x_q.shape[3]
-    seq_len = x_q.shape[2] if unsqueeze_dim == 1 else x_q.shape[1]
-    n_q_heads = x_q.shape[1] if unsqueeze_dim == 1 else x_q.shape[2]
+    batch, dim_1, dim_2, head_dim = x_q.shape
+    seq_len, n_q_heads = (dim_2, dim_1) if unsqueeze_dim == 1 else (dim_1, dim_2)
     n_k_heads = x_k.shape[1] if unsqueeze_dim == 1 else x_k.shape[2]
     if batch * seq_len == 0 or head_dim == 0:
         return y_q, y_k
     half = cos.shape[-1] // 2
     pass_dim = head_dim - 2 * half
-    block_half = triton.next_power_of_2(half)
-    block_hq = min(triton.next_power_of_2(max(n_q_heads, 1)), max(1, _TILE_ELEMENTS // block_half))
-    block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max(1, _TILE_ELEMENTS // block_half))
-    cs_stride_b = cos.stride(0) if cos.shape[0] > 1 else 0
+    block_half = _pow2(half)
+    heads_per_tile = max(1, _TILE_ELEMENTS // block_half)
     _rope_kernel[(batch * seq_len,)](
         x_q,
         x_k,
@@ -201,20 +233,20 @@ def _launch(
         y_q,
         y_k,
         seq_len,
-        n_q_heads,
-        n_k_heads,
         *_bthd_strides(x_q, unsqueeze_dim),
         *_bthd_strides(x_k, unsqueeze_dim),
         *_bthd_strides(y_q, unsqueeze_dim),
         *_bthd_strides(y_k, unsqueeze_dim),
-        cs_stride_b,
+        cos.stride(0) if cos.shape[0] > 1 else 0,
         cos.stride(1),
+        N_Q_HEADS=n_q_heads,
+        N_K_HEADS=n_k_heads,
         HALF=half,
         PASS_DIM=pass_dim,
-        BLOCK_HQ=block_hq,
-        BLOCK_HK=block_hk,
+        BLOCK_HQ=min(_pow2(n_q_heads), heads_per_tile),
+        BLOCK_HK=min(_pow2(n_k_heads), heads_per_tile),
         BLOCK_HALF=block_half,
-        BLOCK_PASS=triton.next_power_of_2(pass_dim) if pass_dim > 0 else 1,
+        BLOCK_PASS=_pow2(pass_dim),
         BACKWARD=backward,
         num_warps=_NUM_WARPS,
     )
