@@ -37,6 +37,7 @@ from liger_core.dispatch import (
     check_same_device,
     check_shape,
     check_tensor,
+    launcher,
     use_triton,
 )
 
@@ -373,7 +374,9 @@ def scale_rows_(x: torch.Tensor, scale: torch.Tensor) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Custom ops (opaque to torch.compile; the host sync of the target check stays inside them)
+# Custom ops (opaque to torch.compile; the host sync of the target check stays inside them). The autograd
+# Functions call them through ``dispatch.launcher``: the custom op while torch.compile traces, the plain
+# ``*_impl`` in eager mode (the dispatcher's host time per call is tens of microseconds).
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -410,8 +413,7 @@ def _fake_losses(logits, reduction):
     return logits.new_empty(shape), logits.new_empty(shape)
 
 
-@torch.library.custom_op("liger_core::cross_entropy_fwd", mutates_args=())
-def _cross_entropy_fwd(
+def _cross_entropy_fwd_impl(
     logits: torch.Tensor,
     target: torch.Tensor,
     weight: torch.Tensor | None,
@@ -430,6 +432,11 @@ def _cross_entropy_fwd(
     return loss, z, grad if grad is not None else logits.new_empty(0)
 
 
+_cross_entropy_fwd = torch.library.custom_op(
+    "liger_core::cross_entropy_fwd", _cross_entropy_fwd_impl, mutates_args=()
+)
+
+
 @_cross_entropy_fwd.register_fake
 def _(
     logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, compute_grad
@@ -442,8 +449,7 @@ def _(
     return (*_fake_losses(logits, reduction), grad)
 
 
-@torch.library.custom_op("liger_core::cross_entropy_fwd_inplace", mutates_args=("logits",))
-def _cross_entropy_fwd_inplace(
+def _cross_entropy_fwd_inplace_impl(
     logits: torch.Tensor,
     target: torch.Tensor,
     weight: torch.Tensor | None,
@@ -460,15 +466,22 @@ def _cross_entropy_fwd_inplace(
     )
 
 
+_cross_entropy_fwd_inplace = torch.library.custom_op(
+    "liger_core::cross_entropy_fwd_inplace", _cross_entropy_fwd_inplace_impl, mutates_args=("logits",)
+)
+
+
 @_cross_entropy_fwd_inplace.register_fake
 def _(logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap):
     return _fake_losses(logits, reduction)
 
 
-@torch.library.custom_op("liger_core::scale_rows_", mutates_args=("x",))
-def _scale_rows(x: torch.Tensor, scale: torch.Tensor) -> None:
+def _scale_rows_impl(x: torch.Tensor, scale: torch.Tensor) -> None:
     """``x *= scale`` in place: a scalar scale, or one per row of a 2-D ``x``; free where the scale is 1."""
     scale_rows_(x, scale.contiguous())
+
+
+_scale_rows = torch.library.custom_op("liger_core::scale_rows_", _scale_rows_impl, mutates_args=("x",))
 
 
 @_scale_rows.register_fake
@@ -496,11 +509,15 @@ class CrossEntropyFunction(torch.autograd.Function):
         inplace,
     ):
         args = (target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
-        if inplace:
-            loss, z = _cross_entropy_fwd_inplace(logits, *args)
+        # under torch.compile the traced graph stays functional (the compiler plans its own buffers)
+        if inplace and not torch.compiler.is_compiling():
+            loss, z = launcher(_cross_entropy_fwd_inplace, _cross_entropy_fwd_inplace_impl)(logits, *args)
+            # the logits now hold the gradient: autograd refuses any later use of the old values (another
+            # node that saved them) with its "modified by an inplace operation" error
+            torch.autograd.graph.increment_version(logits)
             grad = logits
         else:
-            loss, z, grad = _cross_entropy_fwd(logits, *args, True)
+            loss, z, grad = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(logits, *args, True)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(z)
         ctx.grad_consumed = False
@@ -515,7 +532,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             )
         ctx.grad_consumed = True
         (grad,) = ctx.saved_tensors
-        _scale_rows(grad, grad_loss)
+        launcher(_scale_rows, _scale_rows_impl)(grad, grad_loss)
         return grad.detach(), None, None, None, None, None, None, None, None
 
 
@@ -595,7 +612,9 @@ def cross_entropy(
     if torch.is_grad_enabled() and logits.requires_grad:
         loss, z = CrossEntropyFunction.apply(logits2d, target1d, weight, *options, inplace_backward)
     else:  # no gradient wanted: one read of the logits, nothing written
-        loss, z, _ = _cross_entropy_fwd(logits2d, target1d, weight, *options, False)
+        loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
+            logits2d, target1d, weight, *options, False
+        )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)
     if torch.is_autocast_enabled(logits.device.type):

@@ -36,11 +36,13 @@ from liger_core.dispatch import (
     check_same_device,
     check_shape,
     check_tensor,
+    launcher,
     use_triton,
 )
 from liger_core.ops.cross_entropy import (
     REDUCTIONS,
     _scale_rows,
+    _scale_rows_impl,
     launch_cross_entropy,
     reduce_rows,
     reduction_denominators,
@@ -188,8 +190,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty(0)
 
 
-@torch.library.custom_op("liger_core::fused_linear_cross_entropy_fwd", mutates_args=())
-def _flce_fwd(
+def _flce_fwd_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
@@ -236,6 +237,12 @@ def _flce_fwd(
     )
 
 
+# Custom ops for torch.compile; eager mode calls the *_impl functions (see cross_entropy.py)
+_flce_fwd = torch.library.custom_op(
+    "liger_core::fused_linear_cross_entropy_fwd", _flce_fwd_impl, mutates_args=()
+)
+
+
 @_flce_fwd.register_fake
 def _(
     hidden,
@@ -266,8 +273,7 @@ def _(
     )
 
 
-@torch.library.custom_op("liger_core::fused_linear_cross_entropy_bwd_rows", mutates_args=())
-def _flce_bwd_rows(
+def _flce_bwd_rows_impl(
     grad_rows: torch.Tensor,
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -310,6 +316,11 @@ def _flce_bwd_rows(
         gw.to(weight.dtype) if gw is not None else _empty(weight),
         gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
     )
+
+
+_flce_bwd_rows = torch.library.custom_op(
+    "liger_core::fused_linear_cross_entropy_bwd_rows", _flce_bwd_rows_impl, mutates_args=()
+)
 
 
 @_flce_bwd_rows.register_fake
@@ -375,10 +386,12 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             softcap,
         )
         if reduction == "none":
-            loss, z, *_ = _flce_fwd(*args, False, False, False, accum_dtype, chunk_size)
+            loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
+                *args, False, False, False, accum_dtype, chunk_size
+            )
             ctx.save_for_backward(hidden, weight, target, bias, ce_weight)
         else:
-            loss, z, gh, gw, gb = _flce_fwd(
+            loss, z, gh, gw, gb = launcher(_flce_fwd, _flce_fwd_impl)(
                 *args, need_hidden, need_weight, need_bias, accum_dtype, chunk_size
             )
             ctx.save_for_backward(gh, gw, gb)
@@ -390,7 +403,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         need_hidden, need_weight, need_bias = ctx.needs
         if ctx.reduction == "none":
             hidden, weight, target, bias, ce_weight = ctx.saved_tensors
-            gh, gw, gb = _flce_bwd_rows(
+            gh, gw, gb = launcher(_flce_bwd_rows, _flce_bwd_rows_impl)(
                 grad_loss,
                 hidden,
                 weight,
@@ -414,7 +427,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
             for grad, needed in ((gh, need_hidden), (gw, need_weight), (gb, need_bias)):
                 if needed:
-                    _scale_rows(grad, grad_loss)  # in place; free when grad_loss is 1
+                    launcher(_scale_rows, _scale_rows_impl)(grad, grad_loss)  # in place; free when it is 1
             # one rounding to the parameter dtype after the scaling (a no-op without accum_dtype)
             gh = gh.to(hidden_dtype) if need_hidden else gh
             gw = gw.to(weight_dtype) if need_weight else gw
@@ -530,7 +543,7 @@ def fused_linear_cross_entropy(
             hidden2d, weight, target1d, bias, ce_weight, *options, accum_dtype, chunk_size
         )
     else:  # evaluation: losses only, no gradient GEMMs
-        loss, z, *_ = _flce_fwd(
+        loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
             hidden2d,
             weight,
             target1d,

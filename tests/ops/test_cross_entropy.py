@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 from helpers import SLACK, assert_no_worse_than_eager, devices, leaf, rel_err
@@ -309,3 +311,25 @@ def test_cross_entropy_inplace_extra_memory_cuda():
         extra = torch.cuda.max_memory_allocated() - base
         assert extra <= budget, f"inplace={inplace}: {extra / 2**20:.1f} MiB extra"
         del x
+
+
+def test_cross_entropy_custom_ops_pass_opcheck():
+    """Schemas (mutations declared), fake implementations and torch.compile traceability of the launchers."""
+    mod = importlib.import_module("liger_core.ops.cross_entropy")  # the module (ops binds the function)
+
+    logits, target, weight = _inputs("cpu", torch.float32, 5, 33, weighted=True, ignore_every=2)
+    for reduction in ("mean", "none"):
+        options = (IGNORE, reduction, 0.1, 1e-3, 20.0)
+        torch.library.opcheck(mod._cross_entropy_fwd, (logits, target, weight, *options, True))
+        torch.library.opcheck(mod._cross_entropy_fwd_inplace, (logits.clone(), target, None, *options))
+    torch.library.opcheck(mod._scale_rows, (logits.clone(), torch.randn(5)))
+    torch.library.opcheck(mod._scale_rows, (logits.clone(), torch.tensor(2.5)))
+
+
+def test_cross_entropy_under_torch_compile():
+    logits, target, _ = _inputs("cpu", torch.float32, 7, 33)
+    x, x_c = leaf(logits), leaf(logits)
+    cross_entropy(x, target, label_smoothing=0.1, inplace_backward=True).backward()
+    compiled = torch.compile(cross_entropy, backend="aot_eager")
+    compiled(x_c * 1.0, target, label_smoothing=0.1, inplace_backward=True).backward()
+    torch.testing.assert_close(x_c.grad, x.grad)

@@ -1,3 +1,4 @@
+import importlib
 import math
 
 import pytest
@@ -294,3 +295,47 @@ def test_flce_peak_memory_cuda():
     peak_extra = torch.cuda.max_memory_allocated() - base
     budget = (n * hidden_size + vocab * hidden_size) * 2 + chunk * vocab * 2 + 64 * 2**20
     assert peak_extra <= budget, f"peak extra {peak_extra / 2**30:.3f} GiB > {budget / 2**30:.3f} GiB"
+
+
+def test_flce_custom_ops_pass_opcheck():
+    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
+
+    hidden, weight, bias, target, ce_weight = _inputs(
+        "cpu", torch.float32, 7, 9, 33, bias=True, weighted=True
+    )
+    options = (IGNORE, "sum", 0.1, 1e-3, 20.0)
+    torch.library.opcheck(
+        mod._flce_fwd, (hidden, weight, target, bias, ce_weight, *options, True, True, True, torch.float32, 3)
+    )
+    torch.library.opcheck(
+        mod._flce_bwd_rows,
+        (
+            torch.randn(7),
+            hidden,
+            weight,
+            target,
+            bias,
+            None,
+            IGNORE,
+            0.1,
+            1e-3,
+            None,
+            True,
+            True,
+            True,
+            None,
+            3,
+        ),
+    )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_flce_under_torch_compile(reduction):
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, 9, 11, 33, bias=True)
+    results = []
+    for fn in (fused_linear_cross_entropy, torch.compile(fused_linear_cross_entropy, backend="aot_eager")):
+        h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+        fn(h, w, target, b, reduction=reduction, chunk_size=4).sum().backward()
+        results.append((h.grad, w.grad, b.grad))
+    for ours, compiled in zip(*results):
+        torch.testing.assert_close(compiled, ours)
