@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Kernels fuse the normalisation with the weight multiply.",
-    "A tiny model trains for three steps on the CPU.",
-    "Liger core patches the forwards, never the parameters.",
-    "Rotary embeddings rotate pairs of query and key features.",
-    "Cross entropy over the vocabulary gives the training loss.",
-]
+# Short rows on purpose: the Triton interpreter's cost grows with tokens per batch.
+SENTENCES = ["red fox", "blue sky", "tiny model", "fast kernels", "exact loss", "rope turns"]
 
 
 def build_tiny_llama(path: Path) -> Path:
@@ -31,7 +25,7 @@ def build_tiny_llama(path: Path) -> Path:
         special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(SENTENCES * 4, trainer=trainer)
+    tokenizer.train_from_iterator([*SENTENCES, "Human: Assistant: say"] * 4, trainer=trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
     )
@@ -62,8 +56,8 @@ def tiny_dataset_dir(tmp_path_factory) -> Path:
     """``dataset_dir`` with ``dataset_info.json`` registering ``tiny_alpaca`` (alpaca columns)."""
     root = tmp_path_factory.mktemp("data")
     rows = [
-        {"instruction": f"Repeat sentence {i}.", "input": "", "output": SENTENCES[i % len(SENTENCES)]}
-        for i in range(16)
+        {"instruction": f"say {text}", "input": "", "output": text}
+        for text in (SENTENCES[i % len(SENTENCES)] for i in range(16))
     ]
     (root / "tiny_alpaca.json").write_text(json.dumps(rows))
     (root / "dataset_info.json").write_text(json.dumps({"tiny_alpaca": {"file_name": "tiny_alpaca.json"}}))
@@ -79,7 +73,7 @@ def train_config(model: Path, data: Path, out: Path, **extra) -> dict:
         dataset="tiny_alpaca",
         dataset_dir=str(data),
         template="default",
-        cutoff_len=128,
+        cutoff_len=64,
         overwrite_cache=True,
         preprocessing_num_workers=1,
         output_dir=str(out),
@@ -87,7 +81,8 @@ def train_config(model: Path, data: Path, out: Path, **extra) -> dict:
         save_strategy="no",
         report_to="none",
         logging_steps=1,
-        per_device_train_batch_size=2,
+        per_device_train_batch_size=1,
+        disable_gradient_checkpointing=True,
         max_steps=3,
         learning_rate=1.0e-3,
         bf16=False,

@@ -1,0 +1,154 @@
+"""In-process tests of the wiring: argument interception, model hooks, web UI pieces (no browser/training)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from liger_core_llamafactory.compat import ensure_torchaudio_importable
+from liger_core_llamafactory.options import pop_liger_flag
+
+ensure_torchaudio_importable()  # before anything imports llamafactory (see compat.py)
+
+
+@pytest.mark.parametrize(
+    "args, enabled, rest",
+    [
+        ({"enable_liger_kernel": True, "stage": "sft"}, True, {"stage": "sft"}),
+        ({"enable_liger_kernel": "false", "stage": "sft"}, False, {"stage": "sft"}),
+        ({"use_liger_kernel": True}, True, {}),
+        ({"stage": "sft"}, False, {"stage": "sft"}),
+        (["--stage", "sft", "--enable_liger_kernel", "true"], True, ["--stage", "sft"]),
+        (["--enable_liger_kernel=False", "--stage", "sft"], False, ["--stage", "sft"]),
+        (["--enable_liger_kernel", "--stage", "sft"], True, ["--stage", "sft"]),
+    ],
+)
+def test_pop_liger_flag(args, enabled, rest):
+    assert pop_liger_flag(args) is enabled
+    assert args == rest
+
+
+def test_pop_liger_flag_rejects_garbage():
+    with pytest.raises(ValueError, match="enable_liger_kernel"):
+        pop_liger_flag({"enable_liger_kernel": "maybe"})
+
+
+def test_read_train_args_pops_yaml_and_override(tmp_path):
+    import yaml
+    from liger_core_llamafactory.options import read_train_args
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"stage": "sft", "enable_liger_kernel": False}))
+    args = read_train_args([str(path), "enable_liger_kernel=true"])  # command-line override wins
+    assert pop_liger_flag(args) is True
+    assert args == {"stage": "sft"}
+
+
+def test_run_training_routes_the_flag(monkeypatch, tmp_path):
+    """enable_liger_kernel is removed before LLaMA-Factory parses it; on -> hooks + LIGER_CORE_LMF=1 for
+    child processes; the environment variable alone also turns it on (how torchrun workers get it)."""
+    import llamafactory.train.tuner as tuner
+    from liger_core_llamafactory import ENV_FLAG, launch, model_hooks
+
+    runs, installs = [], []
+    monkeypatch.setattr(tuner, "run_exp", lambda args: runs.append(args))
+    monkeypatch.setattr(model_hooks, "install", lambda: installs.append(True))
+    monkeypatch.delenv(ENV_FLAG, raising=False)
+    path = tmp_path / "c.yaml"
+    path.write_text("stage: sft\nenable_liger_kernel: true\n")
+    launch.run_training([str(path)])
+    assert runs[-1] == {"stage": "sft"} and installs == [True] and os.environ[ENV_FLAG] == "1"
+
+    monkeypatch.delenv(ENV_FLAG)
+    path.write_text("stage: sft\n")
+    launch.run_training([str(path)])
+    assert runs[-1] == {"stage": "sft"} and installs == [True] and ENV_FLAG not in os.environ
+
+    monkeypatch.setenv(ENV_FLAG, "1")
+    launch.run_training([str(path)])
+    assert installs == [True, True]
+
+
+def _load(tiny_llama, tiny_dataset_dir, tmp_path, stage: str):
+    from conftest import train_config
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_model, load_tokenizer
+
+    config = train_config(tiny_llama, tiny_dataset_dir, tmp_path / "out", stage=stage)
+    if stage == "dpo":
+        config["dataset"] = "tiny_alpaca"  # never read: we only load the model
+    model_args, _, _, finetuning_args, _ = get_train_args(config)
+    tokenizer = load_tokenizer(model_args)["tokenizer"]
+    return load_model(tokenizer, model_args, finetuning_args, is_trainable=True)
+
+
+@pytest.mark.parametrize(
+    "stage, loss_kind", [("sft", "fused_linear_cross_entropy"), ("dpo", "cross_entropy")]
+)
+def test_model_hooks_patch_trainable_model(tiny_llama, tiny_dataset_dir, tmp_path, stage, loss_kind, caplog):
+    """The loader's liger step is ours: FLCE for sft, plain CE for stages that need logits (LLaMA-Factory's
+    rule for liger-kernel)."""
+    from liger_core_llamafactory import model_hooks
+
+    from liger_core.patching import is_patched, revert
+
+    model_hooks.install()
+    model_hooks.install()  # idempotent
+    from llamafactory.model import loader
+
+    assert loader.patch_model.__wrapped__.__module__ == "llamafactory.model.patcher"
+    with caplog.at_level("INFO", logger="llamafactory.liger_core"):
+        model = _load(tiny_llama, tiny_dataset_dir, tmp_path, stage)
+    try:
+        assert is_patched(model)
+        kinds = {getattr(m, "_liger_core_kind", None) for m in model.modules()}
+        assert {"rms_norm", "swiglu", "rope", loss_kind} <= kinds
+        other = "cross_entropy" if loss_kind != "cross_entropy" else "fused_linear_cross_entropy"
+        assert other not in kinds
+        assert "liger_core kernels active on LlamaForCausalLM" in caplog.text
+    finally:
+        revert(model)
+
+
+def test_webui_checkbox_reaches_training_args():
+    """create_ui() has the checkbox, the train inputs include it, and ticking it sets enable_liger_kernel."""
+    from liger_core_llamafactory import webui
+
+    webui.install()
+    webui.install()  # idempotent
+    import gradio as gr
+    from llamafactory.webui import runner
+    from llamafactory.webui.engine import Engine
+    from llamafactory.webui.interface import create_top, create_ui
+
+    assert isinstance(create_ui(), gr.Blocks)  # the whole UI still builds with the wrapped pieces
+    engine = Engine()
+    with gr.Blocks():
+        engine.manager.add_elems("top", create_top())
+    checkbox = engine.manager.get_elem_by_id(webui.CHECKBOX_ID)
+    assert isinstance(checkbox, gr.Checkbox) and checkbox.label == webui.CHECKBOX_LABEL
+    assert checkbox in engine.manager.get_base_elems()
+
+    wrapped = webui._wrap_parse_train_args(lambda self, data: {"stage": "sft"})
+    assert wrapped(engine.runner, {checkbox: True}) == {"stage": "sft", "enable_liger_kernel": True}
+    assert wrapped(engine.runner, {checkbox: False}) == {"stage": "sft"}
+
+    calls = []
+    popen = webui._wrap_popen(lambda cmd, *a, **k: calls.append(cmd))
+    popen(["llamafactory-cli", "train", "x.yaml"])
+    assert calls[-1] == [sys.executable, "-m", "liger_core_llamafactory", "train", "x.yaml"]
+    assert runner.Popen.__wrapped__ is not None
+    assert "liger-lmf train" in runner.gen_cmd({"stage": "sft", "output_dir": "o"})
+
+
+def test_torchrun_command_runs_our_worker(monkeypatch):
+    from liger_core_llamafactory.launch import torchrun_command
+
+    monkeypatch.setenv("NPROC_PER_NODE", "2")
+    monkeypatch.setenv("MASTER_PORT", "29555")
+    monkeypatch.delenv("RDZV_ID", raising=False)
+    cmd = torchrun_command(["c.yaml", "max_steps=1"])
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert cmd[-4:] == ["-m", "liger_core_llamafactory.worker", "c.yaml", "max_steps=1"]
