@@ -283,6 +283,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    try:
+        import transformers  # noqa: F401 - the demo trains a transformers model
+    except ImportError:
+        print(
+            "liger-core demo needs Hugging Face transformers (and matplotlib for its plot): "
+            "pip install 'liger-core[demo]'  (or: pip install transformers matplotlib)",
+            file=sys.stderr,
+        )
+        return 2
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
