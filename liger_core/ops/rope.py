@@ -124,12 +124,6 @@ def _rope_kernel(
     k_stride_b,
     k_stride_t,
     k_stride_h,
-    q_out_stride_b,
-    q_out_stride_t,
-    q_out_stride_h,
-    k_out_stride_b,
-    k_out_stride_t,
-    k_out_stride_h,
     cs_stride_b,
     cs_stride_t,
     N_Q_HEADS: tl.constexpr,
@@ -160,35 +154,32 @@ def _rope_kernel(
 
     q_in = q_ptr + b * q_stride_b + t * q_stride_t
     k_in = k_ptr + b * k_stride_b + t * k_stride_t
-    q_out = q_out_ptr + b * q_out_stride_b + t * q_out_stride_t
-    k_out = k_out_ptr + b * k_out_stride_b + t * k_out_stride_t
+    # the outputs have their input's strides (the launcher makes sure)
+    q_out = q_out_ptr + b * q_stride_b + t * q_stride_t
+    k_out = k_out_ptr + b * k_stride_b + t * k_stride_t
     if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
         # one tile each: every load of the token in flight before the first store
         q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
         k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
-        _store_rotated(
-            q_out, q_out_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
-        )
-        _store_rotated(
-            k_out, k_out_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
-        )
+        _store_rotated(q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+        _store_rotated(k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
     else:
         for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
             q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
             _store_rotated(
-                q_out, q_out_stride_h, h0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
+                q_out, q_stride_h, h0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
             )
         for h0 in tl.static_range(0, N_K_HEADS, BLOCK_HK):
             k1, k2 = _load_halves(k_in, k_stride_h, h0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
             _store_rotated(
-                k_out, k_out_stride_h, h0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
+                k_out, k_stride_h, h0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
             )
     if PASS_DIM > 0:
         _copy_pass_through(
-            q_in, q_stride_h, q_out, q_out_stride_h, N_Q_HEADS, 2 * HALF, PASS_DIM, BLOCK_HQ, BLOCK_PASS
+            q_in, q_stride_h, q_out, q_stride_h, N_Q_HEADS, 2 * HALF, PASS_DIM, BLOCK_HQ, BLOCK_PASS
         )
         _copy_pass_through(
-            k_in, k_stride_h, k_out, k_out_stride_h, N_K_HEADS, 2 * HALF, PASS_DIM, BLOCK_HK, BLOCK_PASS
+            k_in, k_stride_h, k_out, k_stride_h, N_K_HEADS, 2 * HALF, PASS_DIM, BLOCK_HK, BLOCK_PASS
         )
 
 
@@ -204,6 +195,16 @@ def _bthd_strides(x: torch.Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
     return (s_b, s_2, s_1) if unsqueeze_dim == 1 else (s_b, s_1, s_2)  # (B, H, T, D) or (B, T, H, D)
 
 
+def _with_output(x: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, an output with x's strides): ``empty_like`` keeps a dense input's layout (HF's transposed q stays
+    (B, T, H, D) in memory); an input with gaps (a slice of a fused qkv buffer) is read from a dense copy."""
+    y = torch.empty_like(x, dtype=out_dtype)
+    if y.stride() != x.stride():
+        x = x.contiguous()
+        y = torch.empty_like(x, dtype=out_dtype)
+    return x, y
+
+
 def _launch(
     x_q: torch.Tensor,
     x_k: torch.Tensor,
@@ -213,18 +214,18 @@ def _launch(
     out_dtype: torch.dtype,
     backward: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # empty_like keeps a dense input's memory layout (HF's transposed q stays (B, T, H, D) in memory)
-    y_q = torch.empty_like(x_q, dtype=out_dtype)
-    y_k = torch.empty_like(x_k, dtype=out_dtype)
+    x_q, y_q = _with_output(x_q, out_dtype)
+    x_k, y_k = _with_output(x_k, out_dtype)
     batch, dim_1, dim_2, head_dim = x_q.shape
     seq_len, n_q_heads = (dim_2, dim_1) if unsqueeze_dim == 1 else (dim_1, dim_2)
-    n_k_heads = x_k.shape[1] if unsqueeze_dim == 1 else x_k.shape[2]
+    n_k_heads = x_k.shape[unsqueeze_dim]
     if batch * seq_len == 0 or head_dim == 0:
         return y_q, y_k
     half = cos.shape[-1] // 2
     pass_dim = head_dim - 2 * half
     block_half = _pow2(half)
     heads_per_tile = max(1, _TILE_ELEMENTS // block_half)
+    cs_stride_b, cs_stride_t, _ = cos.stride()
     _rope_kernel[(batch * seq_len,)](
         x_q,
         x_k,
@@ -235,10 +236,8 @@ def _launch(
         seq_len,
         *_bthd_strides(x_q, unsqueeze_dim),
         *_bthd_strides(x_k, unsqueeze_dim),
-        *_bthd_strides(y_q, unsqueeze_dim),
-        *_bthd_strides(y_k, unsqueeze_dim),
-        cos.stride(0) if cos.shape[0] > 1 else 0,
-        cos.stride(1),
+        cs_stride_b if cos.shape[0] > 1 else 0,
+        cs_stride_t,
         N_Q_HEADS=n_q_heads,
         N_K_HEADS=n_k_heads,
         HALF=half,
@@ -299,13 +298,18 @@ class RopeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin, unsqueeze_dim: int):
         q, k = _unit_last_stride(q), _unit_last_stride(k)
-        if cos.stride() != sin.stride() or (cos.shape[-1] > 1 and cos.stride(-1) != 1):
+        cos_strides = cos.stride()
+        if cos_strides != sin.stride() or (cos_strides[-1] != 1 and cos.shape[-1] > 1):
             cos, sin = cos.contiguous(), sin.contiguous()
         ctx.unsqueeze_dim = unsqueeze_dim
         ctx.q_dtype = q.dtype
         # cos/sin gradients are rare (HF builds them under no_grad) and need q, k: keep those only then
-        ctx.table_grads = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
-        ctx.save_for_backward(cos, sin, *((q, k) if ctx.table_grads else ()))
+        needs = ctx.needs_input_grad
+        ctx.table_grads = needs[2] or needs[3]
+        if ctx.table_grads:
+            ctx.save_for_backward(cos, sin, q, k)
+        else:
+            ctx.save_for_backward(cos, sin)
         return launcher(_rope_fwd, _rope_fwd_impl)(q, k, cos, sin, unsqueeze_dim)
 
     @staticmethod

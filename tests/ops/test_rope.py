@@ -215,3 +215,29 @@ def test_rope_bad_input():
         rope(q, k, cos, sin, position_ids=torch.zeros(2, 5, dtype=torch.long))  # table must be 2-D
     with pytest.raises(TypeError, match="q"):
         rope(q.numpy(), k, cos, sin)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_rope_fused_qkv_slices(device):
+    """q/k sliced out of one fused qkv projection (Phi-3 style): unit last stride but gaps between heads and
+    tokens (read through a dense copy); forward and the fused buffer's gradient exact."""
+    batch, n_q, n_k, seq_len, head_dim = SHAPES[device]
+    width = n_q + 2 * n_k
+    qkv = torch.randn(batch, seq_len, width, head_dim, dtype=torch.float64, device=device).to(torch.bfloat16)
+    cos, sin = make_cos_sin(batch, seq_len, head_dim, torch.bfloat16, device)
+    dy = [torch.randn(batch, n, seq_len, head_dim, device=device).to(torch.bfloat16) for n in (n_q, n_k)]
+
+    def run(fn, qkv_leaf, cos, sin):
+        q = qkv_leaf[:, :, :n_q].transpose(1, 2)
+        k = qkv_leaf[:, :, n_q : n_q + n_k].transpose(1, 2)
+        out = fn(q, k, cos, sin, unsqueeze_dim=1)
+        (dqkv,) = torch.autograd.grad(out, qkv_leaf, [g.to(out[0].dtype) for g in dy])
+        return (*out, dqkv)
+
+    qkv_ours = leaf(qkv)
+    assert not qkv_ours[:, :, :n_q].is_contiguous() and qkv_ours.stride(-1) == 1
+    ours = run(rope, qkv_ours, cos, sin)
+    eager = run(apply_rotary_pos_emb, leaf(qkv), cos, sin)
+    ref = run(reference.rope, leaf(qkv, torch.float64), cos.double(), sin.double())
+    for name, o, o_e, o_r in zip(("q_embed", "k_embed", "dqkv"), ours, eager, ref):
+        assert_no_worse_than_eager(name, o, o_e, o_r)
