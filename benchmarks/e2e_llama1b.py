@@ -1,0 +1,313 @@
+"""End-to-end training throughput and peak memory of a Llama-3.2-1B-shaped model: Hugging Face eager vs
+liger-kernel's patch vs liger_core's, each mode in its own process.
+
+Model: vocab 128256, hidden 2048, 16 layers, 32 query / 8 key-value heads, intermediate 8192, tied embeddings,
+RoPE theta 500000; bf16 weights, gradients and AdamW states (fused AdamW); batch 8 x 2048 tokens; gradient
+checkpointing (non-reentrant); SDPA attention. Random weights and random token ids (throughput and memory do
+not depend on them; the first-step losses of the three modes are printed as a sanity check: same weights,
+same batch, so they must agree to bf16 noise).
+
+Modes:
+  hf            transformers as is
+  liger_kernel  ``liger_kernel.transformers.apply_liger_kernel_to_llama()`` before the model is built (its
+                defaults: rope, rms_norm, swiglu, fused linear cross-entropy); skipped if not importable
+  liger_core    ``liger_core.apply_liger_kernel(model)`` on the built model (defaults: the same four kinds)
+
+tokens/s = batch * seq_len * timed steps / wall time of those steps (after warm-up, CUDA-synchronised); peak
+memory = ``torch.cuda.max_memory_allocated()`` over the warm-up and timed steps (weights, gradients and
+optimizer states included), reserved memory alongside. Results: ``benchmarks/results/e2e_llama1b_<gpu>.csv``
+and ``.json`` (environment, per-mode details).
+
+Usage (GPU machine, repo root):  python benchmarks/e2e_llama1b.py [--modes hf liger_kernel liger_core]
+On CPU:  python benchmarks/e2e_llama1b.py --tiny   (tiny shapes; liger_core runs its Triton kernels under the
+interpreter; checks the script end to end, numbers meaningless; writes e2e_llama1b_tiny-cpu.*)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MODES = ("hf", "liger_kernel", "liger_core")
+MARK = "E2E_RESULT "
+
+LLAMA_1B = dict(
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+    max_position_embeddings=256,
+)
+
+
+def _llama_config(shape: dict):
+    from transformers import LlamaConfig
+
+    shape = dict(shape)
+    rope_theta = shape.pop("rope_theta")
+    config = LlamaConfig(**shape, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    # transformers moved rope_theta into rope_parameters (5.x); set it whichever way this version reads it
+    rope_parameters = getattr(config, "rope_parameters", None)
+    if isinstance(rope_parameters, dict):
+        rope_parameters["rope_theta"] = rope_theta
+    else:
+        config.rope_theta = rope_theta
+    config._attn_implementation = "sdpa"
+    config.use_cache = False
+    return config
+
+
+def worker(mode: str, opts: dict) -> dict:
+    import torch
+
+    device = torch.device(opts["device"])
+    dtype = getattr(torch, opts["dtype"])
+    result = dict(mode=mode, status="ok")
+    if mode == "liger_kernel":
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+        except Exception as e:  # noqa: BLE001 - any import failure means the mode cannot run
+            return dict(
+                mode=mode, status="skipped", error=f"liger_kernel not importable: {type(e).__name__}: {e}"
+            )
+        apply_liger_kernel_to_llama()  # class level, before the model is built (its documented usage)
+        import liger_kernel
+
+        result["version"] = getattr(liger_kernel, "__version__", "?")
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = _llama_config(opts["shape"])
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    model.to(device=device, dtype=dtype)
+    if mode == "liger_core":
+        import liger_core
+
+        result["report"] = str(liger_core.apply_liger_kernel(model))
+        result["version"] = liger_core.__version__
+    if opts["grad_ckpt"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+
+    gen = torch.Generator().manual_seed(1)
+    n_batches = 4
+    batches = [
+        torch.randint(0, config.vocab_size, (opts["batch"], opts["seq"]), generator=gen).to(device)
+        for _ in range(n_batches)
+    ]
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    losses = []
+    total = opts["warmup"] + opts["steps"]
+    start = None
+    for step in range(total):
+        if step == opts["warmup"]:
+            sync()
+            start = time.perf_counter()
+        ids = batches[step % n_batches]
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step == 0 or step == total - 1:
+            losses.append(loss.item())
+    sync()
+    elapsed = time.perf_counter() - start
+    tokens = opts["batch"] * opts["seq"] * opts["steps"]
+    result.update(
+        tokens_per_s=tokens / elapsed,
+        step_time_s=elapsed / opts["steps"],
+        first_loss=losses[0],
+        last_loss=losses[-1],
+        params=sum(p.numel() for p in model.parameters()),
+    )
+    if device.type == "cuda":
+        result.update(
+            peak_alloc_gib=torch.cuda.max_memory_allocated() / 2**30,
+            peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+        )
+    return result
+
+
+def _spawn(mode: str, opts: dict, timeout: float) -> dict:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    if opts["device"] == "cpu" and mode == "liger_core":
+        env["TRITON_INTERPRET"] = "1"  # --tiny on CPU: run liger_core's Triton kernels in the interpreter
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--opts", json.dumps(opts)]
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(mode=mode, status="timeout", error=f"no result within {timeout:.0f} s")
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            result = json.loads(line[len(MARK) :])
+            result["wall_s"] = time.perf_counter() - started
+            return result
+    tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-15:])
+    status = "oom" if "OutOfMemoryError" in tail or "out of memory" in tail else "failed"
+    return dict(mode=mode, status=status, error=f"exit code {proc.returncode}: {tail}")
+
+
+def _environment() -> dict:
+    import torch
+
+    env = dict(python=platform.python_version(), torch=torch.__version__)
+    for name in ("transformers", "triton", "liger_kernel"):
+        try:
+            env[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001
+            env[name] = None
+    env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --tiny 2)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --tiny 1)")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--seq", type=int, default=None)
+    parser.add_argument("--no-grad-ckpt", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test of this script (tiny shapes)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds per mode (default 240; --tiny 600)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--opts", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        try:
+            result = worker(args.worker, json.loads(args.opts))
+        except Exception as e:  # noqa: BLE001 - report, do not hang the parent
+            oom = "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
+            result = dict(
+                mode=args.worker, status="oom" if oom else "failed", error=f"{type(e).__name__}: {e}"
+            )
+            traceback.print_exc()
+        print(MARK + json.dumps(result), flush=True)
+        return 0
+
+    import torch
+
+    cuda = torch.cuda.is_available() and not args.tiny
+    if not cuda and not args.tiny:
+        print(
+            "e2e_llama1b: no CUDA device; run with --tiny for a CPU smoke test of the script", file=sys.stderr
+        )
+        return 2
+    opts = dict(
+        device="cuda" if cuda else "cpu",
+        dtype="bfloat16" if cuda else "float32",
+        shape=LLAMA_1B if not args.tiny else TINY,
+        batch=args.batch or (8 if not args.tiny else 1),
+        seq=args.seq or (2048 if not args.tiny else 16),
+        steps=args.steps or (20 if not args.tiny else 2),
+        warmup=args.warmup if args.warmup is not None else (3 if not args.tiny else 1),
+        grad_ckpt=not args.no_grad_ckpt,
+    )
+    timeout = args.timeout or (240 if cuda else 600)
+    env = _environment()
+    tag = (env["gpu"] or "tiny-cpu").replace(" ", "_") if cuda else "tiny-cpu"
+    print(f"e2e_llama1b: {env}")
+    print(
+        f"  model {'Llama-3.2-1B shape' if not args.tiny else 'tiny'}: {opts['shape']}\n"
+        f"  {opts['dtype']}, batch {opts['batch']} x {opts['seq']}, grad checkpointing {opts['grad_ckpt']}, "
+        f"fused AdamW, {opts['warmup']} warm-up + {opts['steps']} timed steps",
+        flush=True,
+    )
+    results = []
+    for mode in args.modes:
+        result = _spawn(mode, opts, timeout)
+        results.append(result)
+        line = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k != "error"}
+        print(f"  {mode}: {line}", flush=True)
+        if result.get("error"):
+            print(f"    error: {result['error']}", flush=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"e2e_llama1b_{tag}"
+    fields = ["mode", "status", "tokens_per_s", "step_time_s", "peak_alloc_gib", "peak_reserved_gib"]
+    fields += ["first_loss", "last_loss", "params", "version", "wall_s", "error"]
+    with open(f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for r in results:
+            writer.writerow(r)
+    Path(f"{stem}.json").write_text(
+        json.dumps(dict(environment=env, options=opts, results=results), indent=2)
+    )
+
+    print(f"\n  {'mode':14}{'status':>9}{'tokens/s':>12}{'peak alloc':>12}{'reserved':>10}{'first loss':>12}")
+    for r in results:
+        alloc = f"{r['peak_alloc_gib']:.2f} GiB" if "peak_alloc_gib" in r else "-"
+        reserved = f"{r['peak_reserved_gib']:.1f}" if "peak_reserved_gib" in r else "-"
+        tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
+        first = f"{r['first_loss']:.4f}" if "first_loss" in r else "-"
+        print(f"  {r['mode']:14}{r['status']:>9}{tps:>12}{alloc:>12}{reserved:>10}{first:>12}")
+    by_mode = {r["mode"]: r for r in results if r["status"] == "ok"}
+    ours, peer = by_mode.get("liger_core"), by_mode.get("liger_kernel")
+    if ours and peer and "peak_alloc_gib" in ours:
+        faster = ours["tokens_per_s"] / peer["tokens_per_s"]
+        leaner = ours["peak_alloc_gib"] / peer["peak_alloc_gib"]
+        verdict = "yes" if faster > 1 and leaner < 1 else "NO"
+        print(
+            f"\n  liger_core vs liger_kernel: tokens/s x{faster:.3f}, peak memory x{leaner:.3f}; "
+            f"beats it on both: {verdict}"
+        )
+    if ours and by_mode.get("hf") and "peak_alloc_gib" in ours:
+        hf = by_mode["hf"]
+        print(
+            f"  liger_core vs hf: tokens/s x{ours['tokens_per_s'] / hf['tokens_per_s']:.3f}, "
+            f"peak memory x{ours['peak_alloc_gib'] / hf['peak_alloc_gib']:.3f}"
+        )
+    print(f"  wrote {stem}.csv and {stem}.json")
+    return 0 if "liger_core" not in args.modes or ours else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
