@@ -5,7 +5,7 @@ Math (``jsd`` is liger_core.ops.jsd's generalised JSD, beta weighting the teache
 
     z_s = h_s @ W_s^T,  z_t = h_t @ W_t^T                        (per token chunk, in the models' dtypes)
     x   = log_softmax(z_s / T),  y = log_softmax(z_t / T)        (fp32, inside the kernel)
-    loss = sum over kept rows of JSD_beta(x, y) / n_kept         (fp32 terms, float64 sums; no T^2 factor)
+    loss = sum over kept rows of JSD_beta(x, y) / n_kept         (float64 sums; no T^2 factor)
     dz_s = (dx - Q * sum_j dx_j) / T,  Q = e^x                   (softmax backward, dx = dJSD/dx / n_kept)
     dh_s = dz_s @ W_s,   dW_s = sum over chunks of dz_s^T @ h_s  (dW_s accumulated in fp32)
 
@@ -17,8 +17,10 @@ by grad_output and rounds them once to the parameters' dtype (no host sync, exac
 Peak extra memory: two (chunk_size x V) logits buffers and the fp32 gradients (for bf16 parameters the fp32
 dW_s lives until backward, where the bf16 one is written from it). The teacher gets no gradient.
 
-exp and log in the kernel are liger_core.ops.jsd's exp_precise / log_precise (about 1 ulp in fp32), and
-logits / T is a correctly rounded division, as in the eager composition.
+For fp32 models the kernel's math is float64 (the fp32 loss and dz_s are then exact to their last rounding;
+fp32 log-probs would leave a few ulp of |log-prob| in every term), for bf16/fp16 models fp32. exp and log
+are liger_core.ops.jsd's exp_precise / log_precise (about 1 ulp in fp32), and logits / T is a correctly
+rounded division, as in the eager composition.
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ def default_chunk_rows(n_rows: int, vocab: int, bytes_per_logit_pair: int) -> in
 
 
 @triton.jit
-def _scaled_logits(ptr, offsets, mask, temperature):
-    """Logits / temperature in fp32, correctly rounded like the eager division; masked-off lanes are -inf."""
-    z = tl.load(ptr + offsets, mask=mask, other=float("-inf")).to(tl.float32)
+def _scaled_logits(ptr, offsets, mask, temperature, DTYPE: tl.constexpr):
+    """Logits / temperature in DTYPE, correctly rounded like the eager division; masked-off lanes are -inf."""
+    z = tl.load(ptr + offsets, mask=mask, other=float("-inf")).to(DTYPE)
+    if DTYPE == tl.float64:
+        return z / temperature
     return tl.math.div_rn(z, temperature)
 
 
@@ -77,16 +81,15 @@ def _fused_jsd_logits_kernel(
     zt_ptr,  # teacher logits of the chunk
     zt_row_stride,
     labels_ptr,
-    grad_scale_ptr,  # 1 / (n_kept * temperature), fp32 0-dim
-    loss_ptr,  # per-row JSD, float64 sums of fp32 terms (the caller divides the sum by n_kept)
+    params_ptr,  # float64 [temperature, beta, 1 / (n_kept * temperature)]
+    loss_ptr,  # per-row JSD, float64 (the caller divides the sum by n_kept)
     n_rows,
     n_cols,
-    temperature,
-    beta,
     ignore_index,
     MODE: tl.constexpr,
     HAS_LABELS: tl.constexpr,
     COMPUTE_GRAD: tl.constexpr,
+    STATS: tl.constexpr,  # dtype of the math after the loads: float64 (fp32 logits) or float32
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -95,18 +98,20 @@ def _fused_jsd_logits_kernel(
     cols = tl.arange(0, BLOCK_N)
     zs_row = zs_ptr + rows[:, None] * zs_row_stride
     zt_row = zt_ptr + rows[:, None] * zt_row_stride
+    temperature = tl.load(params_ptr).to(STATS)
+    beta = tl.load(params_ptr + 1).to(STATS)
 
     # Pass 1: online max and sum of exp of both rows of scaled logits. Ignored rows are never read (their
     # lanes are -inf, so their statistics are NaN until replaced below).
-    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    sum_s = tl.zeros([BLOCK_M], dtype=tl.float32)
-    sum_t = tl.zeros([BLOCK_M], dtype=tl.float32)
+    max_s = tl.full([BLOCK_M], float("-inf"), STATS)
+    max_t = tl.full([BLOCK_M], float("-inf"), STATS)
+    sum_s = tl.zeros([BLOCK_M], dtype=STATS)
+    sum_t = tl.zeros([BLOCK_M], dtype=STATS)
     for start in range(0, n_cols, BLOCK_N):
         offsets = (start + cols)[None, :]
         mask = keep[:, None] & (offsets < n_cols)
-        zs = _scaled_logits(zs_row, offsets, mask, temperature)
-        zt = _scaled_logits(zt_row, offsets, mask, temperature)
+        zs = _scaled_logits(zs_row, offsets, mask, temperature, STATS)
+        zt = _scaled_logits(zt_row, offsets, mask, temperature, STATS)
         new_max_s = tl.maximum(max_s, tl.max(zs, axis=1))
         new_max_t = tl.maximum(max_t, tl.max(zt, axis=1))
         sum_s = sum_s * exp_precise(max_s - new_max_s) + tl.sum(exp_precise(zs - new_max_s[:, None]), axis=1)
@@ -114,38 +119,36 @@ def _fused_jsd_logits_kernel(
         max_s = new_max_s
         max_t = new_max_t
     # Ignored rows: finite stand-ins, so that their (all -inf) lanes give exactly zero loss and gradient.
-    max_s = tl.where(keep, max_s, 0.0)
-    max_t = tl.where(keep, max_t, 0.0)
+    max_s = tl.where(keep, max_s, 0.0)[:, None]
+    max_t = tl.where(keep, max_t, 0.0)[:, None]
     # log_softmax = (z - max) - log(sum), as torch computes it: max + log(sum) is never rounded as one number
     log_sum_s = log_precise(tl.where(keep, sum_s, 1.0))[:, None]
     log_sum_t = log_precise(tl.where(keep, sum_t, 1.0))[:, None]
-    max_s = max_s[:, None]
-    max_t = max_t[:, None]
 
     # Pass 2: the rows' loss, and sum_j dx_j for the softmax backward.
     loss_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
-    dx_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    dx_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=STATS)
     for start in range(0, n_cols, BLOCK_N):
         offsets = (start + cols)[None, :]
         mask = keep[:, None] & (offsets < n_cols)
-        x = (_scaled_logits(zs_row, offsets, mask, temperature) - max_s) - log_sum_s
-        y = (_scaled_logits(zt_row, offsets, mask, temperature) - max_t) - log_sum_t
+        x = (_scaled_logits(zs_row, offsets, mask, temperature, STATS) - max_s) - log_sum_s
+        y = (_scaled_logits(zt_row, offsets, mask, temperature, STATS) - max_t) - log_sum_t
         loss, dx = jsd_terms(x, y, beta, MODE)
         loss_acc += loss.to(tl.float64)
         dx_acc += dx
     tl.store(loss_ptr + rows, tl.sum(loss_acc, axis=1), mask=row_mask)
 
-    # Pass 3: dlogits = (dx - Q * sum(dx)) / (T * n_kept), written over the student logits (ignored rows
-    # get zeros: their buffer rows hold logits).
+    # Pass 3: dlogits = (dx - Q * sum(dx)) / (T * n_kept), written over the student logits (ignored rows get
+    # zeros: their buffer rows hold logits).
     if COMPUTE_GRAD:
+        grad_scale = tl.load(params_ptr + 2).to(STATS)
         dx_sum = tl.sum(dx_acc, axis=1)[:, None]
-        grad_scale = tl.load(grad_scale_ptr)
         for start in range(0, n_cols, BLOCK_N):
             offsets = (start + cols)[None, :]
             col_mask = offsets < n_cols
             mask = keep[:, None] & col_mask
-            x = (_scaled_logits(zs_row, offsets, mask, temperature) - max_s) - log_sum_s
-            y = (_scaled_logits(zt_row, offsets, mask, temperature) - max_t) - log_sum_t
+            x = (_scaled_logits(zs_row, offsets, mask, temperature, STATS) - max_s) - log_sum_s
+            y = (_scaled_logits(zt_row, offsets, mask, temperature, STATS) - max_t) - log_sum_t
             _, dx = jsd_terms(x, y, beta, MODE)
             dz = tl.where(keep[:, None], (dx - exp_precise(x) * dx_sum) * grad_scale, 0.0)
             tl.store(zs_row + offsets, dz.to(zs_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask)
@@ -208,9 +211,12 @@ def _fused_linear_jsd_fwd(
     device = student_hidden.device
     compute_grad = grad_hidden or grad_weight
     row_loss = torch.empty(n_rows, dtype=torch.float64, device=device)
-    n_kept = kept_count(labels, ignore_index, n_rows, device)
-    # 1 / (n_kept * T) rounded once (eager rounds g / n_kept and then / T: two roundings)
-    grad_scale = (1.0 / (n_kept.double() * temperature)).float()
+    n_kept = kept_count(labels, ignore_index, n_rows, device).double()
+    # float64 [T, beta, 1 / (n_kept * T)]: exact for float64 math, each rounded once for fp32 math (eager
+    # rounds g / n_kept, then / T)
+    params = torch.stack(
+        [torch.full_like(n_kept, temperature), torch.full_like(n_kept, beta), 1.0 / (n_kept * temperature)]
+    )
     dh = torch.empty(student_hidden.shape, dtype=torch.float32, device=device) if grad_hidden else None
     dw = torch.zeros(student_weight.shape, dtype=torch.float32, device=device) if grad_weight else None
 
@@ -218,6 +224,10 @@ def _fused_linear_jsd_fwd(
     zs_buffer = torch.empty((chunk_size, vocab), dtype=student_hidden.dtype, device=device)
     zt_buffer = torch.empty((chunk_size, vocab), dtype=teacher_hidden.dtype, device=device)
     tiles = row_tiles(chunk_size, vocab, device)
+    # fp32 logits: float64 math, so that the fp32 loss and dlogits are exact to their last rounding (fp32
+    # log-probs would leave a few ulp of |log-prob| in every term); bf16/fp16 logits: their own rounding
+    # dominates, fp32 math is plenty
+    stats_dtype = tl.float64 if student_hidden.dtype == torch.float32 else tl.float32
     for start in range(0, n_rows, chunk_size):
         end = min(start + chunk_size, n_rows)
         hs = student_hidden[start:end]
@@ -231,16 +241,15 @@ def _fused_linear_jsd_fwd(
             zt,
             zt.stride(0),
             labels[start:end] if labels is not None else None,
-            grad_scale,
+            params,
             row_loss[start:end],
             end - start,
             vocab,
-            temperature,
-            beta,
             ignore_index,
             MODE=jsd_mode(beta),
             HAS_LABELS=labels is not None,
             COMPUTE_GRAD=compute_grad,
+            STATS=stats_dtype,
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps,

@@ -86,7 +86,7 @@ def jsd_mode(beta: float) -> int:
 
 @triton.jit
 def exp_precise(x):
-    """e^x in fp32 to about 1 ulp on every backend.
+    """e^x in fp32 to about 1 ulp on every backend (float64 inputs: ``tl.exp``, which is accurate there).
 
     On NVIDIA GPUs ``tl.exp`` is ``ex2.approx(x * log2(e))``, whose relative error grows with |x| (several
     ulp at x = -10), which would make fp32 results less accurate than eager PyTorch's. Here: Cody-Waite
@@ -94,6 +94,8 @@ def exp_precise(x):
     (truncation < 0.1 ulp) and 2^k built from its bits. Results below the smallest normal float (x < -87.3)
     are flushed to 0.
     """
+    if x.dtype == tl.float64:  # float64 exp is libdevice's / numpy's, accurate
+        return tl.exp(x)
     x = tl.where(x > 89.0, 89.0, x)  # e^89 overflows: 2^128 * p = inf, as it should (NaN passes through)
     k = tl.floor(x * 1.4426950408889634 + 0.5)
     k = tl.where(k < -126.0, -126.0, k)
@@ -112,11 +114,14 @@ def exp_precise(x):
 
 @triton.jit
 def log_precise(x):
-    """ln(x) in fp32 to about 1 ulp on every backend (``tl.log`` is lg2.approx-based on NVIDIA GPUs).
+    """ln(x) in fp32 to about 1 ulp on every backend (``tl.log`` is lg2.approx-based on NVIDIA GPUs for fp32;
+    float64 inputs use it).
 
     x = 2^e * m with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, odd
     series to s^11 (truncation < 1e-10). Zero, subnormal, negative, inf and NaN inputs go to ``tl.log``.
     """
+    if x.dtype == tl.float64:
+        return tl.log(x)
     bits = x.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
     m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
@@ -138,7 +143,7 @@ def log_precise(x):
 
 @triton.jit
 def jsd_terms(x, y, beta, MODE: tl.constexpr):
-    """Elementwise (loss, dloss/dx) for fp32 student log-probs ``x`` and teacher log-probs ``y``.
+    """Elementwise (loss, dloss/dx) for student log-probs ``x`` and teacher log-probs ``y`` (fp32 or float64).
 
     The mixture's log-ratios are computed from d = x - y, never as y - log M with log M rounded on its own:
     with e = exp(-|d|) (no overflow), L = -log(beta + (1 - beta) e) when d <= 0, else -log(1 - beta + beta e),

@@ -72,12 +72,11 @@ def _kl_div_fwd_kernel(
 def _kl_div_bwd_kernel(
     t_ptr,
     t_row_stride,
-    g_ptr,  # grad_output: a 0-dim tensor when SCALAR_GRAD, else (rows, n_cols)
+    g_ptr,  # grad_output / divisor as an fp32 0-dim tensor when SCALAR_GRAD, else grad_output (rows, n_cols)
     g_row_stride,
     dx_ptr,
     n_rows,
     n_cols,
-    inv_divisor,
     LOG_TARGET: tl.constexpr,
     SCALAR_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -86,7 +85,7 @@ def _kl_div_bwd_kernel(
     rows, row_mask = tile_rows(n_rows, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     if SCALAR_GRAD:
-        g = tl.load(g_ptr).to(tl.float32) * inv_divisor
+        g = tl.load(g_ptr)
     for start in range(0, n_cols, BLOCK_N):
         offsets = start + cols
         mask = row_mask[:, None] & (offsets < n_cols)[None, :]
@@ -140,8 +139,9 @@ def _(x, t, log_target, reduce):
 
 @torch.library.custom_op("liger_core::kl_div_bwd", mutates_args=())
 def _kl_div_bwd(
-    grad_output: torch.Tensor, t: torch.Tensor, inv_divisor: float, log_target: bool, dtype: torch.dtype
+    grad_output: torch.Tensor, t: torch.Tensor, log_target: bool, dtype: torch.dtype
 ) -> torch.Tensor:
+    """d loss / d input (rows, V) in ``dtype``; grad_output is already divided by the reduction's divisor."""
     n_rows, n_cols = t.shape
     dx = torch.empty((n_rows, n_cols), dtype=dtype, device=t.device)
     scalar_grad = grad_output.dim() == 0
@@ -155,7 +155,6 @@ def _kl_div_bwd(
             dx,
             n_rows,
             n_cols,
-            inv_divisor,
             LOG_TARGET=log_target,
             SCALAR_GRAD=scalar_grad,
             BLOCK_M=tiles.block_m,
@@ -166,7 +165,7 @@ def _kl_div_bwd(
 
 
 @_kl_div_bwd.register_fake
-def _(grad_output, t, inv_divisor, log_target, dtype):
+def _(grad_output, t, log_target, dtype):
     return t.new_empty(t.shape, dtype=dtype)
 
 
@@ -176,22 +175,22 @@ class KLDivFunction(torch.autograd.Function):
         x, t = as_rows(input), as_rows(target.detach())
         reduce = reduction != "none"
         out = _kl_div_fwd(x, t, log_target, reduce)
-        divisor = {"none": 1, "sum": 1, "mean": input.numel(), "batchmean": input.shape[0]}[reduction]
         ctx.save_for_backward(t)
-        ctx.inv_divisor = 1.0 / divisor if divisor else float("nan")  # 0/0 is NaN in torch too
+        ctx.divisor = {"none": 1, "sum": 1, "mean": input.numel(), "batchmean": input.shape[0]}[reduction]
         ctx.log_target, ctx.input_shape, ctx.input_dtype = log_target, input.shape, input.dtype
         if not reduce:
             return out.view(input.shape)
-        return (out.sum() / divisor).to(input.dtype)
+        return (out.sum() / ctx.divisor).to(input.dtype)  # 0 / 0 (empty input) is NaN, as in torch
 
     @staticmethod
     def backward(ctx, grad_output):
         (t,) = ctx.saved_tensors
-        if grad_output.dim() != 0:
+        if grad_output.dim() == 0:
+            # grad_output / divisor correctly rounded, as eager's mean backward computes it
+            grad_output = grad_output.to(torch.float32) / ctx.divisor
+        else:
             grad_output = as_rows(grad_output)
-            if grad_output.stride(-1) != 1:
-                grad_output = grad_output.contiguous()
-        dx = _kl_div_bwd(grad_output, t, ctx.inv_divisor, ctx.log_target, ctx.input_dtype)
+        dx = _kl_div_bwd(grad_output, t, ctx.log_target, ctx.input_dtype)
         return dx.view(ctx.input_shape), None, None, None
 
 

@@ -1,0 +1,231 @@
+"""fused_linear_jsd: lm_head projections of student and teacher + generalised JSD, chunked over tokens, vs the
+float64 reference of the same inputs and no worse than the eager composition (full logits, fp32 softmax)."""
+
+import importlib
+import math
+
+import pytest
+import torch
+from helpers import HAS_CUDA, assert_no_worse_than_eager, leaf, noncontiguous
+
+from liger_core import reference
+from liger_core.modules import LigerFusedLinearJSD
+from liger_core.ops import fused_linear_jsd
+from liger_core.reference.jsd import jsd_rows
+
+flj_module = importlib.import_module("liger_core.ops.fused_linear_jsd")
+
+
+def make_inputs(n_rows, hidden_s, hidden_t, vocab, dtype, device, leading=None, logit_scale=1.0):
+    """Hidden states and lm_head weights whose logits have standard deviation ~logit_scale."""
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, dtype=torch.float64, device=device) * scale).to(dtype)
+
+    lead = leading or (n_rows,)
+    sh = randn(*lead, hidden_s)
+    sw = randn(vocab, hidden_s, scale=logit_scale / math.sqrt(hidden_s))
+    th = randn(*lead, hidden_t)
+    tw = randn(vocab, hidden_t, scale=logit_scale / math.sqrt(hidden_t))
+    labels = torch.randint(0, vocab, lead, device=device)
+    labels[torch.rand(lead, device=device) < 0.25] = -100
+    return sh, sw, th, tw, labels
+
+
+def run(fn, sh, sw, th, tw, labels, beta, temperature, go, dtype=None, **kwargs):
+    """(loss, d student_hidden, d student_weight) of fn on copies of the inputs (cast to dtype)."""
+    h, w = leaf(sh, dtype), leaf(sw, dtype)
+    cast = (lambda t: t.to(dtype)) if dtype is not None else (lambda t: t)
+    loss = fn(h, w, cast(th), cast(tw), labels, beta, -100, temperature, **kwargs)
+    dh, dw = torch.autograd.grad(loss, (h, w), go.to(loss.dtype))
+    return loss, dh, dw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_fused_linear_jsd_matches_float64(dtype, beta, poison_empty):
+    """37 tokens in chunks of 8, hidden sizes 67 (student) / 45 (teacher), vocabulary 131, temperature 0.7,
+    a quarter of the rows ignored, grad_output != 1."""
+    sh, sw, th, tw, labels = make_inputs(37, 67, 45, 131, dtype, "cpu")
+    go = torch.rand((), dtype=torch.float64) + 0.5
+    ours = run(fused_linear_jsd, sh, sw, th, tw, labels, beta, 0.7, go, chunk_size=8)
+    eager = run(reference.fused_linear_jsd, sh, sw, th, tw, labels, beta, 0.7, go)
+    ref = run(reference.fused_linear_jsd, sh, sw, th, tw, labels, beta, 0.7, go, dtype=torch.float64)
+    assert ours[0].dtype == torch.float32 and ours[0].shape == ()
+    assert ours[1].dtype == dtype and ours[2].dtype == dtype
+    for name, a, e, r in zip(("loss", "grad_student_hidden", "grad_student_weight"), ours, eager, ref):
+        assert_no_worse_than_eager(name, a, e, r)
+    assert (ours[1][labels == -100] == 0).all()
+
+
+def test_fused_linear_jsd_noncontiguous_3d_default_chunk(poison_empty):
+    """(2, 19, H) strided hidden states, vocabulary 1031, no labels, temperature 1, default chunk size."""
+    sh, sw, th, tw, _ = make_inputs(38, 67, 45, 1031, torch.bfloat16, "cpu", leading=(2, 19))
+    sh, th = noncontiguous(sh), noncontiguous(th)
+    go = torch.tensor(1.0, dtype=torch.float64)
+    ours = run(fused_linear_jsd, sh, sw, th, tw, None, 0.5, 1.0, go)
+    eager = run(reference.fused_linear_jsd, sh, sw, th, tw, None, 0.5, 1.0, go)
+    ref = run(reference.fused_linear_jsd, sh, sw, th, tw, None, 0.5, 1.0, go, dtype=torch.float64)
+    assert ours[1].shape == sh.shape
+    for name, a, e, r in zip(("loss", "grad_student_hidden", "grad_student_weight"), ours, eager, ref):
+        assert_no_worse_than_eager(name, a, e, r)
+
+
+def test_fused_linear_jsd_never_materialises_logits(monkeypatch):
+    """With chunk_size 8, no matmul produces more than 8 rows of logits, and the result equals (to rounding)
+    the single-chunk one."""
+    sh, sw, th, tw, labels = make_inputs(37, 67, 45, 131, torch.float32, "cpu")
+    go = torch.tensor(0.8, dtype=torch.float64)
+    one_chunk = run(fused_linear_jsd, sh, sw, th, tw, labels, 0.5, 1.3, go, chunk_size=37)
+    widest = []
+    real_mm = torch.mm
+
+    def spy_mm(a, b, *args, **kwargs):
+        out = real_mm(a, b, *args, **kwargs)
+        if out.shape[-1] == 131:
+            widest.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(torch, "mm", spy_mm)
+    chunked = run(fused_linear_jsd, sh, sw, th, tw, labels, 0.5, 1.3, go, chunk_size=8)
+    monkeypatch.undo()
+    assert widest and max(widest) == 8 and len(widest) == 2 * math.ceil(37 / 8)  # student + teacher per chunk
+    for a, b in zip(one_chunk, chunked):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * b.abs().max().item())
+
+
+def test_fused_linear_jsd_all_ignored_and_partial_grads():
+    sh, sw, th, tw, _ = make_inputs(19, 67, 45, 131, torch.float32, "cpu")
+    h, w = leaf(sh), leaf(sw)
+    loss = fused_linear_jsd(h, w, th, tw, torch.full((19,), -100), beta=0.5, chunk_size=8)
+    loss.backward()  # grad_output == 1
+    assert loss.item() == 0.0 and (h.grad == 0).all() and (w.grad == 0).all()
+
+    labels = torch.randint(0, 131, (19,))
+    want = reference.fused_linear_jsd(sh, sw, th, tw, labels, beta=0.5)
+    w_only = leaf(sw)
+    loss = fused_linear_jsd(sh, w_only, th, tw, labels, beta=0.5, chunk_size=8)
+    (dw,) = torch.autograd.grad(loss, w_only)
+    h_only = leaf(sh)
+    (dh,) = torch.autograd.grad(fused_linear_jsd(h_only, sw, th, tw, labels, beta=0.5), h_only)
+    with torch.no_grad():
+        no_grad = fused_linear_jsd(sh, sw, th, tw, labels, beta=0.5)
+    w_r, h_r = leaf(sw, torch.float64), leaf(sh, torch.float64)
+    want_r = reference.fused_linear_jsd(h_r, w_r, th.double(), tw.double(), labels, beta=0.5)
+    dh_r, dw_r = torch.autograd.grad(want_r, (h_r, w_r))
+    for got in (loss, no_grad):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    torch.testing.assert_close(dw.double(), dw_r, rtol=1e-4, atol=1e-5 * dw_r.abs().max().item())
+    torch.testing.assert_close(dh.double(), dh_r, rtol=1e-4, atol=1e-5 * dh_r.abs().max().item())
+
+
+def test_fused_linear_jsd_extreme_logits():
+    """Logits up to +-1e4 (peaky rows, probabilities of exactly 0), checked against float64."""
+    sh, sw, th, tw, labels = make_inputs(19, 67, 45, 131, torch.float32, "cpu", logit_scale=30.0)
+    sh[:3] *= 300.0  # rows with logits of order 1e4 (one-hot softmax: zero gradient for those rows)
+    labels[:3] = 1
+    assert (sh[:3] @ sw.t()).abs().max() > 5e3
+    go = torch.tensor(1.7, dtype=torch.float64)
+    ours = run(fused_linear_jsd, sh, sw, th, tw, labels, 0.5, 1.0, go, chunk_size=8)
+    ref = run(reference.fused_linear_jsd, sh, sw, th, tw, labels, 0.5, 1.0, go, dtype=torch.float64)
+    for a, r in zip(ours, ref):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), r, rtol=1e-4, atol=1e-5 * r.abs().max().item())
+
+
+def test_fused_linear_jsd_module():
+    sh, sw, th, tw, labels = make_inputs(19, 67, 45, 131, torch.bfloat16, "cpu")
+    module = LigerFusedLinearJSD(beta=0.3, ignore_index=-100, temperature=2.0)
+    assert list(module.state_dict()) == [] and "temperature=2.0" in repr(module)
+    got = module(sh, sw, th, tw, labels)
+    torch.testing.assert_close(got, fused_linear_jsd(sh, sw, th, tw, labels, 0.3, -100, 2.0), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="temperature"):
+        LigerFusedLinearJSD(temperature=0.0)
+
+
+def test_fused_linear_jsd_custom_ops_opcheck():
+    sh, sw, th, tw, labels = make_inputs(5, 7, 6, 33, torch.float32, "cpu")
+    torch.library.opcheck(
+        flj_module._fused_linear_jsd_fwd, (sh, sw, th, tw, labels, 0.5, -100, 1.5, 2, True, True)
+    )
+    torch.library.opcheck(
+        flj_module._fused_linear_jsd_fwd, (sh, sw, th, tw, None, 1.0, -100, 1.0, 8, False, True)
+    )
+    torch.library.opcheck(flj_module._scale_to, (torch.randn(5, 7), torch.tensor(0.5), torch.bfloat16))
+
+
+def test_fused_linear_jsd_bad_input():
+    sh, sw, th, tw, labels = make_inputs(4, 8, 6, 11, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="teacher_weight"):
+        fused_linear_jsd(sh, sw, th, torch.randn(12, 6))
+    with pytest.raises(ValueError, match="student_weight"):
+        fused_linear_jsd(sh, torch.randn(11, 9), th, tw)
+    with pytest.raises(ValueError, match="teacher_weight"):
+        fused_linear_jsd(sh, sw, th, torch.randn(11, 7))
+    with pytest.raises(ValueError, match="teacher_hidden"):
+        fused_linear_jsd(sh, sw, torch.randn(5, 6), tw)
+    with pytest.raises(TypeError, match="student_weight"):
+        fused_linear_jsd(sh, sw.double(), th, tw)
+    with pytest.raises(TypeError, match="teacher_hidden"):
+        fused_linear_jsd(sh, sw, th.long(), tw)
+    with pytest.raises(ValueError, match="student_weight"):
+        fused_linear_jsd(sh, sw[0], th, tw)
+    with pytest.raises(ValueError, match="shift_labels"):
+        fused_linear_jsd(sh, sw, th, tw, torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="beta"):
+        fused_linear_jsd(sh, sw, th, tw, beta=2.0)
+    with pytest.raises(ValueError, match="temperature"):
+        fused_linear_jsd(sh, sw, th, tw, temperature=-1.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        fused_linear_jsd(sh, sw, th, tw, chunk_size=0)
+    with pytest.raises(ValueError, match="teacher_weight"):
+        fused_linear_jsd(sh, sw, th, torch.empty(11, 6, device="meta"))
+
+
+def float64_reference_in_chunks(sh, sw, th, tw, labels, beta, temperature, go, rows=256):
+    """Loss and gradients of the float64 reference, row chunk by row chunk (float64 logits of 4096 x 128256
+    would take 4 GiB per model, with several temporaries each)."""
+    w = sw.detach().double().requires_grad_(True)
+    tw64 = tw.double()
+    kept = labels != -100
+    n_kept = max(int(kept.sum()), 1)
+    loss, dh, dw = 0.0, torch.zeros_like(sh, dtype=torch.float64), torch.zeros_like(w)
+    for idx in torch.arange(sh.shape[0], device=sh.device).split(rows):
+        h = leaf(sh[idx], torch.float64)
+        x = torch.log_softmax(h @ w.t() / temperature, -1)
+        y = torch.log_softmax(th[idx].double() @ tw64.t() / temperature, -1)
+        part = jsd_rows(x[kept[idx]], y[kept[idx]], beta).sum() / n_kept
+        g_h, g_w = torch.autograd.grad(part, (h, w), go)
+        loss += part.item()
+        dh[idx] = g_h
+        dw += g_w
+    return torch.tensor(loss, dtype=torch.float64), dh, dw
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_fused_linear_jsd_llama_shapes_cuda(beta):
+    """4096 tokens, student hidden 2048, teacher hidden 4096, vocabulary 128256, bf16: no worse than the eager
+    composition, and peak extra memory bounded by one chunk's logits plus the gradients (the full logits of
+    either model would be 1 GiB in bf16, 2 GiB in fp32)."""
+    n, hidden_s, hidden_t, vocab = 4096, 2048, 4096, 128256
+    sh, sw, th, tw, labels = make_inputs(n, hidden_s, hidden_t, vocab, torch.bfloat16, "cuda")
+    go = torch.tensor(0.75, dtype=torch.float64, device="cuda")
+    ref = float64_reference_in_chunks(sh, sw, th, tw, labels, beta, 1.0, go)
+    eager = run(reference.fused_linear_jsd, sh, sw, th, tw, labels, beta, 1.0, go)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    h, w = leaf(sh), leaf(sw)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss = fused_linear_jsd(h, w, th, tw, labels, beta)
+    dh, dw = torch.autograd.grad(loss, (h, w), go.float())
+    peak_extra = torch.cuda.max_memory_allocated() - base
+    chunk = flj_module.default_chunk_rows(n, vocab, 4)
+    bound = chunk * vocab * 4 + vocab * hidden_s * (4 + 2) + n * hidden_s * (4 + 2) + 256 * 2**20
+    assert peak_extra <= bound, f"peak extra memory {peak_extra / 2**30:.2f} GiB > {bound / 2**30:.2f} GiB"
+    for name, a, e, r in zip(
+        ("loss", "grad_student_hidden", "grad_student_weight"), (loss, dh, dw), eager, ref
+    ):
+        assert_no_worse_than_eager(name, a, e, r)
