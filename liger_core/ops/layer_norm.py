@@ -27,7 +27,7 @@ import triton.language as tl
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
-from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view
+from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view, widen
 
 
 @triton.jit
@@ -55,31 +55,33 @@ def _layer_norm_fwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     x_rows = x_ptr + rows[:, None] * x_row_stride
     y_rows = y_ptr + rows[:, None] * y_row_stride
-    shift = tl.load(x_ptr + rows * x_row_stride, mask=row_mask, other=0.0).to(tl.float32)
+    # statistics in widen()-ed precision (fp64 for fp32 data): mean_w, and x - mean_w before any rounding
+    shift = widen(tl.load(x_ptr + rows * x_row_stride, mask=row_mask, other=0.0).to(tl.float32), PRECISE)
 
     if SINGLE_PASS:
         mask = row_mask[:, None] & (cols[None, :] < n_cols)
-        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        mean = shift + tl.sum(tl.where(mask, x - shift[:, None], 0.0), axis=1) / n_cols
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        sum_sq = tl.sum(xc * xc, axis=1)
+        x_wide = widen(tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+        mean_w = shift + tl.sum(tl.where(mask, x_wide - shift[:, None], 0.0), axis=1) / n_cols
+        xc_wide = tl.where(mask, x_wide - mean_w[:, None], 0.0)
+        sum_sq = tl.sum(xc_wide * xc_wide, axis=1)
+        xc = xc_wide.to(tl.float32)
     else:
-        shifted_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        shifted_sum = widen(tl.zeros([BLOCK_M], dtype=tl.float32), PRECISE)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
             mask = row_mask[:, None] & (chunk[None, :] < n_cols)
-            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
-            shifted_sum += tl.sum(tl.where(mask, x - shift[:, None], 0.0), axis=1)
-        mean = shift + shifted_sum / n_cols
-        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            shifted_sum += tl.sum(tl.where(mask, x_wide - shift[:, None], 0.0), axis=1)
+        mean_w = shift + shifted_sum / n_cols
+        sum_sq = widen(tl.zeros([BLOCK_M], dtype=tl.float32), PRECISE)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
             mask = row_mask[:, None] & (chunk[None, :] < n_cols)
-            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
-            xc = tl.where(mask, x - mean[:, None], 0.0)
-            sum_sq += tl.sum(xc * xc, axis=1)
-    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, PRECISE)
-    tl.store(mean_ptr + rows, mean, mask=row_mask)
+            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            xc_wide = tl.where(mask, x_wide - mean_w[:, None], 0.0)
+            sum_sq += tl.sum(xc_wide * xc_wide, axis=1)
+    rstd = inv_sqrt_mean(sum_sq, n_cols, eps)
+    tl.store(mean_ptr + rows, mean_w.to(tl.float32), mask=row_mask)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
     if SINGLE_PASS:
@@ -94,9 +96,10 @@ def _layer_norm_fwd_kernel(
             chunk = start + cols
             col_mask = chunk < n_cols
             mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
+            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            xc = (x_wide - mean_w[:, None]).to(tl.float32)
             w = tl.load(w_ptr + chunk, mask=col_mask, other=0.0).to(tl.float32)
-            y = (x - mean[:, None]) * rstd[:, None] * w[None, :]
+            y = xc * rstd[:, None] * w[None, :]
             if HAS_BIAS:
                 y += tl.load(b_ptr + chunk, mask=col_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(y_rows + chunk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -35,16 +35,25 @@ from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.reference.rms_norm import CASTING_MODES
 
 # PRECISE (constexpr, set for fp32 data): fp32 arithmetic alone would make our error comparable to eager's,
-# so the per-row rstd is computed in fp64 (correctly rounded) and the dW/dB accumulators are Kahan
+# so the row statistics (sums, mean, rstd) are computed in fp64 and the dW/dB accumulators are Kahan
 # compensated. For bf16/fp16 data the final rounding dominates by ~2^16: plain fp32 (fewer registers).
 
 
 @triton.jit
-def inv_sqrt_mean(sum_sq, n_cols, eps, PRECISE: tl.constexpr):
-    """``1 / sqrt(sum_sq / n_cols + eps)`` per row."""
+def widen(x, PRECISE: tl.constexpr):
+    """``x`` (fp32) in the precision of the row statistics: fp64 when PRECISE."""
+    # one return: the compiler types every return statement, even in a branch it drops
     if PRECISE:
-        return (1.0 / tl.sqrt(sum_sq.to(tl.float64) / n_cols + eps)).to(tl.float32)
-    return 1.0 / tl.sqrt(sum_sq / n_cols + eps)
+        wide = x.to(tl.float64)
+    else:
+        wide = x
+    return wide
+
+
+@triton.jit
+def inv_sqrt_mean(sum_sq, n_cols, eps):
+    """``1 / sqrt(sum_sq / n_cols + eps)`` per row, as fp32 (``sum_sq`` from ``widen``-ed values)."""
+    return (1.0 / tl.sqrt(sum_sq / n_cols + eps)).to(tl.float32)
 
 
 @triton.jit
@@ -107,15 +116,16 @@ def _rms_norm_fwd_kernel(
     if SINGLE_PASS:
         mask = row_mask[:, None] & (cols[None, :] < n_cols)
         x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        sum_sq = tl.sum(x * x, axis=1)
+        x_wide = widen(x, PRECISE)
+        sum_sq = tl.sum(x_wide * x_wide, axis=1)
     else:
-        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        sum_sq = widen(tl.zeros([BLOCK_M], dtype=tl.float32), PRECISE)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
             mask = row_mask[:, None] & (chunk[None, :] < n_cols)
-            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
-            sum_sq += tl.sum(x * x, axis=1)
-    rstd = inv_sqrt_mean(sum_sq, n_cols, eps, PRECISE)
+            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            sum_sq += tl.sum(x_wide * x_wide, axis=1)
+    rstd = inv_sqrt_mean(sum_sq, n_cols, eps)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
     if SINGLE_PASS:
