@@ -1,6 +1,6 @@
 """LayerNorm over the last dimension: ``y = (x - mean) * rstd * w + b``, as ``F.layer_norm``.
 
-Math (per row of n columns, all in fp32 inside the kernels)::
+Math (per row of n columns; fp32 inside the kernels, row statistics in fp64 for fp32 data)::
 
     mean = s + sum(x - s) / n          s = x[0]: shifting by one element of the row makes the mean exact for a
                                        constant row (variance 0) and keeps it accurate when |mean| >> std

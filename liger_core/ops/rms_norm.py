@@ -1,6 +1,6 @@
 """RMSNorm over the last dimension: ``y = x * rstd * (offset + w)``, with HF's rounding (``casting_mode``).
 
-Math (per row of n columns, all in fp32 inside the kernels)::
+Math (per row of n columns; fp32 inside the kernels, row statistics in fp64 for fp32 data)::
 
     rstd = 1 / sqrt(sum(x**2) / n + eps)            (the only per-row value saved for backward)
     xn   = x * rstd
@@ -13,10 +13,10 @@ Math (per row of n columns, all in fp32 inside the kernels)::
 The reference implementation (HF's code, bit for bit) is ``liger_core.reference.rms_norm``.
 
 HBM traffic: forward reads x (+ w) and writes y and rstd; backward reads dy, x, rstd (+ w) and writes dx and
-one fp32 partial row of dw per program: the backward grid is persistent (a few programs per SM, each looping
-over a contiguous block of rows and accumulating its dw partial in registers), and the partials are summed
-afterwards. No atomics. ``in_place=True`` writes dx over dy (one buffer fewer; never when dy is reused later,
-as Gemma2's residual stream does).
+one partial row of dw per program: the backward grid is persistent (a few programs per SM, each looping over
+a contiguous block of rows with the next tile's loads in flight, accumulating dw in fp32 registers), and the
+partial rows (fp64) are summed afterwards. No atomics. ``in_place=True`` writes dx over dy (one buffer
+fewer; never when dy is reused later, as Gemma2's residual stream does).
 
 Rows longer than ``NORM_FUSED_MAX_COLS`` do not fit in registers: the same kernels then loop over column
 chunks (``SINGLE_PASS=False``), re-reading the row once per pass and accumulating dw in the program's partial
