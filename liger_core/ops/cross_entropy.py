@@ -14,16 +14,31 @@ Reductions (torch's): ``sum``; ``mean`` divides the cross-entropy terms by ``sum
 non-ignored rows (the row count without weights) and the z-loss terms by the non-ignored row count;
 ``none`` keeps one loss per row. Ignored rows have loss 0 and gradient 0.
 
-One program per row streams the row in column blocks, twice: pass 1 reads it once for the running max, the
-rescaled sum of exponentials, the smoothing sum and the loss; pass 2 reads it again (mostly from L2: the
-rows in flight fit in it) and writes the gradient, optionally into the logits buffer itself. Per-element math
-in fp32 for 16-bit logits and in fp64 for fp32 logits (never less exact than eager fp32 that way), per-row
-scalars in fp64, one rounding to the output dtype. Backward only multiplies the stored gradient by
-``grad_output`` (a kernel that returns at once where ``grad_output`` is exactly 1, so a plain
-``loss.backward()`` costs no pass over memory).
+Kernels, in launch order (no host sync between them):
+
+1. ``_target_stats_kernel`` (one program): non-ignored rows, their class-weight sum, the smallest and largest
+   non-ignored target, the sum of all class weights, into a small fp64 buffer on the device. The reduction's
+   denominators are read from it by the next kernels, so nothing waits for the host.
+2. ``_cross_entropy_kernel`` (one program per row): pass 1 streams the row in column blocks once for the
+   running max, the rescaled sum of exponentials, the smoothing sum and the loss; pass 2 writes the gradient,
+   optionally into the logits buffer itself. Pass 2 walks the blocks in reverse order and starts with the
+   last block of pass 1, still in registers, so that its re-reads hit L2 (the most recently read blocks
+   first; pass-1 loads are marked evict-last, pass-2 loads and the gradient stores evict-first): HBM sees
+   one read and one write of the row. Per-element math in fp32 for 16-bit logits and in fp64 for fp32
+   logits (never less exact than eager fp32 that way), per-row scalars in fp64, one rounding to the output.
+3. ``_reduce_losses_kernel``: the per-row fp64 terms summed (and divided) in fp64, one rounding to the loss.
+
+Then one host sync reads the target range from the stats buffer and raises a ValueError for a target
+outside [0, V) (the kernels clamp such an index, so they never read out of bounds); the GPU is busy with the
+kernels above meanwhile. ``check_targets=False`` skips that sync for callers that validated their targets.
+Backward only multiplies the stored gradient by ``grad_output`` (a kernel that returns at once where
+``grad_output`` is exactly 1, so a plain ``loss.backward()`` costs no pass over memory).
 """
 
 from __future__ import annotations
+
+import math
+import struct
 
 import torch
 import triton
@@ -40,13 +55,30 @@ from liger_core.dispatch import (
     launcher,
     use_triton,
 )
+from liger_core.ops._launch import num_sms
 
 REDUCTIONS = ("mean", "sum", "none")
+
+# Launch knobs of the cross-entropy kernel on a GPU (module globals so that benchmarks/variants_ce.py can
+# compare settings in one GPU call). Columns per block and warps: see ``looped_row_settings``.
+CE_MAX_BLOCK = 32768
+CE_WARPS: int | None = None  # None: from the block size
+CE_REVERSE_SECOND_PASS = True  # pass 2 in reverse block order, starting from pass 1's last block in registers
+CE_EVICTION_HINTS = True  # pass-1 loads evict-last; pass-2 loads and gradient stores evict-first
+# stats layout (fp64): non-ignored rows, their target-weight sum, min and max non-ignored target, weight total
+_N_STATS = 5
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _f64(hi, lo):
+    """An fp64 host scalar passed as two fp32 kernel arguments (``split_f64``): hi + lo, exact to ~48 bits.
+    Triton types Python float arguments as fp32, which would round e.g. lse_square_scale=1e-3 by 5e-8."""
+    return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
 
 
 @triton.jit
@@ -83,6 +115,95 @@ def _softcap(x, softcap, COMPUTE_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _target_stats_kernel(
+    target_ptr,
+    weight_ptr,
+    stats_ptr,  # (5,) fp64 out: n_valid, sum of w[y] over them, min y, max y (non-ignored), sum of all w
+    n_rows,
+    n_classes,
+    ignore_index,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """One program: the reduction's denominators and the target range (checked on the host afterwards)."""
+    n_valid = tl.zeros([BLOCK_SIZE], tl.int64)
+    weight_sum = tl.zeros([BLOCK_SIZE], tl.float64)
+    lo = tl.full([BLOCK_SIZE], 2**62, tl.int64)
+    hi = tl.full([BLOCK_SIZE], -(2**62), tl.int64)
+    for start in range(0, n_rows, BLOCK_SIZE):
+        offs = start + tl.arange(0, BLOCK_SIZE)
+        in_bounds = offs < n_rows
+        y = tl.load(target_ptr + offs, mask=in_bounds, other=0).to(tl.int64)
+        valid = in_bounds & (y != ignore_index)
+        n_valid += valid.to(tl.int64)
+        lo = tl.where(valid, tl.minimum(lo, y), lo)
+        hi = tl.where(valid, tl.maximum(hi, y), hi)
+        if HAS_WEIGHT:
+            in_range = valid & (y >= 0) & (y < n_classes)
+            weight_sum += tl.load(weight_ptr + y, mask=in_range, other=0.0).to(tl.float64)
+    count = tl.sum(n_valid, 0).to(tl.float64)
+    tl.store(stats_ptr + 0, count)
+    tl.store(stats_ptr + 2, tl.min(lo, 0).to(tl.float64))
+    tl.store(stats_ptr + 3, tl.max(hi, 0).to(tl.float64))
+    if HAS_WEIGHT:
+        tl.store(stats_ptr + 1, tl.sum(weight_sum, 0))
+        total = tl.zeros([BLOCK_SIZE], tl.float64)
+        for start in range(0, n_classes, BLOCK_SIZE):
+            offs = start + tl.arange(0, BLOCK_SIZE)
+            total += tl.load(weight_ptr + offs, mask=offs < n_classes, other=0.0).to(tl.float64)
+        tl.store(stats_ptr + 4, tl.sum(total, 0))
+    else:
+        tl.store(stats_ptr + 1, count)
+        tl.store(stats_ptr + 4, tl.cast(n_classes, tl.float64))
+
+
+@triton.jit
+def _online_block(
+    x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 on one block: running max m (fp32: any shift works, it only has to be the same in both passes),
+    rescaled sum d of exp(x - m), smoothing sum of w_c * (x_c - x_y) (shifted by x_y so that large logits do
+    not cancel in W * lse - sum_c w_c * x_c)."""
+    x = x_raw.to(COMPUTE_DTYPE)
+    if HAS_SOFTCAP:
+        x, _ = _softcap(x, softcap, COMPUTE_DTYPE)
+    x_masked = tl.where(mask, x, -float("inf"))
+    m_new = tl.maximum(m, tl.max(x_masked, 0).to(tl.float32))
+    d = d * tl.exp((m - m_new).to(COMPUTE_DTYPE)) + tl.sum(tl.exp(x_masked - m_new.to(COMPUTE_DTYPE)), 0)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+            smooth_acc += tl.sum(tl.where(mask, w * (x - x_y), 0.0), 0)
+        else:
+            smooth_acc += tl.sum(tl.where(mask, x - x_y, 0.0), 0)
+    return m_new, d, smooth_acc
+
+
+@triton.jit
+def _grad_block(
+    x_raw, mask, cols, grad_row, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, STORE_POLICY: tl.constexpr,
+):  # fmt: skip
+    """Pass 2 on one block: dx_c = coef_p * exp(x_c - m) - coef_c * w_c - coef_y * [c == y], one rounding."""
+    x = x_raw.to(COMPUTE_DTYPE)
+    if HAS_SOFTCAP:
+        x, sech2 = _softcap(x, softcap, COMPUTE_DTYPE)
+    dx = coef_p * tl.exp(x - m_c)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            dx -= coef_c * tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        else:
+            dx -= coef_c
+    dx = tl.where(cols == y, dx - coef_y, dx)
+    if HAS_SOFTCAP:
+        dx = dx * sech2
+    tl.store(grad_row + cols, dx.to(grad_row.dtype.element_ty), mask=mask, eviction_policy=STORE_POLICY)
+
+
+@triton.jit
 def _cross_entropy_kernel(
     logits_ptr,
     logits_row_stride,
@@ -93,14 +214,13 @@ def _cross_entropy_kernel(
     loss_ptr,  # (N,) fp64: per-row cross-entropy (label smoothing included, z-loss not), unscaled
     z_loss_ptr,  # (N,) fp64: per-row z-loss, unscaled
     grad_scale_ptr,  # (N,) per-row multiplier of the gradient, read only when HAS_GRAD_SCALE
+    stats_ptr,  # (5,) fp64 from _target_stats_kernel: the reduction's denominators, sum of class weights
     n_cols,
     ignore_index,
-    label_smoothing,
-    lse_square_scale,
-    softcap,
-    ce_denom,  # the cross-entropy terms' denominator: sum of target weights for mean, else 1 (0: scale 0)
-    z_denom,  # the z-loss terms' denominator: non-ignored rows for mean, else 1 (0: scale 0)
-    weight_total,  # sum of all class weights (V without weights)
+    smoothing_hi, smoothing_lo,  # label_smoothing, lse_square_scale, softcap: fp64 scalars (see _f64)
+    z_scale_hi, z_scale_lo,
+    softcap_hi, softcap_lo,
+    MEAN: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_SMOOTHING: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
@@ -110,7 +230,11 @@ def _cross_entropy_kernel(
     # whose fp32 exp (GPU ex2.approx, numpy's 0.6 ulp rms) and extra roundings would double eager's error
     COMPUTE_DTYPE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-):
+    REVERSE: tl.constexpr,  # pass 2 from the last block (kept in registers) back to the first
+    PASS1_POLICY: tl.constexpr,  # eviction policies ("" = default)
+    PASS2_POLICY: tl.constexpr,
+    STORE_POLICY: tl.constexpr,
+):  # fmt: skip
     # int64 row offsets: rows * V passes 2^31 at 16k tokens x 128k vocabulary
     row = tl.program_id(0).to(tl.int64)
     logits_row = logits_ptr + row * logits_row_stride
@@ -130,36 +254,41 @@ def _cross_entropy_kernel(
                 )
         return
 
-    # the target logit is read before pass 2 can overwrite it
-    x_y = tl.load(logits_row + y).to(COMPUTE_DTYPE)
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    # a target outside [0, V) is reported by the host after the launch; clamped here so nothing reads out
+    # of bounds. The target logit is read before pass 2 can overwrite it.
+    y_safe = tl.minimum(tl.maximum(y, 0), n_cols - 1)
+    x_y = tl.load(logits_row + y_safe).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         x_y, _ = _softcap(x_y, softcap, COMPUTE_DTYPE)
     w_y = 1.0
     if HAS_WEIGHT:
-        w_y = tl.load(weight_ptr + y).to(tl.float64)
+        w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
 
-    # pass 1: running max m (any shift works: it only has to be the same in both passes), sum d of
-    # exp(x - m), smoothing sum of w_c * (x_c - x_y) (shifted by x_y so that large logits do not cancel in
-    # W * lse - sum_c w_c * x_c)
-    m = -float("inf")
+    # pass 1 (see _online_block); the last block stays in registers for pass 2 when REVERSE
+    m = tl.full([], -float("inf"), tl.float32)
     d = tl.cast(0.0, COMPUTE_DTYPE)
     smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
-    for start in range(0, n_cols, BLOCK_SIZE):
+    last_start = (tl.cdiv(n_cols, BLOCK_SIZE) - 1) * BLOCK_SIZE
+    pass1_end = n_cols
+    if REVERSE:
+        pass1_end = last_start
+    for start in range(0, pass1_end, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
         mask = cols < n_cols
-        x = tl.load(logits_row + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-        if HAS_SOFTCAP:
-            x, _ = _softcap(x, softcap, COMPUTE_DTYPE)
-        x_masked = tl.where(mask, x, -float("inf"))
-        m_new = tl.maximum(m, tl.max(x_masked, 0).to(tl.float32))
-        d = d * tl.exp((m - m_new).to(COMPUTE_DTYPE)) + tl.sum(tl.exp(x_masked - m_new.to(COMPUTE_DTYPE)), 0)
-        m = m_new
-        if HAS_SMOOTHING:
-            if HAS_WEIGHT:
-                w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-                smooth_acc += tl.sum(tl.where(mask, w * (x - x_y), 0.0), 0)
-            else:
-                smooth_acc += tl.sum(tl.where(mask, x - x_y, 0.0), 0)
+        x_raw = tl.load(logits_row + cols, mask=mask, other=0.0, eviction_policy=PASS1_POLICY)
+        m, d, smooth_acc = _online_block(
+            x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+        )  # fmt: skip
+    last_cols = last_start + tl.arange(0, BLOCK_SIZE)
+    last_mask = last_cols < n_cols
+    if REVERSE:
+        last_raw = tl.load(logits_row + last_cols, mask=last_mask, other=0.0, eviction_policy=PASS1_POLICY)
+        m, d, smooth_acc = _online_block(
+            last_raw, last_mask, last_cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+        )  # fmt: skip
 
     # Per-row scalars in fp64 (a few flops per row), so that each meets the data with a single rounding.
     # m and log(d) stay apart: rounding lse = m + log(d) first would put ulp(lse) / 2 into every exp(x - lse).
@@ -168,25 +297,28 @@ def _cross_entropy_kernel(
     m64 = m.to(tl.float64)
     lse = m64 + log_d
     nll = (m64 - x_y.to(tl.float64)) + log_d
-    eps = tl.cast(label_smoothing, tl.float64)
-    w_total = tl.cast(weight_total, tl.float64)
-    zs = tl.cast(lse_square_scale, tl.float64)
+    eps = _f64(smoothing_hi, smoothing_lo)
+    zs = _f64(z_scale_hi, z_scale_lo)
     ce = (1.0 - eps) * w_y * nll
+    w_total = tl.load(stats_ptr + 4)
     if HAS_SMOOTHING:
         # sum_c w_c * (lse - x_c) = W * (lse - x_y) - sum_c w_c * (x_c - x_y)
         ce += eps / n_cols * (w_total * nll - smooth_acc.to(tl.float64))
-    # unscaled: the host divides the sums by the denominators once, as torch does
+    # unscaled: the reduction kernel divides the sums by the denominators once, as torch does
     tl.store(loss_ptr + row, ce)
     tl.store(z_loss_ptr + row, zs * lse * lse)
 
     if COMPUTE_GRAD:
-        g = 1.0
+        g = tl.cast(1.0, tl.float64)
         if HAS_GRAD_SCALE:
             g = tl.load(grad_scale_ptr + row).to(tl.float64)
-        ce_denom64 = tl.cast(ce_denom, tl.float64)
-        z_denom64 = tl.cast(z_denom, tl.float64)
-        ce_s = tl.where(ce_denom64 != 0.0, g / tl.where(ce_denom64 != 0.0, ce_denom64, 1.0), 0.0)
-        z_s = tl.where(z_denom64 != 0.0, g / tl.where(z_denom64 != 0.0, z_denom64, 1.0), 0.0)
+        ce_s = g
+        z_s = g
+        if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
+            n_valid = tl.load(stats_ptr + 0)
+            weight_sum = tl.load(stats_ptr + 1)
+            ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
+            z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
         # dx_c = coef_p * exp(x_c - m) - coef_c * w_c - coef_y * [c == y]   (p_c = exp(x_c - m) / d)
         coef_p = ((ce_s * ((1.0 - eps) * w_y + eps / n_cols * w_total) + z_s * 2.0 * zs * lse) / d64).to(
             COMPUTE_DTYPE
@@ -195,35 +327,92 @@ def _cross_entropy_kernel(
         coef_c = (ce_s * eps / n_cols).to(COMPUTE_DTYPE)
         m_c = m.to(COMPUTE_DTYPE)
         # pass 2: gradient (each element is read before the same thread overwrites it, so in place is safe)
-        for start in range(0, n_cols, BLOCK_SIZE):
-            cols = start + tl.arange(0, BLOCK_SIZE)
-            mask = cols < n_cols
-            x = tl.load(logits_row + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-            if HAS_SOFTCAP:
-                x, sech2 = _softcap(x, softcap, COMPUTE_DTYPE)
-            dx = coef_p * tl.exp(x - m_c)
-            if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    dx -= coef_c * tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-                else:
-                    dx -= coef_c
-            dx = tl.where(cols == y, dx - coef_y, dx)
-            if HAS_SOFTCAP:
-                dx = dx * sech2
-            tl.store(grad_row + cols, dx.to(grad_ptr.dtype.element_ty), mask=mask)
+        if REVERSE:
+            _grad_block(
+                last_raw, last_mask, last_cols, grad_row, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE, STORE_POLICY,
+            )  # fmt: skip
+            for k in range(1, tl.cdiv(n_cols, BLOCK_SIZE)):
+                cols = (last_start - k * BLOCK_SIZE) + tl.arange(0, BLOCK_SIZE)
+                mask = cols < n_cols
+                x_raw = tl.load(logits_row + cols, mask=mask, other=0.0, eviction_policy=PASS2_POLICY)
+                _grad_block(
+                    x_raw, mask, cols, grad_row, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
+                    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE, STORE_POLICY,
+                )  # fmt: skip
+        else:
+            for start in range(0, n_cols, BLOCK_SIZE):
+                cols = start + tl.arange(0, BLOCK_SIZE)
+                mask = cols < n_cols
+                x_raw = tl.load(logits_row + cols, mask=mask, other=0.0, eviction_policy=PASS2_POLICY)
+                _grad_block(
+                    x_raw, mask, cols, grad_row, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
+                    HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE, STORE_POLICY,
+                )  # fmt: skip
 
 
 @triton.jit
-def _scale_rows_kernel(x_ptr, x_row_stride, n_cols, scale_ptr, scale_row_stride, BLOCK_SIZE: tl.constexpr):
-    """x[row, :] *= scale[row * scale_row_stride] (stride 0: one scalar), in fp32; nothing when it is 1."""
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.load(scale_ptr + row * scale_row_stride).to(tl.float32)
-    if s != 1.0:
-        cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-        mask = cols < n_cols
-        ptrs = x_ptr + row * x_row_stride + cols
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(ptrs, (x * s).to(x_ptr.dtype.element_ty), mask=mask)
+def _reduce_losses_kernel(
+    ce_rows_ptr,
+    z_rows_ptr,
+    stats_ptr,
+    loss_ptr,  # out, in the loss dtype: (N,) for NONE, else a scalar (the z-loss included)
+    z_ptr,  # out: the z-loss part, reduced the same way
+    n_rows,
+    MEAN: tl.constexpr,
+    NONE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Per-row fp64 terms -> the loss: summed and divided in fp64, one rounding to the output dtype (through
+    fp32, as torch's double -> bfloat16 conversion does). NONE: one block of rows per program; else one
+    program. Mean with nothing to average over (denominator 0) gives 0, where torch gives NaN."""
+    if NONE:
+        offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offs < n_rows
+        ce = tl.load(ce_rows_ptr + offs, mask=mask, other=0.0)
+        z = tl.load(z_rows_ptr + offs, mask=mask, other=0.0)
+        tl.store(loss_ptr + offs, (ce + z).to(tl.float32).to(loss_ptr.dtype.element_ty), mask=mask)
+        tl.store(z_ptr + offs, z.to(tl.float32).to(z_ptr.dtype.element_ty), mask=mask)
+    else:
+        ce_acc = tl.zeros([BLOCK_SIZE], tl.float64)
+        z_acc = tl.zeros([BLOCK_SIZE], tl.float64)
+        for start in range(0, n_rows, BLOCK_SIZE):
+            offs = start + tl.arange(0, BLOCK_SIZE)
+            mask = offs < n_rows
+            ce_acc += tl.load(ce_rows_ptr + offs, mask=mask, other=0.0)
+            z_acc += tl.load(z_rows_ptr + offs, mask=mask, other=0.0)
+        ce = tl.sum(ce_acc, 0)
+        z = tl.sum(z_acc, 0)
+        if MEAN:
+            n_valid = tl.load(stats_ptr + 0)
+            weight_sum = tl.load(stats_ptr + 1)
+            ce = tl.where(weight_sum != 0.0, ce / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
+            z = tl.where(n_valid != 0.0, z / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
+        tl.store(loss_ptr, (ce + z).to(tl.float32).to(loss_ptr.dtype.element_ty))
+        tl.store(z_ptr, z.to(tl.float32).to(z_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _scale_rows_kernel(
+    x_ptr, x_row_stride, n_rows, n_cols, scale_ptr, scale_row_stride, BLOCK_SIZE: tl.constexpr
+):
+    """x[row, :] *= scale[row * scale_row_stride] (stride 0: one scalar), in fp32; nothing where it is 1.
+
+    A persistent grid walks the (row, column block) tiles; with a scalar scale of exactly 1 (a plain
+    ``loss.backward()``) every program returns after one load."""
+    if scale_row_stride == 0:
+        if tl.load(scale_ptr).to(tl.float32) == 1.0:
+            return
+    n_col_blocks = tl.cdiv(n_cols, BLOCK_SIZE)
+    for tile in range(tl.program_id(0), n_rows * n_col_blocks, tl.num_programs(0)):
+        row = tile // n_col_blocks
+        s = tl.load(scale_ptr + row * scale_row_stride).to(tl.float32)
+        if s != 1.0:
+            cols = (tile - row * n_col_blocks) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+            mask = cols < n_cols
+            ptrs = x_ptr + row.to(tl.int64) * x_row_stride + cols
+            x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(ptrs, (x * s).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -231,73 +420,76 @@ def _scale_rows_kernel(x_ptr, x_row_stride, n_cols, scale_ptr, scale_row_stride,
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _to_f32(x: float) -> float:
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def split_f64(x: float) -> tuple[float, float]:
+    """(hi, lo) fp32 values with hi + lo == x to ~48 bits: how an fp64 scalar reaches a kernel (``_f64``)."""
+    hi = _to_f32(x)
+    return hi, (_to_f32(x - hi) if math.isfinite(hi) else 0.0)
+
+
 def looped_row_settings(n_cols: int, device: torch.device) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) for a kernel that streams one long row (a vocabulary) in column blocks.
 
-    GPU: blocks of up to 32768 columns with 32 warps, one row per program. CPU interpreter: blocks of at most
-    512 columns, so that the tests' odd vocabularies (131, 1031) cover both the one-block and the multi-block
-    (online) paths. TODO(lead): move to ops/_launch.py once its pending edits land; tune on the H100.
+    GPU: blocks of up to CE_MAX_BLOCK columns, 32 warps for blocks of 16384 or more (one row per program, one
+    program per SM: the rows in flight, 132 x 256 KB at V = 128k bf16, fit in L2 for pass 2). CPU
+    interpreter: blocks of at most 512 columns, so that the tests' odd vocabularies (131, 1031) cover both the
+    one-block and the multi-block (online, reverse pass 2) paths.
     """
-    cap = 32768 if device.type == "cuda" else 512
+    cap = CE_MAX_BLOCK if device.type == "cuda" else 512
     block = min(cap, triton.next_power_of_2(max(n_cols, 1)))
     warps = 32 if block >= 16384 else 16 if block >= 4096 else 8 if block >= 1024 else 4
+    if device.type == "cuda" and CE_WARPS is not None:
+        warps = CE_WARPS
     return block, warps
 
 
-def target_stats(
-    target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, n_classes: int
-) -> tuple[int, float]:
-    """(non-ignored rows, sum of their class weights) of a 1-D target; ValueError if a target is out of range.
-
-    This costs one small reduction over the targets (min/max, count, weight sum) and one host sync; it is the
-    price of a clear ValueError instead of an out-of-bounds read (a device-side crash) in the kernel.
-    """
+def check_targets_host(target: torch.Tensor, ignore_index: int, n_classes: int) -> None:
+    """ValueError if a target is neither ignore_index nor in [0, n_classes) (the CPU reference path)."""
     valid = target != ignore_index
-    safe = torch.where(valid, target, 0)
-    if target.numel():
-        lo, hi = torch.aminmax(safe)
-    else:
-        lo = hi = safe.new_zeros(())
-    parts = [lo.double(), hi.double(), valid.sum().double()]
-    if weight is not None:
-        parts.append((weight.double()[safe.clamp(0, n_classes - 1)] * valid).sum())
-    stats = torch.stack(parts).tolist()
-    lo, hi, n_valid = int(stats[0]), int(stats[1]), int(stats[2])
+    if bool(valid.any()):
+        lo, hi = int(target[valid].min()), int(target[valid].max())
+        raise_if_out_of_range(lo, hi, ignore_index, n_classes)
+
+
+def raise_if_out_of_range(lo: int, hi: int, ignore_index: int, n_classes: int) -> None:
     if lo < 0 or hi >= n_classes:
         bad = lo if lo < 0 else hi
         raise ValueError(
             f"target contains class index {bad}, outside [0, {n_classes}) (the vocabulary size) and not "
             f"ignore_index={ignore_index}"
         )
-    weight_sum = stats[3] if weight is not None else float(n_valid)
-    return n_valid, weight_sum
 
 
-def reduction_denominators(reduction: str, n_valid: int, weight_sum: float) -> tuple[float, float]:
-    """(cross-entropy, z-loss) denominators of the reduction: ``mean`` divides the cross-entropy terms by the
-    target weights' sum and the z-loss terms by the non-ignored rows; others by 1. A denominator of 0 (nothing
-    to average over) scales the gradient by 0: loss 0, zero gradients, where torch gives NaN."""
-    if reduction != "mean":
-        return 1.0, 1.0
-    return weight_sum, float(n_valid)
+def target_stats(
+    target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, n_classes: int
+) -> torch.Tensor:
+    """Launch ``_target_stats_kernel``: a (5,) fp64 device tensor (see its doc); no host sync."""
+    stats = torch.empty(_N_STATS, dtype=torch.float64, device=target.device)
+    _target_stats_kernel[(1,)](
+        target,
+        weight if weight is not None else stats,
+        stats,
+        target.numel(),
+        n_classes,
+        ignore_index,
+        HAS_WEIGHT=weight is not None,
+        BLOCK_SIZE=1024 if target.device.type == "cuda" else 64,
+        num_warps=4,
+    )
+    return stats
 
 
-def reduce_rows(
-    ce_rows: torch.Tensor, z_rows: torch.Tensor, reduction: str, n_valid: int, weight_sum: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, z_loss) in float64 from the kernel's unscaled fp64 per-row terms (the loss includes the z-loss).
-
-    Summed and divided in float64 (N values: free), so that the only rounding after the per-row terms is the
-    caller's final cast to the output dtype.
-    """
-    if reduction == "none":
-        return ce_rows + z_rows, z_rows
-    ce, z = ce_rows.sum(), z_rows.sum()
-    if reduction == "mean":
-        # nothing to average over (all ignored, or all target weights 0): 0, where torch gives NaN
-        ce = ce / weight_sum if weight_sum != 0 else torch.zeros_like(ce)
-        z = z / n_valid if n_valid else torch.zeros_like(z)
-    return ce + z, z
+def check_target_range(stats: torch.Tensor, ignore_index: int, n_classes: int) -> None:
+    """The one host sync of a forward: ValueError if a non-ignored target lies outside [0, n_classes)."""
+    n_valid, _, lo, hi, _ = stats.tolist()
+    if n_valid:
+        raise_if_out_of_range(int(lo), int(hi), ignore_index, n_classes)
 
 
 def launch_cross_entropy(
@@ -307,23 +499,24 @@ def launch_cross_entropy(
     grad: torch.Tensor | None,
     loss_rows: torch.Tensor,
     z_rows: torch.Tensor,
+    stats: torch.Tensor,
     *,
     ignore_index: int,
+    mean: bool,
     label_smoothing: float,
     lse_square_scale: float,
     softcap: float | None,
-    ce_denom: float,
-    z_denom: float,
-    weight_total: float,
     grad_scale: torch.Tensor | None = None,
 ) -> None:
     """Run the kernel on (N, V) logits (unit column stride): unscaled per-row cross-entropy and z-loss into
-    ``loss_rows``/``z_rows`` (fp64), and the gradient of the reduced loss (terms divided by ``ce_denom``/
-    ``z_denom``, rows multiplied by ``grad_scale``) into ``grad`` (may be ``logits`` itself) unless None."""
+    ``loss_rows``/``z_rows`` (fp64), and the gradient of the reduced loss (``mean``: terms divided by the
+    denominators in ``stats``; rows multiplied by ``grad_scale``) into ``grad`` (may be ``logits``) unless
+    None."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
     block, warps = looped_row_settings(n_cols, logits.device)
+    evict = CE_EVICTION_HINTS and logits.device.type == "cuda"
     grad_arg = grad if grad is not None else logits
     _cross_entropy_kernel[(n_rows,)](
         logits,
@@ -335,23 +528,45 @@ def launch_cross_entropy(
         loss_rows,
         z_rows,
         grad_scale if grad_scale is not None else loss_rows,
+        stats,
         n_cols,
         ignore_index,
-        float(label_smoothing),
-        float(lse_square_scale),
-        float(softcap) if softcap is not None else 1.0,
-        float(ce_denom),
-        float(z_denom),
-        float(weight_total),
+        *split_f64(label_smoothing),
+        *split_f64(lse_square_scale),
+        *split_f64(softcap if softcap is not None else 1.0),
+        MEAN=mean,
         HAS_WEIGHT=weight is not None,
         HAS_SMOOTHING=label_smoothing != 0.0,
         HAS_SOFTCAP=softcap is not None,
-        COMPUTE_DTYPE=tl.float64 if logits.dtype == torch.float32 else tl.float32,
         HAS_GRAD_SCALE=grad_scale is not None,
         COMPUTE_GRAD=grad is not None,
+        COMPUTE_DTYPE=tl.float64 if logits.dtype == torch.float32 else tl.float32,
         BLOCK_SIZE=block,
+        REVERSE=CE_REVERSE_SECOND_PASS,
+        PASS1_POLICY="evict_last" if evict else "",
+        PASS2_POLICY="evict_first" if evict else "",
+        STORE_POLICY="evict_first" if evict else "",
         num_warps=warps,
     )
+
+
+def reduce_losses(
+    loss_rows: torch.Tensor, z_rows: torch.Tensor, stats: torch.Tensor, reduction: str, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, z_loss) in ``dtype`` from the kernel's unscaled fp64 per-row terms (the loss includes the
+    z-loss): one kernel, no host sync."""
+    n_rows = loss_rows.numel()
+    none = reduction == "none"
+    shape = (n_rows,) if none else ()
+    loss = torch.empty(shape, dtype=dtype, device=loss_rows.device)
+    z = torch.empty(shape, dtype=dtype, device=loss_rows.device)
+    if none and n_rows == 0:
+        return loss, z
+    block = 1024 if loss_rows.device.type == "cuda" else 64
+    _reduce_losses_kernel[(triton.cdiv(n_rows, block) if none else 1,)](
+        loss_rows, z_rows, stats, loss, z, n_rows, MEAN=reduction == "mean", NONE=none, BLOCK_SIZE=block
+    )
+    return loss, z
 
 
 def scale_rows_(x: torch.Tensor, scale: torch.Tensor) -> None:
@@ -366,11 +581,13 @@ def scale_rows_(x: torch.Tensor, scale: torch.Tensor) -> None:
     scale_row_stride = 0 if scale.numel() == 1 else 1
     if scale_row_stride:
         assert scale.numel() == n_rows and scale.is_contiguous()
-    # columns per program: large blocks, and at most 65535 of them (the grid's second axis limit)
-    block = max(min(4096, triton.next_power_of_2(n_cols)), triton.next_power_of_2(triton.cdiv(n_cols, 65535)))
-    _scale_rows_kernel[(n_rows, triton.cdiv(n_cols, block))](
-        x, x.stride(0), n_cols, scale, scale_row_stride, BLOCK_SIZE=block, num_warps=8 if block >= 2048 else 4
-    )
+    block = min(4096, triton.next_power_of_2(n_cols))
+    n_tiles = n_rows * triton.cdiv(n_cols, block)
+    grid = (min(n_tiles, 8 * num_sms(x.device)),)
+    _scale_rows_kernel[grid](
+        x, x.stride(0), n_rows, n_cols, scale, scale_row_stride, BLOCK_SIZE=block,
+        num_warps=8 if block >= 2048 else 4,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -381,14 +598,22 @@ def scale_rows_(x: torch.Tensor, scale: torch.Tensor) -> None:
 
 
 def _forward_impl(
-    logits, target, weight, grad, ignore_index, reduction, label_smoothing, lse_square_scale, softcap
+    logits,
+    target,
+    weight,
+    grad,
+    ignore_index,
+    reduction,
+    label_smoothing,
+    lse_square_scale,
+    softcap,
+    check_targets,
 ):
-    n_rows, n_cols = logits.shape
-    n_valid, weight_sum = target_stats(target, weight, ignore_index, n_cols)
-    ce_denom, z_denom = reduction_denominators(reduction, n_valid, weight_sum)
-    weight_total = float(weight.double().sum()) if weight is not None and label_smoothing != 0.0 else n_cols
-    loss_rows = torch.empty(n_rows, dtype=torch.float64, device=logits.device)
-    z_rows = torch.empty(n_rows, dtype=torch.float64, device=logits.device)
+    n_cols = logits.shape[1]
+    stats = target_stats(target, weight if label_smoothing != 0.0 or reduction == "mean" else None,
+                         ignore_index, n_cols)  # fmt: skip
+    loss_rows = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
+    z_rows = torch.empty_like(loss_rows)
     launch_cross_entropy(
         logits,
         target,
@@ -396,16 +621,17 @@ def _forward_impl(
         grad,
         loss_rows,
         z_rows,
+        stats,
         ignore_index=ignore_index,
+        mean=reduction == "mean",
         label_smoothing=label_smoothing,
         lse_square_scale=lse_square_scale,
         softcap=softcap,
-        ce_denom=ce_denom,
-        z_denom=z_denom,
-        weight_total=weight_total,
     )
-    loss, z = reduce_rows(loss_rows, z_rows, reduction, n_valid, weight_sum)
-    return loss.to(logits.dtype), z.to(logits.dtype)
+    loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, logits.dtype)
+    if check_targets:  # after every launch: the GPU works while the host waits
+        check_target_range(stats, ignore_index, n_cols)
+    return loss, z
 
 
 def _fake_losses(logits, reduction):
@@ -423,11 +649,21 @@ def _cross_entropy_fwd_impl(
     lse_square_scale: float,
     softcap: float | None,
     compute_grad: bool,
+    check_targets: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, z_loss, grad) with the gradient in a new buffer (empty when ``compute_grad`` is False)."""
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if compute_grad else None
     loss, z = _forward_impl(
-        logits, target, weight, grad, ignore_index, reduction, label_smoothing, lse_square_scale, softcap
+        logits,
+        target,
+        weight,
+        grad,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        lse_square_scale,
+        softcap,
+        check_targets,
     )
     return loss, z, grad if grad is not None else logits.new_empty(0)
 
@@ -439,7 +675,16 @@ _cross_entropy_fwd = torch.library.custom_op(
 
 @_cross_entropy_fwd.register_fake
 def _(
-    logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, compute_grad
+    logits,
+    target,
+    weight,
+    ignore_index,
+    reduction,
+    label_smoothing,
+    lse_square_scale,
+    softcap,
+    compute_grad,
+    check_targets=True,
 ):
     grad = (
         torch.empty_like(logits, memory_format=torch.contiguous_format)
@@ -458,11 +703,21 @@ def _cross_entropy_fwd_inplace_impl(
     label_smoothing: float,
     lse_square_scale: float,
     softcap: float | None,
+    check_targets: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, z_loss); overwrites ``logits`` with the gradient (declared as a mutation, so autograd's version
     counter flags any other use of the old values in backward)."""
     return _forward_impl(
-        logits, target, weight, logits, ignore_index, reduction, label_smoothing, lse_square_scale, softcap
+        logits,
+        target,
+        weight,
+        logits,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        lse_square_scale,
+        softcap,
+        check_targets,
     )
 
 
@@ -472,7 +727,17 @@ _cross_entropy_fwd_inplace = torch.library.custom_op(
 
 
 @_cross_entropy_fwd_inplace.register_fake
-def _(logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap):
+def _(
+    logits,
+    target,
+    weight,
+    ignore_index,
+    reduction,
+    label_smoothing,
+    lse_square_scale,
+    softcap,
+    check_targets=True,
+):
     return _fake_losses(logits, reduction)
 
 
@@ -507,17 +772,22 @@ class CrossEntropyFunction(torch.autograd.Function):
         lse_square_scale,
         softcap,
         inplace,
+        check_targets,
     ):
         args = (target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
         # under torch.compile the traced graph stays functional (the compiler plans its own buffers)
         if inplace and not torch.compiler.is_compiling():
-            loss, z = launcher(_cross_entropy_fwd_inplace, _cross_entropy_fwd_inplace_impl)(logits, *args)
+            loss, z = launcher(_cross_entropy_fwd_inplace, _cross_entropy_fwd_inplace_impl)(
+                logits, *args, check_targets
+            )
             # the logits now hold the gradient: autograd refuses any later use of the old values (another
             # node that saved them) with its "modified by an inplace operation" error
             torch.autograd.graph.increment_version(logits)
             grad = logits
         else:
-            loss, z, grad = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(logits, *args, True)
+            loss, z, grad = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
+                logits, *args, True, check_targets
+            )
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(z)
         ctx.grad_consumed = False
@@ -533,7 +803,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         ctx.grad_consumed = True
         (grad,) = ctx.saved_tensors
         launcher(_scale_rows, _scale_rows_impl)(grad, grad_loss)
-        return grad.detach(), None, None, None, None, None, None, None, None
+        return grad.detach(), None, None, None, None, None, None, None, None, None
 
 
 def cross_entropy(
@@ -548,6 +818,7 @@ def cross_entropy(
     return_z_loss: bool = False,
     *,
     inplace_backward: bool = False,
+    check_targets: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of ``logits (..., V)`` against class indices ``target (...)``, as
     ``torch.nn.functional.cross_entropy`` (class ``weight``, ``ignore_index``, ``label_smoothing``,
@@ -570,8 +841,12 @@ def cross_entropy(
     memory instead of one logits-sized buffer). The caller promises that nothing reads ``logits`` afterwards:
     their values are gone (autograd's version counter still raises if another autograd node saved them).
     Use it where the logits are a temporary made for this loss (e.g. an fp32 upcast); the default never
-    modifies ``logits``. Targets must lie in [0, V) or equal ``ignore_index`` (checked on the host: one small
-    reduction and one sync).
+    modifies ``logits``.
+
+    Targets must lie in [0, V) or equal ``ignore_index``: a ValueError otherwise, found on the device and
+    read back with one host sync after the kernels are queued. ``check_targets=False`` skips that sync for
+    callers whose targets are known to be valid; an out-of-range target then gets a meaningless loss and
+    gradient for its row (the kernel clamps the index: never an out-of-bounds access).
     """
     check_tensor("logits", logits, min_ndim=1)
     check_tensor("target", target, dtypes=INDEX_DTYPES)
@@ -599,7 +874,7 @@ def cross_entropy(
     )
 
     if not use_triton(logits):
-        target_stats(target.reshape(-1), weight, ignore_index, vocab)  # same ValueError as the kernel path
+        check_targets_host(target.reshape(-1), ignore_index, vocab)  # same ValueError as the kernel path
         return reference.cross_entropy(logits, target, weight, *options, return_z_loss)
 
     out_shape = target.shape
@@ -607,13 +882,18 @@ def cross_entropy(
     if logits2d.stride(1) != 1:
         logits2d = logits2d.contiguous()
     target1d = target.reshape(-1)
+    if not target1d.is_contiguous():
+        target1d = target1d.contiguous()
     if weight is not None:
         weight = weight.contiguous()
+    check_targets = bool(check_targets)
     if torch.is_grad_enabled() and logits.requires_grad:
-        loss, z = CrossEntropyFunction.apply(logits2d, target1d, weight, *options, inplace_backward)
+        loss, z = CrossEntropyFunction.apply(
+            logits2d, target1d, weight, *options, inplace_backward, check_targets
+        )
     else:  # no gradient wanted: one read of the logits, nothing written
         loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
-            logits2d, target1d, weight, *options, False
+            logits2d, target1d, weight, *options, False, check_targets
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)

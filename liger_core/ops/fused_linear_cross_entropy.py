@@ -43,9 +43,10 @@ from liger_core.ops.cross_entropy import (
     REDUCTIONS,
     _scale_rows,
     _scale_rows_impl,
+    check_target_range,
+    check_targets_host,
     launch_cross_entropy,
-    reduce_rows,
-    reduction_denominators,
+    reduce_losses,
     target_stats,
 )
 
@@ -129,13 +130,12 @@ def _chunk_loop(
     chunk_size,
     row_scale=None,
 ):
-    """Unscaled per-row cross-entropy and z-loss (fp64), the reduction's denominators, and the requested
-    gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32)."""
+    """Unscaled per-row cross-entropy and z-loss (fp64), the target stats (``cross_entropy.target_stats``),
+    and the requested gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32)."""
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
-    n_valid, weight_sum = target_stats(target, ce_weight, ignore_index, vocab)
-    ce_denom, z_denom = reduction_denominators(reduction, n_valid, weight_sum)
-    weight_total = float(ce_weight.double().sum()) if ce_weight is not None and label_smoothing else vocab
+    need_stats_weight = ce_weight is not None and (reduction == "mean" or label_smoothing != 0.0)
+    stats = target_stats(target, ce_weight if need_stats_weight else None, ignore_index, vocab)
     compute_grad = need_hidden or need_weight or need_bias
     chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, hidden.dtype, hidden.device, chunk_size)
 
@@ -167,13 +167,12 @@ def _chunk_loop(
             logits if compute_grad else None,
             loss_rows[start:end],
             z_rows[start:end],
+            stats,
             ignore_index=ignore_index,
+            mean=reduction == "mean",
             label_smoothing=label_smoothing,
             lse_square_scale=lse_square_scale,
             softcap=softcap,
-            ce_denom=ce_denom,
-            z_denom=z_denom,
-            weight_total=weight_total,
             grad_scale=row_scale[start:end] if row_scale is not None else None,
         )
         # `logits` now holds dloss/dlogits for the chunk
@@ -183,7 +182,7 @@ def _chunk_loop(
             _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
         if need_bias:
             grad_bias += logits.sum(0, dtype=torch.float32)
-    return loss_rows, z_rows, n_valid, weight_sum, grad_hidden, grad_weight, grad_bias
+    return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
 
 
 def _empty(like: torch.Tensor) -> torch.Tensor:
@@ -206,11 +205,12 @@ def _flce_fwd_impl(
     need_bias: bool,
     accum_dtype: torch.dtype | None,
     chunk_size: int | None,
+    check_targets: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, z_loss, grad_hidden and grad_weight [accumulation dtype], grad_bias [fp32]); gradients not
     requested are empty."""
     with torch.autocast(hidden.device.type, enabled=False):
-        loss_rows, z_rows, n_valid, weight_sum, gh, gw, gb = _chunk_loop(
+        loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(
             hidden,
             weight,
             target,
@@ -227,10 +227,12 @@ def _flce_fwd_impl(
             accum_dtype,
             chunk_size,
         )
-    loss, z = reduce_rows(loss_rows, z_rows, reduction, n_valid, weight_sum)
+        loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, torch.float32)
+        if check_targets:  # after every launch: the GPU works while the host waits
+            check_target_range(stats, ignore_index, weight.shape[0])
     return (
-        loss.float(),
-        z.float(),
+        loss,
+        z,
         gh if gh is not None else _empty(hidden),
         gw if gw is not None else _empty(weight),
         gb if gb is not None else _empty(hidden).float(),
@@ -260,6 +262,7 @@ def _(
     need_bias,
     accum_dtype,
     chunk_size,
+    check_targets=True,
 ):
     shape = (hidden.shape[0],) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -364,6 +367,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         softcap,
         accum_dtype,
         chunk_size,
+        check_targets,
     ):
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
         need_bias = need_bias and bias is not None
@@ -387,12 +391,12 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         )
         if reduction == "none":
             loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
-                *args, False, False, False, accum_dtype, chunk_size
+                *args, False, False, False, accum_dtype, chunk_size, check_targets
             )
             ctx.save_for_backward(hidden, weight, target, bias, ce_weight)
         else:
             loss, z, gh, gw, gb = launcher(_flce_fwd, _flce_fwd_impl)(
-                *args, need_hidden, need_weight, need_bias, accum_dtype, chunk_size
+                *args, need_hidden, need_weight, need_bias, accum_dtype, chunk_size, check_targets
             )
             ctx.save_for_backward(gh, gw, gb)
         ctx.mark_non_differentiable(z)
@@ -445,6 +449,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -463,6 +468,7 @@ def fused_linear_cross_entropy(
     accum_dtype: torch.dtype | None = None,
     *,
     chunk_size: int | None = None,
+    check_targets: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the (tokens, V) logits.
 
@@ -524,7 +530,7 @@ def fused_linear_cross_entropy(
     )
 
     if not use_triton(hidden):
-        target_stats(target.reshape(-1), ce_weight, ignore_index, vocab)  # same ValueError as the kernel path
+        check_targets_host(target.reshape(-1), ignore_index, vocab)  # same ValueError as the kernel path
         return reference.fused_linear_cross_entropy(
             hidden, weight, target, bias, *options, return_z_loss, ce_weight, accum_dtype
         )
@@ -533,14 +539,22 @@ def fused_linear_cross_entropy(
     hidden2d = hidden.reshape(-1, hidden_size)
     if hidden2d.stride(1) != 1:
         hidden2d = hidden2d.contiguous()
-    target1d = target.reshape(-1)
+    target1d = target.reshape(-1).contiguous()
     ce_weight = ce_weight.contiguous() if ce_weight is not None else None
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias)
     )
     if wants_grad:
         loss, z = FusedLinearCrossEntropyFunction.apply(
-            hidden2d, weight, target1d, bias, ce_weight, *options, accum_dtype, chunk_size
+            hidden2d,
+            weight,
+            target1d,
+            bias,
+            ce_weight,
+            *options,
+            accum_dtype,
+            chunk_size,
+            bool(check_targets),
         )
     else:  # evaluation: losses only, no gradient GEMMs
         loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
@@ -555,6 +569,7 @@ def fused_linear_cross_entropy(
             False,
             accum_dtype,
             chunk_size,
+            bool(check_targets),
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)
