@@ -122,7 +122,7 @@ def test_checkbox_starts_training_with_liger_core(webui, tiny_llama, tiny_datase
             extra.press("Tab")
 
             page.get_by_role("button", name="Start", exact=True).click()
-            # The UI shows the run's log (LLaMA Board's running_log.txt) while it trains, and "Finished" after.
+            # The UI shows the run's log (LLaMA Board's running_log.txt) while it trains, then "Finished."
             expect(
                 page.get_by_text(re.compile("liger_core kernels active on LlamaForCausalLM")).first
             ).to_be_visible(timeout=420_000)
@@ -135,7 +135,7 @@ def test_checkbox_starts_training_with_liger_core(webui, tiny_llama, tiny_datase
         finally:
             browser.close()
 
-    # The run the UI started: its YAML has the checkbox's setting, its log shows liger_core patched and trained
+    # The run the UI started: its YAML has the checkbox's setting; its log: liger_core patched, then trained
     [args_file] = list((workdir / "saves").rglob("training_args.yaml"))
     run_args = yaml.safe_load(args_file.read_text())
     assert run_args["enable_liger_kernel"] is True
