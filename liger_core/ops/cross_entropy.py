@@ -65,6 +65,9 @@ CE_MAX_BLOCK = 32768
 CE_WARPS: int | None = None  # None: from the block size
 CE_REVERSE_SECOND_PASS = True  # pass 2 in reverse block order, starting from pass 1's last block in registers
 CE_EVICTION_HINTS = True  # pass-1 loads evict-last; pass-2 loads and gradient stores evict-first
+CE_FP32_MATH = (
+    "fp64"  # per-element math for fp32 logits: "fp64" (exact, see the kernel) or "fp32" (a benchmark)
+)
 # stats layout (fp64): non-ignored rows, their target-weight sum, min and max non-ignored target, weight total
 _N_STATS = 5
 
@@ -540,7 +543,7 @@ def launch_cross_entropy(
         HAS_SOFTCAP=softcap is not None,
         HAS_GRAD_SCALE=grad_scale is not None,
         COMPUTE_GRAD=grad is not None,
-        COMPUTE_DTYPE=tl.float64 if logits.dtype == torch.float32 else tl.float32,
+        COMPUTE_DTYPE=tl.float64 if logits.dtype == torch.float32 and CE_FP32_MATH == "fp64" else tl.float32,
         BLOCK_SIZE=block,
         REVERSE=CE_REVERSE_SECOND_PASS,
         PASS1_POLICY="evict_last" if evict else "",

@@ -1,0 +1,436 @@
+"""Side-by-side variants of cross_entropy and fused_linear_cross_entropy in one GPU call (issue 7 method).
+
+    PYTHONPATH=.:/tmp/liger_peer_site python benchmarks/variants_ce.py [--quick] [--only ce,kernel,parts,...]
+
+Sections:
+- ``ce``: the op at 8192 x 128256 bf16 through the suite's own code (``liger_core.bench``: float64 check,
+  do_bench with the L2 flush, the restoring loop for in-place providers, peak extra memory), several kernel
+  settings (module knobs of ``liger_core.ops.cross_entropy``) beside liger-kernel;
+- ``kernel``: the cross-entropy kernel alone (gradient into a separate buffer) over block sizes, warps, pass-2
+  order and eviction hints: many settings cheaply;
+- ``ce32``: fp32 logits (fp64 per-element math vs fp32 math: speed and the suite's accuracy check);
+- ``parts``: the pieces of one FLCE chunk (logits GEMM, CE kernel, dh GEMM and alternatives, dW accumulation
+  in bf16 and fp32) at several chunk sizes: ms, TFLOP/s, GB/s;
+- ``flce``: the whole FLCE fwd+bwd at several chunk sizes (time, peak extra memory: the trade-off curve),
+  beside liger-kernel;
+- ``profile``: the GPU kernels of one fwd+bwd (name, count, total µs) from torch.profiler.
+On CPU (no GPU) it is a smoke test at tiny shapes (Triton interpreter), timing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from liger_core import bench  # noqa: E402
+from liger_core.ops import cross_entropy, fused_linear_cross_entropy  # noqa: E402
+
+ce_mod = sys.modules["liger_core.ops.cross_entropy"]
+flce_mod = sys.modules["liger_core.ops.fused_linear_cross_entropy"]
+
+ROWS: list[str] = []
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+GPU = DEVICE.type == "cuda"
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+    ROWS.append(line)
+
+
+@contextlib.contextmanager
+def knobs(module, **values) -> Iterator[None]:
+    old = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def liger_kernel_fn(op: str) -> Callable | None:
+    return bench.OPS[op].liger_kernel if bench.peer_version("liger_kernel") else None
+
+
+def sync() -> None:
+    if GPU:
+        torch.cuda.synchronize()
+
+
+def bench_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
+    """Median ms of fn (do_bench: L2 flushed before each run); 0 on CPU."""
+    if not GPU:
+        fn()
+        return 0.0
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])[0])
+
+
+def measure(op: str, shape: dict, dtype, variants: dict, timing: bench.Timing) -> None:
+    """variants: name -> (fn, {module: knobs}) through the suite's check, timing and memory code."""
+    spec = bench.OPS[op]
+    runner = bench.CaseRunner(spec, shape, dtype, DEVICE)
+    runner.compute_reference()
+    eager = runner.run_checked(bench.available("reference", op))
+    runner.set_eager(eager.errors)
+    del eager
+    s = torch.empty((), dtype=dtype).element_size()
+    floors = {m: spec.floor(shape, s, m).ms for m in bench.MODES}
+    log(
+        f"-- {spec.title} {spec.label(shape)} {dtype}: floor fwd {floors['fwd']:.4f} ms, "
+        f"fwd+bwd {floors['fwd+bwd']:.4f} ms (ref {runner.ref_dtype})"
+    )
+    for name, (fn, knob_map) in variants.items():
+        if fn is None:
+            log(f"   {name:40s} unavailable")
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for module, values in knob_map.items():
+                    stack.enter_context(knobs(module, **values))
+                run = runner.run_checked(fn)
+                err, eager_err, out_name, ok = runner.verdict(run.errors)
+                cells = []
+                for mode in bench.MODES:
+                    if GPU:
+                        med, _, _, _ = bench.time_step(run, mode, timing)
+                    else:
+                        bench.make_step(run, mode)()
+                        med = float("nan")
+                    cells.append(f"{mode} {med:.4f} ({100 * floors[mode] / med:3.0f}%)")
+                mem = bench.peak_extra_bytes(run, "fwd+bwd") / 2**30 if GPU else float("nan")
+                written = "writes inputs" if run.restore_pairs else ""
+                log(
+                    f"   {name:40s} {' | '.join(cells)} | {mem:.3f} GiB | "
+                    f"{'ok' if ok else 'FAIL'} {out_name} {err:.2e} (eager {eager_err:.2e}) {written}"
+                )
+                del run
+        except Exception as e:  # noqa: BLE001
+            log(f"   {name:40s} ERROR {type(e).__name__}: {str(e)[:300]}")
+            traceback.print_exc()
+        bench._free_memory()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# cross_entropy
+# ------------------------------------------------------------------------------------------------------------
+
+
+def ce_variants() -> dict:
+    def ours(**kw):
+        return lambda x, t: cross_entropy(x, t, **kw)
+
+    inplace = ours(inplace_backward=True)
+    return {
+        "in place (reverse, evict hints, 32768/32w)": (inplace, {}),
+        "in place, check_targets=False": (ours(inplace_backward=True, check_targets=False), {}),
+        "in place, no eviction hints": (inplace, {ce_mod: {"CE_EVICTION_HINTS": False}}),
+        "in place, forward pass 2, no hints (old)": (
+            inplace,
+            {ce_mod: {"CE_EVICTION_HINTS": False, "CE_REVERSE_SECOND_PASS": False}},
+        ),
+        "in place, block 16384 (32 warps)": (inplace, {ce_mod: {"CE_MAX_BLOCK": 16384}}),
+        "in place, block 16384, 16 warps": (inplace, {ce_mod: {"CE_MAX_BLOCK": 16384, "CE_WARPS": 16}}),
+        "in place, block 8192, 16 warps": (inplace, {ce_mod: {"CE_MAX_BLOCK": 8192, "CE_WARPS": 16}}),
+        "default (gradient in a new buffer)": (ours(), {}),
+        "liger_kernel": (liger_kernel_fn("cross_entropy"), {}),
+    }
+
+
+def kernel_sweep(n: int, vocab: int, dtype) -> None:
+    """The CE kernel alone (reads logits, writes the gradient to a separate buffer), many settings."""
+    logits = torch.randn(n, vocab, device=DEVICE, dtype=dtype) * 2
+    target = torch.randint(0, vocab, (n,), device=DEVICE)
+    grad = torch.empty_like(logits)
+    loss_rows = torch.empty(n, dtype=torch.float64, device=DEVICE)
+    z_rows = torch.empty_like(loss_rows)
+    stats = ce_mod.target_stats(target, None, -100, vocab)
+    floor = 2 * n * vocab * logits.element_size() / bench.HBM_BYTES_PER_S * 1e3
+    log(f"-- CE kernel alone {n}x{vocab} {dtype}: floor (read + write) {floor:.4f} ms")
+
+    def launch():
+        ce_mod.launch_cross_entropy(
+            logits, target, None, grad, loss_rows, z_rows, stats, ignore_index=-100, mean=True,
+            label_smoothing=0.0, lse_square_scale=0.0, softcap=None,
+        )  # fmt: skip
+
+    settings = [
+        (32768, None, True, True),
+        (32768, None, True, False),
+        (32768, None, False, True),
+        (32768, None, False, False),
+        (65536, 32, True, True),
+        (16384, 32, True, True),
+        (16384, 16, True, True),
+        (16384, 16, False, False),
+        (8192, 16, True, True),
+        (8192, 8, True, True),
+        (4096, 8, True, True),
+    ]
+    if not GPU:
+        settings = settings[:2]
+    for block, warps, reverse, evict in settings:
+        name = f"block {block:5d} warps {warps or 'auto':>4} reverse {reverse!s:5} evict {evict!s:5}"
+        try:
+            with knobs(
+                ce_mod, CE_MAX_BLOCK=block, CE_WARPS=warps, CE_REVERSE_SECOND_PASS=reverse,
+                CE_EVICTION_HINTS=evict,
+            ):  # fmt: skip
+                launch()
+                ms = bench_ms(launch)
+            log(f"   {name}  {ms:.4f} ms ({100 * floor / ms if ms else 0:3.0f}% of floor)")
+        except Exception as e:  # noqa: BLE001
+            log(f"   {name}  ERROR {type(e).__name__}: {str(e)[:300]}")
+    # the whole forward with and without the host sync of the target check (gradient in place)
+    x = logits.clone()
+    for check in (True, False):
+
+        def fwd(check=check):
+            return cross_entropy(x, target, inplace_backward=True, check_targets=check)
+
+        try:
+            x.requires_grad_(True)
+            fwd()
+            ms = bench_ms(fwd)
+            log(f"   op forward (requires_grad, in place), check_targets={check}: {ms:.4f} ms")
+        except Exception as e:  # noqa: BLE001
+            log(f"   op forward check_targets={check} ERROR {type(e).__name__}: {str(e)[:300]}")
+
+
+def ce32_variants() -> dict:
+    inplace = lambda x, t: cross_entropy(x, t, inplace_backward=True)  # noqa: E731
+    return {
+        "fp32 logits, fp64 math, in place": (inplace, {}),
+        "fp32 logits, fp64 math, block 16384": (inplace, {ce_mod: {"CE_MAX_BLOCK": 16384}}),
+        "fp32 logits, fp32 math (tl.exp), in place": (inplace, {ce_mod: {"CE_FP32_MATH": "fp32"}}),
+        "liger_kernel": (liger_kernel_fn("cross_entropy"), {}),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------
+# fused_linear_cross_entropy
+# ------------------------------------------------------------------------------------------------------------
+
+
+def flce_parts(bt: int, hidden_size: int, vocab: int, chunks: tuple[int, ...]) -> None:
+    """Each piece of one chunk, timed alone (the inputs of a real chunk: bf16, random)."""
+    dtype = torch.bfloat16
+    h = torch.randn(bt, hidden_size, device=DEVICE, dtype=dtype)
+    w = torch.randn(vocab, hidden_size, device=DEVICE, dtype=dtype) * hidden_size**-0.5
+    target = torch.randint(0, vocab, (bt,), device=DEVICE)
+    gw = torch.zeros(vocab, hidden_size, device=DEVICE, dtype=dtype)
+    gh = torch.empty(bt, hidden_size, device=DEVICE, dtype=dtype)
+    stats = ce_mod.target_stats(target, None, -100, vocab)
+    loss_rows = torch.empty(bt, dtype=torch.float64, device=DEVICE)
+    z_rows = torch.empty_like(loss_rows)
+    log(f"-- FLCE pieces per chunk, BT {bt} H {hidden_size} V {vocab} bf16 (W {w.numel() * 2 / 1e9:.2f} GB)")
+    for c in chunks:
+        _flce_parts_chunk(c, h, w, target, gw, gh, stats, loss_rows, z_rows)
+        bench._free_memory()
+
+
+def _flce_parts_chunk(c, h, w, target, gw, gh, stats, loss_rows, z_rows) -> None:
+    vocab, hidden_size = w.shape
+    dtype = h.dtype
+    buf = torch.empty(c, vocab, device=DEVICE, dtype=dtype)
+    hc = h[:c]
+    gemm_flops = 2 * c * hidden_size * vocab
+    gemm_bytes = (vocab * hidden_size + c * vocab) * 2
+    rows = {}
+
+    def logits_mm():
+        torch.mm(hc, w.t(), out=buf)
+
+    def ce_kernel():
+        ce_mod.launch_cross_entropy(
+            buf, target[:c], None, buf, loss_rows[:c], z_rows[:c], stats, ignore_index=-100, mean=True,
+            label_smoothing=0.0, lse_square_scale=0.0, softcap=None,
+        )  # fmt: skip
+
+    def dh_mm():
+        torch.mm(buf, w, out=gh[:c])
+
+    gh_t = torch.empty(hidden_size, c, device=DEVICE, dtype=dtype)
+
+    def dh_mm_transposed():
+        torch.mm(w.t(), buf.t(), out=gh_t)
+
+    def dw_addmm_bf16():
+        gw.addmm_(buf.t(), hc)
+
+    rows["logits = h_c W^T (mm out=)"] = (logits_mm, gemm_flops, gemm_bytes)
+    logits_mm()
+    rows["CE kernel in place"] = (ce_kernel, 0, 2 * c * vocab * 2)
+    rows["dh = g W (mm out=)"] = (dh_mm, gemm_flops, gemm_bytes)
+    rows["dh^T = W^T g^T (mm out=, H x C)"] = (dh_mm_transposed, gemm_flops, gemm_bytes)
+    for split in (2, 4, 8):
+        if vocab % split:
+            continue
+        part = torch.empty(split, c, hidden_size, device=DEVICE, dtype=torch.float32)
+
+        def dh_bmm_split(split=split, part=part):
+            a = buf.view(c, split, vocab // split).transpose(0, 1)
+            b = w.view(split, vocab // split, hidden_size)
+            torch.bmm(a, b, out_dtype=torch.float32, out=part)
+            torch.sum(part, 0, out=gh[:c])  # fp32 partials -> one rounding to bf16
+
+        rows[f"dh split-K {split} (bmm fp32 partials + sum)"] = (dh_bmm_split, gemm_flops, gemm_bytes)
+    rows["dW += g^T h_c (addmm_ bf16)"] = (dw_addmm_bf16, gemm_flops, 2 * vocab * hidden_size * 2)
+    gw32 = torch.zeros(vocab, hidden_size, device=DEVICE, dtype=torch.float32)
+
+    def dw_addmm_fp32():
+        torch.addmm(gw32, buf.t(), hc, out_dtype=torch.float32, out=gw32)
+
+    rows["dW += g^T h_c (addmm out_dtype fp32)"] = (dw_addmm_fp32, gemm_flops, 4 * vocab * hidden_size * 2)
+    log(f"   chunk {c} tokens (logits {c * vocab * 2 / 2**20:.0f} MiB):")
+    for name, (fn, flops, nbytes) in rows.items():
+        try:
+            fn()
+            ms = bench_ms(fn)
+            tf = flops / ms / 1e9 if ms and flops else 0.0
+            gbs = nbytes / ms / 1e6 if ms else 0.0
+            log(f"      {name:44s} {ms:8.4f} ms  {tf:6.0f} TFLOP/s  {gbs:6.0f} GB/s (min bytes)")
+        except Exception as e:  # noqa: BLE001
+            log(f"      {name:44s} ERROR {type(e).__name__}: {str(e)[:200]}")
+
+
+def flce_variants(chunks: tuple[int, ...]) -> dict:
+    out = {}
+    for c in chunks:
+        out[f"chunk {c}"] = (
+            lambda h, w, t, c=c: fused_linear_cross_entropy(h, w, t, chunk_size=c),
+            {},
+        )
+    out["default chunk"] = (fused_linear_cross_entropy, {})
+    out["default chunk, check_targets=False"] = (
+        lambda h, w, t: fused_linear_cross_entropy(h, w, t, check_targets=False),
+        {},
+    )
+    out["liger_kernel"] = (liger_kernel_fn("fused_linear_cross_entropy"), {})
+    return out
+
+
+def profile(op: str, shape: dict, variants: dict) -> None:
+    """GPU kernels of one fwd+bwd (after warm-up): name, count, total µs."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    spec = bench.OPS[op]
+    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    runner.compute_reference()
+    log(f"-- kernels of one fwd+bwd, {spec.title} {spec.label(shape)}")
+    for name, (fn, knob_map) in variants.items():
+        if fn is None:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for module, values in knob_map.items():
+                    stack.enter_context(knobs(module, **values))
+                run = runner.run_checked(fn)
+                step = bench.make_step(run, "fwd+bwd")
+                for _ in range(2):
+                    step()
+                    for t in run.diff_tensors:
+                        t.grad = None
+                sync()
+                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    t0 = time.perf_counter()
+                    step()
+                    sync()
+                    wall = (time.perf_counter() - t0) * 1e3
+                kernels: dict[str, tuple[int, float]] = {}
+                for ev in prof.events():
+                    if ev.device_type.name == "CUDA":
+                        c, t = kernels.get(ev.name, (0, 0.0))
+                        kernels[ev.name] = (c + 1, t + ev.device_time_total)
+                total = sum(t for _, t in kernels.values())
+                parts = ", ".join(
+                    f"{k[:60]} x{c} {t:.0f}"
+                    for k, (c, t) in sorted(kernels.items(), key=lambda x: -x[1][1])[:8]
+                )
+                log(f"   {name:30s} kernels {total / 1e3:7.2f} ms (wall {wall:.2f} ms): {parts}")
+                for t in run.diff_tensors:
+                    t.grad = None
+                del run
+        except Exception as e:  # noqa: BLE001
+            log(f"   {name:30s} ERROR {type(e).__name__}: {str(e)[:200]}")
+        bench._free_memory()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="ce,kernel,ce32,parts,flce,profile")
+    parser.add_argument("--flce-chunks", default="128,256,384,512,768,1024,2048")
+    args = parser.parse_args()
+    parts = set(args.only.split(","))
+    bench.prepare_triton()
+    timing = bench.QUICK if args.quick else bench.Timing()
+    ce_shape = {"N": 8192, "V": 128256}
+    flce_shape = {"BT": 8192, "H": 4096, "V": 128256}
+    chunks = tuple(int(c) for c in args.flce_chunks.split(","))
+    part_chunks = (256, 512, 1024)
+    if not GPU:  # smoke test
+        ce_shape, flce_shape = {"N": 7, "V": 1031}, {"BT": 13, "H": 16, "V": 301}
+        chunks, part_chunks = (4, 8), (4,)
+    log(f"device {DEVICE} ({torch.cuda.get_device_name() if GPU else 'cpu'}), torch {torch.__version__}")
+    sections = [
+        ("kernel", lambda: kernel_sweep(ce_shape["N"], ce_shape["V"], torch.bfloat16)),
+        ("ce", lambda: measure("cross_entropy", ce_shape, torch.bfloat16, ce_variants(), timing)),
+        ("ce32", lambda: measure("cross_entropy", ce_shape, torch.float32, ce32_variants(), timing)),
+        ("parts", lambda: flce_parts(flce_shape["BT"], flce_shape["H"], flce_shape["V"], part_chunks)),
+        (
+            "flce",
+            lambda: measure(
+                "fused_linear_cross_entropy", flce_shape, torch.bfloat16, flce_variants(chunks), timing
+            ),
+        ),
+        (
+            "profile",
+            lambda: profile(
+                "fused_linear_cross_entropy",
+                flce_shape,
+                {
+                    k: v
+                    for k, v in flce_variants(chunks[1:2]).items()
+                    if k != "default chunk, check_targets=False"
+                },
+            ),
+        ),
+        (
+            "profile",
+            lambda: profile(
+                "cross_entropy",
+                ce_shape,
+                {k: v for k, v in ce_variants().items() if k.startswith(("in place (", "default", "liger"))},
+            ),
+        ),
+    ]
+    for part, section in sections:
+        if part in parts:
+            try:
+                section()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+    print("\n==================== summary ====================")
+    print("\n".join(ROWS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
