@@ -403,9 +403,8 @@ def _scale_rows_kernel(
 
     A persistent grid walks the (row, column block) tiles; with a scalar scale of exactly 1 (a plain
     ``loss.backward()``) every program returns after one load."""
-    if scale_row_stride == 0:
-        if tl.load(scale_ptr).to(tl.float32) == 1.0:
-            return
+    if (scale_row_stride == 0) & (tl.load(scale_ptr).to(tl.float32) == 1.0):
+        return
     n_col_blocks = tl.cdiv(n_cols, BLOCK_SIZE)
     for tile in range(tl.program_id(0), n_rows * n_col_blocks, tl.num_programs(0)):
         row = tile // n_col_blocks
