@@ -248,6 +248,55 @@ def timer_prelude(op: str, shape: dict, timing: bench.Timing) -> None:
         del run
 
 
+def host_profile(op: str, shape: dict, n: int = 200) -> None:
+    """cProfile of the suite's timing loop (L2-flush memset, events, step, grads reset) at a real shape:
+    where the host time of one fwd+bwd goes, ours beside liger-kernel's (top functions by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    spec = bench.OPS[op]
+    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    runner.compute_reference()
+    cache = torch.empty(bench._L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    providers = {"liger_core": bench.provider_fn(spec, "liger_core")[0], "liger_kernel": liger_kernel_fn(op)}
+    for name, fn in providers.items():
+        if fn is None:
+            continue
+        run = runner.run_checked(fn)
+        step = bench.make_step(run, "fwd+bwd")
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * n)]
+
+        def loop(run=run, step=step, events=events) -> None:
+            for i in range(n):
+                for t in run.diff_tensors:
+                    t.grad = None
+                cache.zero_()
+                events[2 * i].record()
+                step()
+                events[2 * i + 1].record()
+            torch.cuda.synchronize()
+
+        loop()
+        profiler = cProfile.Profile()
+        t0 = time.perf_counter()
+        profiler.enable()
+        loop()
+        profiler.disable()
+        wall = (time.perf_counter() - t0) / n * 1e6
+        gpu = sorted(events[2 * i].elapsed_time(events[2 * i + 1]) for i in range(n))[n // 2]
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(12)
+        log(
+            f"-- host profile {name}, {spec.title} {spec.label(shape)}: {wall:.0f} µs/iteration (profiled), "
+            f"median event time {gpu:.4f} ms"
+        )
+        for line in out.getvalue().splitlines():
+            if line.strip() and ("{" in line or "/" in line or "ncalls" in line):
+                log("   " + line.strip()[:150])
+        del run
+
+
 def rope_variants() -> dict[str, tuple[Callable, dict]]:
     return {
         "liger_core custom-op dispatch (old)": (rope, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
@@ -290,6 +339,7 @@ def main() -> int:
         ("rope", lambda: measure("rope", rope_shape, rope_variants(), timing)),
         ("profile", lambda: profile("rope", rope_shape, rope_variants())),
         ("timer", lambda: timer_prelude("rope", rope_shape, timing)),
+        ("hostprof", lambda: host_profile("rope", rope_shape)),
         ("timer", lambda: timer_prelude("swiglu", {"M": 1024, "N": 4096}, timing)),
         ("host", lambda: host_time("rope", {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}, rope_variants())),
         ("host", raw_launch_host_time),
