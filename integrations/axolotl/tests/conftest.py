@@ -1,0 +1,105 @@
+"""Fixtures: a tiny local Llama (byte-level BPE tokenizer, 2 layers), a tiny completion dataset, an Axolotl
+config for 3 CPU steps; nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+# Short rows on purpose: the Triton interpreter's cost grows with the tokens per batch.
+TEXTS = [
+    "red fox runs",
+    "blue sky glows",
+    "tiny model learns",
+    "fast kernels fuse",
+    "exact loss",
+    "rope turns",
+]
+PLUGIN = "liger_core_axolotl.LigerCorePlugin"
+
+
+def build_tiny_llama(path: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(TEXTS * 4, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tok.save_pretrained(path)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
+    path.write_text("".join(json.dumps({"text": TEXTS[i % len(TEXTS)]}) + "\n" for i in range(16)))
+    return path
+
+
+def axolotl_config(model: Path, data: Path, workdir: Path, **extra) -> dict:
+    """3 steps on CPU (``fp16: false`` is the one key CPU needs: Axolotl turns fp16 on without bf16)."""
+    config = {
+        "base_model": str(model),
+        "plugins": [PLUGIN],
+        "use_liger_kernel": True,
+        "datasets": [{"path": str(data), "type": "completion"}],
+        "dataset_prepared_path": str(workdir / "prepared"),
+        "output_dir": str(workdir / "out"),
+        "sequence_len": 64,
+        "micro_batch_size": 2,
+        "max_steps": 3,
+        "learning_rate": 0.001,
+        "optimizer": "adamw_torch",
+        "fp16": False,
+        "bf16": False,
+        "save_strategy": "no",
+        "logging_steps": 1,
+    }
+    config.update(extra)
+    return config
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        AXOLOTL_DO_NOT_TRACK="1",  # without it PostHog retries keep the process alive after training
+        DO_NOT_TRACK="1",
+        TRITON_INTERPRET="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_MODE="disabled",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
