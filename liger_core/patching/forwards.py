@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,14 +276,30 @@ def fusable_linear(lm_head: nn.Module) -> nn.Linear | None:
             module = module.original_module
         else:
             module = module.modules_to_save[active[0]]
-    if type(module) is not nn.Linear:
+    if type(module) is not nn.Linear:  # also FSDP2's FSDPLinear (a sharded DTensor weight)
         return None
     if module._forward_hooks or module._forward_pre_hooks or getattr(module, "_hf_hook", None) is not None:
         return None
     weight = module.weight
     if type(weight) not in (torch.Tensor, nn.Parameter) or weight.device.type == "meta":
         return None
+    if getattr(weight, "ds_id", None) is not None or weight.dim() != 2:  # DeepSpeed ZeRO-3: partitioned
+        return None
     return module
+
+
+_warned_unfused: set[type] = set()
+
+
+def _warn_unfused(lm_head: nn.Module) -> None:
+    if type(lm_head) not in _warned_unfused:
+        _warned_unfused.add(type(lm_head))
+        warnings.warn(
+            f"liger_core: lm_head ({type(lm_head).__name__}) is not a plain nn.Linear with a local weight "
+            "(LoRA, quantised, FSDP/ZeRO-3 sharded or hooked); the loss is computed from materialised logits "
+            "instead of the fused linear cross-entropy (exact, but without its memory saving)",
+            stacklevel=3,
+        )
 
 
 def _slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
@@ -446,6 +463,7 @@ def causal_lm(
                 logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
             )
         if skip_logits:  # asked not to return logits, but lm_head could not be fused (see fusable_linear)
+            _warn_unfused(self.lm_head)
             logits = None
 
     from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast

@@ -206,6 +206,20 @@ def test_attention_implementations(attn):
     _assert_grads_close(gb, ga)
 
 
+def test_moe_router_aux_loss_is_added():
+    """Mixtral with output_router_logits: the fused loss plus router_aux_loss_coef * load-balancing loss."""
+    ref = tiny_model("mixtral", seed=15, output_router_logits=True, router_aux_loss_coef=0.5)
+    model = tiny_model("mixtral", seed=15, output_router_logits=True, router_aux_loss_coef=0.5)
+    liger_core.apply_liger_kernel(model)
+    ids, labels = batch(14, seq_len=6)
+    a, ga = _loss_and_grads(ref, input_ids=ids, labels=labels)
+    b, gb = _loss_and_grads(model, input_ids=ids, labels=labels)
+    assert a.aux_loss is not None and b.logits is None and b.router_logits is not None
+    torch.testing.assert_close(b.aux_loss, a.aux_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(b.loss, a.loss, rtol=1e-5, atol=1e-6)
+    _assert_grads_close(gb, ga)
+
+
 def test_cross_entropy_flag_is_instance_level():
     ref = tiny_model("llama", seed=11)
     model = tiny_model("llama", seed=11)

@@ -95,3 +95,22 @@ def test_lora_on_lm_head_falls_back_to_unfused_loss():
     expected, _ = _step(ref, ids, labels)
     out, _ = _step(model, ids, labels)
     torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_lm_head_wrapped_after_patching_falls_back_with_a_warning():
+    """Patched first, LoRA on lm_head added afterwards: the fused forward notices at run time, warns once and
+    computes the loss from the logits (through the adapter), still equal to the unpatched model's."""
+    from liger_core.patching import forwards
+
+    base_ref, base = tiny_model("llama", seed=23), tiny_model("llama", seed=23)
+    liger_core.apply_liger_kernel(base)
+    config = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["lm_head"])
+    ref = peft.get_peft_model(base_ref, peft.LoraConfig(**config))
+    model = peft.get_peft_model(base, peft.LoraConfig(**config))
+    ids, labels = batch(14, seq_len=6)
+    expected, _ = _step(ref, ids, labels)
+    forwards._warned_unfused.clear()
+    with pytest.warns(UserWarning, match="not a plain nn.Linear"):
+        out, _ = _step(model, ids, labels)
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
