@@ -62,6 +62,14 @@ NORM_BWD_ELEMENTS_PER_THREAD = 8
 # Programs per SM of the persistent backward grid (each writes one partial row of dW/dB). Equal work per
 # SM whether one or both fit at once, so over-asking costs only the extra partial rows.
 NORM_BWD_PROGRAMS_PER_SM = 2
+# Backward: issue the next tile's loads before this tile's math (tiles up to NORM_TILE_ELEMENTS).
+NORM_BWD_PREFETCH = True
+
+
+def _next_power_of_2(n: int) -> int:
+    # plain int arithmetic: triton.next_power_of_2 is a wrapped constexpr function in recent Triton (host time
+    # on every launch)
+    return 1 << max(0, n - 1).bit_length()
 
 
 class NormSettings(NamedTuple):
@@ -74,14 +82,17 @@ class NormSettings(NamedTuple):
 
 def norm_settings(n_cols: int, backward: bool = False) -> NormSettings:
     """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = _next_power_of_2(n_cols)
     if block_n > (NORM_BWD_FUSED_MAX_COLS if backward else NORM_FUSED_MAX_COLS):
         block_m, block_n, single_pass = 1, NORM_CHUNK_COLS, False
     else:
         block_m, single_pass = max(1, NORM_TILE_ELEMENTS // block_n), True
     tile = block_m * block_n
-    prefetch = backward and single_pass and tile <= NORM_TILE_ELEMENTS
-    per_thread = NORM_BWD_ELEMENTS_PER_THREAD if prefetch or not single_pass else NORM_FWD_ELEMENTS_PER_THREAD
+    prefetch = NORM_BWD_PREFETCH and backward and single_pass and tile <= NORM_TILE_ELEMENTS
+    if backward and (prefetch or not single_pass or not NORM_BWD_PREFETCH):
+        per_thread = NORM_BWD_ELEMENTS_PER_THREAD
+    else:
+        per_thread = NORM_FWD_ELEMENTS_PER_THREAD
     warps = min(32, max(4, tile // (32 * per_thread)))
     return NormSettings(block_m, block_n, warps, single_pass, prefetch)
 

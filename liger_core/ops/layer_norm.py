@@ -14,7 +14,8 @@ Math (per row of n columns; fp32 inside the kernels, row statistics in fp64 for 
 The reference implementation is ``liger_core.reference.layer_norm`` (``F.layer_norm``).
 
 HBM traffic: forward reads x (+ w, b) and writes y, mean, rstd; backward reads dy, x, mean, rstd (+ w) and
-writes dx and one partial row of dw and db per program of a persistent grid (summed afterwards; no atomics).
+writes dx and one partial row of dw and db per program of a persistent grid (summed afterwards; no atomics;
+fp64 partials for fp32 data, fp32 otherwise).
 Rows longer than ``NORM_FUSED_MAX_COLS`` loop over column chunks (``SINGLE_PASS=False``), as in RMSNorm.
 """
 
@@ -25,7 +26,7 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
+from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view, widen
 
@@ -137,7 +138,7 @@ def _layer_norm_bwd_kernel(
     if SINGLE_PASS:
         col_mask = cols < n_cols
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        # per-row-lane accumulators over this program's tiles, summed once at the end in fp64 (see rms_norm)
+        # per-row-lane accumulators over this program's tiles, summed once at the end (see rms_norm)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -177,19 +178,19 @@ def _layer_norm_bwd_kernel(
             if HAS_BIAS:
                 db_acc, db_comp = accumulate(db_acc, db_comp, dy, PRECISE)
             rows += BLOCK_M
-        dw = tl.sum(dw_acc.to(tl.float64) - dw_comp.to(tl.float64), axis=0)
+        dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
         tl.store(dw_partial_row + cols, dw, mask=col_mask)
         if HAS_BIAS:
-            db = tl.sum(db_acc.to(tl.float64) - db_comp.to(tl.float64), axis=0)
+            db = tl.sum(widen(db_acc, PRECISE) - widen(db_comp, PRECISE), axis=0)
             tl.store(db_partial_row + cols, db, mask=col_mask)
     else:
-        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial rows (fp64) live
+        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial rows live
         # in global memory and each element is read and written by the same thread (same layout)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
-            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float64), mask=chunk < n_cols)
+            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
             if HAS_BIAS:
-                tl.store(db_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float64), mask=chunk < n_cols)
+                tl.store(db_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
         for tile in range(0, tiles_per_program):
             row = first_row + tile
             if row < n_rows:
@@ -218,14 +219,15 @@ def _layer_norm_bwd_kernel(
                     dx = rstd * (dy * w - xhat * mean_gxhat - mean_g)
                     tl.store(dx_ptr + row * dx_row_stride + chunk, dx.to(dx_ptr.dtype.element_ty), mask=mask)
                     dw_old = tl.load(dw_partial_row + chunk, mask=mask, other=0.0)
-                    tl.store(dw_partial_row + chunk, dw_old + (dy * xhat).to(tl.float64), mask=mask)
+                    tl.store(dw_partial_row + chunk, dw_old + widen(dy * xhat, PRECISE), mask=mask)
                     if HAS_BIAS:
                         db_old = tl.load(db_partial_row + chunk, mask=mask, other=0.0)
-                        tl.store(db_partial_row + chunk, db_old + dy.to(tl.float64), mask=mask)
+                        tl.store(db_partial_row + chunk, db_old + widen(dy, PRECISE), mask=mask)
 
 
-@torch.library.custom_op("liger_core::layer_norm_fwd", mutates_args=())
-def _layer_norm_fwd(
+# Kernel launchers: torch.library custom ops for torch.compile, plain calls in eager mode
+# (``dispatch.launcher``, as in rms_norm).
+def _layer_norm_fwd_impl(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n_rows, n_cols = x.shape
@@ -243,18 +245,7 @@ def _layer_norm_fwd(
     return y, mean, rstd
 
 
-@_layer_norm_fwd.register_fake
-def _(x, w, b, eps):
-    n_rows = x.shape[0]
-    return (
-        x.new_empty(x.shape),
-        x.new_empty(n_rows, dtype=torch.float32),
-        x.new_empty(n_rows, dtype=torch.float32),
-    )
-
-
-@torch.library.custom_op("liger_core::layer_norm_bwd", mutates_args=())
-def _layer_norm_bwd(
+def _layer_norm_bwd_impl(
     dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db); db is an empty tensor when there is no bias."""
@@ -264,16 +255,32 @@ def _layer_norm_bwd(
         return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
     s = norm_settings(n_cols, backward=True)
     programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m))
-    partials = torch.empty((2 if has_bias else 1, programs, n_cols), dtype=torch.float64, device=x.device)
+    precise = x.dtype == torch.float32
+    partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
+    partials = torch.empty((2 if has_bias else 1, programs, n_cols), dtype=partial_dtype, device=x.device)
     _layer_norm_bwd_kernel[(programs,)](
         dy, x, w, mean, rstd, dx, partials[0], partials[-1], n_rows, n_cols,
         dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
         HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
-        PREFETCH=s.prefetch, PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
+        PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
     )  # fmt: skip
     # separate reductions: custom-op outputs may not alias each other
     dw = partials[0].sum(0).to(w.dtype)
     return dx, dw, partials[1].sum(0).to(w.dtype) if has_bias else w.new_empty(0)
+
+
+_layer_norm_fwd = torch.library.custom_op("liger_core::layer_norm_fwd", _layer_norm_fwd_impl, mutates_args=())
+_layer_norm_bwd = torch.library.custom_op("liger_core::layer_norm_bwd", _layer_norm_bwd_impl, mutates_args=())
+
+
+@_layer_norm_fwd.register_fake
+def _(x, w, b, eps):
+    n_rows = x.shape[0]
+    return (
+        x.new_empty(x.shape),
+        x.new_empty(n_rows, dtype=torch.float32),
+        x.new_empty(n_rows, dtype=torch.float32),
+    )
 
 
 @_layer_norm_bwd.register_fake
@@ -286,7 +293,7 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, eps: float):
         x2d = rows_view(x)
-        y, mean, rstd = _layer_norm_fwd(x2d, w, b, eps)
+        y, mean, rstd = launcher(_layer_norm_fwd, _layer_norm_fwd_impl)(x2d, w, b, eps)
         ctx.save_for_backward(x2d, w, mean, rstd)
         ctx.has_bias = b is not None
         ctx.x_shape = x.shape
@@ -295,7 +302,8 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x2d, w, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _layer_norm_bwd(rows_view(dy), x2d, w, mean, rstd, ctx.has_bias)
+        bwd = launcher(_layer_norm_bwd, _layer_norm_bwd_impl)
+        dx, dw, db = bwd(rows_view(dy), x2d, w, mean, rstd, ctx.has_bias)
         return dx.view(ctx.x_shape), dw, db if ctx.has_bias else None, None
 
 

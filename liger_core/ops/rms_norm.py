@@ -15,12 +15,15 @@ The reference implementation (HF's code, bit for bit) is ``liger_core.reference.
 HBM traffic: forward reads x (+ w) and writes y and rstd; backward reads dy, x, rstd (+ w) and writes dx and
 one partial row of dw per program: the backward grid is persistent (a few programs per SM, each looping over
 a contiguous block of rows with the next tile's loads in flight, accumulating dw in fp32 registers), and the
-partial rows (fp64) are summed afterwards. No atomics. ``in_place=True`` writes dx over dy (one buffer
+partial rows are summed afterwards. No atomics. ``in_place=True`` writes dx over dy (one buffer
 fewer; never when dy is reused later, as Gemma2's residual stream does).
 
 Rows longer than ``NORM_FUSED_MAX_COLS`` do not fit in registers: the same kernels then loop over column
 chunks (``SINGLE_PASS=False``), re-reading the row once per pass and accumulating dw in the program's partial
 row in global memory.
+
+The partial rows are fp64 for fp32 data and fp32 otherwise (bf16/fp16 dw: fp32 sums are ~2^16 finer than
+the final rounding).
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
+from liger_core.dispatch import (
+    check_choice,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    launcher,
+    use_triton,
+)
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.reference.rms_norm import CASTING_MODES
 
@@ -172,7 +182,7 @@ def _rms_norm_bwd_kernel(
         col_mask = cols < n_cols
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
         # dw accumulates per row lane over this program's tiles (no cross-warp reduction per tile); the
-        # BLOCK_M lanes are summed once at the end, in fp64
+        # BLOCK_M lanes are summed once at the end (in fp64 when PRECISE)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         rows = first_row + tl.arange(0, BLOCK_M)
@@ -206,14 +216,14 @@ def _rms_norm_bwd_kernel(
             )
             dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xn, PRECISE)
             rows += BLOCK_M
-        dw = tl.sum(dw_acc.to(tl.float64) - dw_comp.to(tl.float64), axis=0)
+        dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
         tl.store(dw_partial_row + cols, dw, mask=col_mask)
     else:
-        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial row (fp64) lives
+        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial row lives
         # in global memory and is read and written by the same thread for each element (same layout)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
-            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float64), mask=chunk < n_cols)
+            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
         for tile in range(0, tiles_per_program):
             row = first_row + tile
             if row < n_rows:
@@ -237,7 +247,7 @@ def _rms_norm_bwd_kernel(
                     dx = rstd * (dy * w - xn * mean_gxn)
                     tl.store(dx_ptr + row * dx_row_stride + chunk, dx.to(dx_ptr.dtype.element_ty), mask=mask)
                     dw_old = tl.load(dw_partial_row + chunk, mask=mask, other=0.0)
-                    tl.store(dw_partial_row + chunk, dw_old + (dy * xn).to(tl.float64), mask=mask)
+                    tl.store(dw_partial_row + chunk, dw_old + widen(dy * xn, PRECISE), mask=mask)
 
 
 def _output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
@@ -251,8 +261,11 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
     return t2d if t2d.stride(-1) == 1 else t2d.contiguous()
 
 
-@torch.library.custom_op("liger_core::rms_norm_fwd", mutates_args=())
-def _rms_norm_fwd(
+# Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched
+# model through them without graph breaks; the autograd Function below composes them, and in eager mode calls
+# the plain implementations (``dispatch.launcher``: the dispatcher's host time per call is as long as the
+# kernel at typical shapes, and the GPU then waits for the host).
+def _rms_norm_fwd_impl(
     x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, casting_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n_rows, n_cols = x.shape
@@ -269,12 +282,6 @@ def _rms_norm_fwd(
     return y, rstd
 
 
-@_rms_norm_fwd.register_fake
-def _(x, w, eps, offset, casting_mode):
-    y = x.new_empty(x.shape, dtype=_output_dtype(x.dtype, w.dtype, casting_mode))
-    return y, x.new_empty(x.shape[0], dtype=torch.float32)
-
-
 def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     """Run the backward kernel writing dx into ``dx`` (which may be ``dy`` itself); return dw."""
     n_rows, n_cols = x.shape
@@ -282,17 +289,19 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
         return torch.zeros_like(w)
     s = norm_settings(n_cols, backward=True)
     programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m))
-    dw_partial = torch.empty((programs, n_cols), dtype=torch.float64, device=x.device)
+    precise = x.dtype == torch.float32
+    # partial rows in fp64 only where the data is fp32 (bf16/fp16: fp32 partials, summed in fp32)
+    partial_dtype = torch.float64 if precise else torch.float32
+    dw_partial = torch.empty((programs, n_cols), dtype=partial_dtype, device=x.device)
     _rms_norm_bwd_kernel[(programs,)](
         dy, x, w, rstd, dx, dw_partial, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), offset,
         tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
-        PREFETCH=s.prefetch, PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
+        PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
     )  # fmt: skip
     return dw_partial.sum(0).to(w.dtype)
 
 
-@torch.library.custom_op("liger_core::rms_norm_bwd", mutates_args=())
-def _rms_norm_bwd(
+def _rms_norm_bwd_impl(
     dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -300,17 +309,29 @@ def _rms_norm_bwd(
     return dx, dw
 
 
-@_rms_norm_bwd.register_fake
-def _(dy, x, w, rstd, offset):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(w)
-
-
-@torch.library.custom_op("liger_core::rms_norm_bwd_inplace", mutates_args=("dy",))
-def _rms_norm_bwd_inplace(
+def _rms_norm_bwd_inplace_impl(
     dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, offset: float
 ) -> torch.Tensor:
     """Backward that overwrites dy with dx (dy: contiguous, dtype of x); returns dw."""
     return _launch_bwd(dy, x, w, rstd, dy, offset)
+
+
+_rms_norm_fwd = torch.library.custom_op("liger_core::rms_norm_fwd", _rms_norm_fwd_impl, mutates_args=())
+_rms_norm_bwd = torch.library.custom_op("liger_core::rms_norm_bwd", _rms_norm_bwd_impl, mutates_args=())
+_rms_norm_bwd_inplace = torch.library.custom_op(
+    "liger_core::rms_norm_bwd_inplace", _rms_norm_bwd_inplace_impl, mutates_args=("dy",)
+)
+
+
+@_rms_norm_fwd.register_fake
+def _(x, w, eps, offset, casting_mode):
+    y = x.new_empty(x.shape, dtype=_output_dtype(x.dtype, w.dtype, casting_mode))
+    return y, x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@_rms_norm_bwd.register_fake
+def _(dy, x, w, rstd, offset):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(w)
 
 
 @_rms_norm_bwd_inplace.register_fake
@@ -322,7 +343,7 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, eps: float, offset: float, casting_mode: str, in_place: bool):
         x2d = rows_view(x)
-        y, rstd = _rms_norm_fwd(x2d, w, eps, offset, casting_mode)
+        y, rstd = launcher(_rms_norm_fwd, _rms_norm_fwd_impl)(x2d, w, eps, offset, casting_mode)
         ctx.save_for_backward(x2d, w, rstd)
         ctx.offset = offset
         ctx.in_place = in_place
@@ -334,10 +355,10 @@ class RMSNormFunction(torch.autograd.Function):
         x2d, w, rstd = ctx.saved_tensors
         dy2d = rows_view(dy)
         if ctx.in_place and dy2d.dtype == x2d.dtype and dy2d.is_contiguous():
-            dw = _rms_norm_bwd_inplace(dy2d, x2d, w, rstd, ctx.offset)
+            dw = launcher(_rms_norm_bwd_inplace, _rms_norm_bwd_inplace_impl)(dy2d, x2d, w, rstd, ctx.offset)
             dx = dy2d
         else:
-            dx, dw = _rms_norm_bwd(dy2d, x2d, w, rstd, ctx.offset)
+            dx, dw = launcher(_rms_norm_bwd, _rms_norm_bwd_impl)(dy2d, x2d, w, rstd, ctx.offset)
         return dx.view(ctx.x_shape), dw, None, None, None, None
 
 

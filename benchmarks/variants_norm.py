@@ -1,0 +1,237 @@
+"""RMSNorm / LayerNorm variants in one GPU call (issue 7 method: predict, change, measure).
+
+    PYTHONPATH=.:/tmp/site python benchmarks/variants_norm.py [--quick]
+
+Sections (each printed as it is measured; the last lines are a summary):
+- ``kernels``: the launchers alone (``_*_fwd_impl`` / ``_*_bwd_impl``, no autograd), timed with
+  ``triton.testing.do_bench`` (L2 flush, median) for each knob setting of ``liger_core.ops._launch``
+  (NORM_BWD_PROGRAMS_PER_SM, NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH, NORM_FWD_ELEMENTS_PER_THREAD,
+  NORM_TILE_ELEMENTS) at 16384x4096, 4096x4096 and 16384x8192 bf16; every variant is first checked against
+  a float64 reference of the same inputs (relative error of y, dx, dw, db), then timed. One launch costs the
+  host far less than these kernels take, so this is GPU time.
+- ``regs``: registers / spills of each compiled norm kernel (from the compiled kernel objects).
+- ``ops``: the whole op (autograd, as the suite times it) at 16384x4096: ours (direct launch and through
+  the custom-op dispatcher) beside liger-kernel, with the suite's checks.
+- ``profile``: the GPU kernels of one fwd+bwd, ours and liger-kernel's.
+On CPU (no GPU) it only smoke-tests the checks at a tiny shape in the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+import triton.testing  # noqa: E402
+import variants_glu_rope as vr  # noqa: E402
+
+from liger_core import bench, dispatch  # noqa: E402
+from liger_core.ops import _launch  # noqa: E402
+
+ln = sys.modules["liger_core.ops.layer_norm"]
+rms = sys.modules["liger_core.ops.rms_norm"]
+DEVICE = vr.DEVICE
+log = vr.log
+SUMMARY: list[str] = []
+
+BWD_VARIANTS = {  # name -> _launch knobs
+    "P2 E8 pf (current)": {},
+    "P1 E8 pf": {"NORM_BWD_PROGRAMS_PER_SM": 1},
+    "P4 E8 pf": {"NORM_BWD_PROGRAMS_PER_SM": 4},
+    "P2 E16 pf": {"NORM_BWD_ELEMENTS_PER_THREAD": 16},
+    "P1 E16 pf": {"NORM_BWD_PROGRAMS_PER_SM": 1, "NORM_BWD_ELEMENTS_PER_THREAD": 16},
+    "P2 E8 nopf": {"NORM_BWD_PREFETCH": False},
+    "P1 E16 nopf (liger-like)": {
+        "NORM_BWD_PROGRAMS_PER_SM": 1,
+        "NORM_BWD_ELEMENTS_PER_THREAD": 16,
+        "NORM_BWD_PREFETCH": False,
+    },
+    "P2 E16 nopf": {"NORM_BWD_ELEMENTS_PER_THREAD": 16, "NORM_BWD_PREFETCH": False},
+    "P4 E16 nopf": {
+        "NORM_BWD_PROGRAMS_PER_SM": 4,
+        "NORM_BWD_ELEMENTS_PER_THREAD": 16,
+        "NORM_BWD_PREFETCH": False,
+    },
+    "P2 E4 pf": {"NORM_BWD_ELEMENTS_PER_THREAD": 4},
+}
+FWD_VARIANTS = {
+    "E16 tile4096 (current)": {},
+    "E8 tile4096": {"NORM_FWD_ELEMENTS_PER_THREAD": 8},
+    "E32 tile4096": {"NORM_FWD_ELEMENTS_PER_THREAD": 32},
+    "E16 tile8192": {"NORM_TILE_ELEMENTS": 8192},
+    "E8 tile8192": {"NORM_TILE_ELEMENTS": 8192, "NORM_FWD_ELEMENTS_PER_THREAD": 8},
+}
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def make_inputs(op: str, m: int, n: int):
+    x = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16)
+    w = (1.0 + 0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
+    b = (0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16) if op == "layer_norm" else None
+    dy = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16)
+    return x, w, b, dy
+
+
+def reference(op: str, x, w, b, dy):
+    """float64 (y, dx, dw, db) of the same bf16 inputs."""
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    bd = b.double().requires_grad_() if b is not None else None
+    if op == "rms_norm":
+        y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
+        y = y.to(torch.bfloat16).double() * wd  # llama rounding of xn (as our kernel, casting_mode="llama")
+        # gradient of the unrounded path (what every kernel computes)
+        yg = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * wd
+        yg.backward(dy.double())
+        return y.detach(), xd.grad, wd.grad, None
+    y = torch.nn.functional.layer_norm(xd, (x.shape[-1],), wd, bd, 1e-5)
+    y.backward(dy.double())
+    return y.detach(), xd.grad, wd.grad, bd.grad
+
+
+def launch(op: str, x, w, b, dy):
+    """(fwd, bwd) closures over the launchers alone, and a function returning (y, dx, dw, db)."""
+    if op == "rms_norm":
+        y, rstd = rms._rms_norm_fwd_impl(x, w, 1e-6, 0.0, "llama")
+
+        def fwd():
+            rms._rms_norm_fwd_impl(x, w, 1e-6, 0.0, "llama")
+
+        def bwd():
+            rms._rms_norm_bwd_impl(dy, x, w, rstd, 0.0)
+
+        def outputs():
+            y, rstd2 = rms._rms_norm_fwd_impl(x, w, 1e-6, 0.0, "llama")
+            dx, dw = rms._rms_norm_bwd_impl(dy, x, w, rstd2, 0.0)
+            return y, dx, dw, None
+
+        return fwd, bwd, outputs
+    y, mean, rstd = ln._layer_norm_fwd_impl(x, w, b, 1e-5)
+
+    def fwd():
+        ln._layer_norm_fwd_impl(x, w, b, 1e-5)
+
+    def bwd():
+        ln._layer_norm_bwd_impl(dy, x, w, mean, rstd, True)
+
+    def outputs():
+        y, mean2, rstd2 = ln._layer_norm_fwd_impl(x, w, b, 1e-5)
+        dx, dw, db = ln._layer_norm_bwd_impl(dy, x, w, mean2, rstd2, True)
+        return y, dx, dw, db
+
+    return fwd, bwd, outputs
+
+
+def kernels(shapes, quick: bool) -> None:
+    rep = 40 if quick else 100
+    for op in ("rms_norm", "layer_norm"):
+        for m, n in shapes:
+            x, w, b, dy = make_inputs(op, m, n)
+            ref = reference(op, x, w, b, dy)
+            floor_ms = {"fwd": 4 * m * n / 3e9, "bwd": 6 * m * n / 3e9}  # bf16 bytes / 3 TB/s
+            log(
+                f"-- kernels {op} {m}x{n} bf16 (floor fwd {floor_ms['fwd']:.4f}, bwd {floor_ms['bwd']:.4f} ms)"
+            )
+            for kind, variants in (("fwd", FWD_VARIANTS), ("bwd", BWD_VARIANTS)):
+                for name, knob in variants.items():
+                    try:
+                        with vr.knobs(_launch, **knob):
+                            fwd, bwd, outputs = launch(op, x, w, b, dy)
+                            got = outputs()
+                            errs = [rel(g, r) for g, r in zip(got, ref) if r is not None]
+                            bad = any(not (e < 2e-2) for e in errs)  # bf16 outputs: ~3e-3
+                            fn = fwd if kind == "fwd" else bwd
+                            if DEVICE.type == "cuda":
+                                ms = triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
+                            else:
+                                fn()
+                                ms = float("nan")
+                            s = _launch.norm_settings(n, backward=kind == "bwd")
+                            line = (
+                                f"   {kind} {name:26s} {ms:.4f} ms ({100 * floor_ms[kind] / ms:3.0f}%) "
+                                f"warps {s.num_warps} bm {s.block_m} | err "
+                                + " ".join(f"{e:.1e}" for e in errs)
+                                + (" BAD" if bad else "")
+                            )
+                            log(line)
+                            SUMMARY.append(f"{op} {m}x{n} {line.strip()}")
+                    except Exception as e:  # noqa: BLE001
+                        log(f"   {kind} {name:26s} ERROR {type(e).__name__}: {str(e)[:300]}")
+                        traceback.print_exc()
+            del x, w, b, dy, ref
+            if DEVICE.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def regs() -> None:
+    log("-- registers / spills of compiled norm kernels")
+    kernels = (
+        (rms, ("_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel")),
+        (ln, ("_layer_norm_fwd_kernel", "_layer_norm_bwd_kernel")),
+    )
+    for mod, names in kernels:
+        for name in names:
+            kernel = getattr(mod, name)
+            cache = getattr(kernel, "device_caches", None)
+            try:
+                entries = []
+                for dev_cache in (cache or {}).values():
+                    entries.extend(dev_cache[0].values())
+                for ck in entries:
+                    if hasattr(ck, "_init_handles"):
+                        ck._init_handles()
+                    c = ck.metadata
+                    log(
+                        f"   {name} warps {c.num_warps} regs {ck.n_regs} spills {ck.n_spills} smem {c.shared}"
+                    )
+            except Exception as e:  # noqa: BLE001
+                log(f"   {name} ERROR {type(e).__name__}: {str(e)[:200]}")
+
+
+def ops(quick: bool) -> None:
+    timing = bench.QUICK if quick else bench.Timing()
+    for op in ("rms_norm", "layer_norm"):
+        shape = {"M": 16384, "N": 4096} if DEVICE.type == "cuda" else {"M": 37, "N": 123}
+        ours = bench.provider_fn(bench.OPS[op], "liger_core")[0]
+        variants = {
+            "liger_core (direct launch)": (ours, {}),
+            "liger_core (custom-op dispatch)": (ours, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
+            "liger_kernel": (vr.liger_kernel_fn(op), {}),
+        }
+        vr.measure(op, shape, variants, timing)
+        if DEVICE.type == "cuda":
+            vr.profile(op, shape, {k: v for k, v in variants.items() if "dispatch" not in k})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="kernels,regs,ops")
+    args = parser.parse_args()
+    sections = set(args.only.split(","))
+    shapes = [(16384, 4096), (4096, 4096), (16384, 8192)] if DEVICE.type == "cuda" else [(5, 257)]
+    if "kernels" in sections:
+        kernels(shapes, args.quick)
+    if "regs" in sections and DEVICE.type == "cuda":
+        regs()
+    if "ops" in sections:
+        ops(args.quick)
+    print("\n==== summary (kernel ms, % of floor) ====")
+    for line in SUMMARY:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
