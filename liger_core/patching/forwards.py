@@ -81,10 +81,12 @@ def gated_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Te
         gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
     else:
         gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
+    # gate and up are read by nothing but the activation (the projections save their input, not their
+    # output), so the activation's backward may write their gradients over them
     if spec.kind == "swiglu":
-        h = liger_core.ops.swiglu(gate, up)
+        h = liger_core.ops.swiglu(gate, up, inplace_backward=True)
     else:
-        h = liger_core.ops.geglu(gate, up, approximate=spec.approximate)
+        h = liger_core.ops.geglu(gate, up, approximate=spec.approximate, inplace_backward=True)
     return getattr(self, spec.down)(h)
 
 
