@@ -766,6 +766,10 @@ def _bench_restoring(step, restore, grad_to_none, warmup_ms, rep_ms, max_reps, e
         for t in grad_to_none:
             t.grad = None
         restore()
+        # Wait for the restore copy: otherwise it sits in the GPU queue ahead of the timed run and hides the
+        # provider's host (launch) time, a head start do_bench gives no other provider (measured: RoPE fwd+bwd
+        # 0.242 ms with the copy queued ahead vs 0.378 ms after a synchronize, benchmarks/NOTES.md).
+        torch.cuda.synchronize()
         cache.zero_()
         starts[i].record()
         step()
