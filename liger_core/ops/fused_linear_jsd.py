@@ -54,7 +54,7 @@ from liger_core.ops.jsd import (
 CHUNK_LOGITS_BYTES = 512 * 2**20
 MIN_CHUNK_ROWS = 16
 
-# cuBLAS matmuls with bf16/fp16 operands and an fp32 output (torch.mm / addmm ``out_dtype``), torch >= 2.8
+# cuBLAS matmuls of bf16/fp16 operands into an fp32 output (torch.addmm ``out_dtype``): torch >= 2.8
 _CUDA_OUT_DTYPE_MM = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
 
@@ -171,15 +171,6 @@ def _launch_scale(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor) -> 
         _scale_kernel[(triton.cdiv(n, block),)](src, dst, scale, n, BLOCK_SIZE=block, num_warps=warps)
 
 
-def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` as fp32 (fp32 accumulation, one rounding) for a, b in the model dtype."""
-    if a.dtype == torch.float32:
-        return a @ b
-    if a.is_cuda and _CUDA_OUT_DTYPE_MM and torch.cuda.get_device_capability(a.device)[0] >= 8:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()  # CPU has no out_dtype kernels: upcast the (chunk-sized) operands
-
-
 def _add_mm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``acc += a @ b`` into an fp32 accumulator, a and b in the model dtype (no fp32 copies on the GPU)."""
     if a.dtype == torch.float32:
@@ -217,7 +208,8 @@ def _fused_linear_jsd_fwd(
     params = torch.stack(
         [torch.full_like(n_kept, temperature), torch.full_like(n_kept, beta), 1.0 / (n_kept * temperature)]
     )
-    dh = torch.empty(student_hidden.shape, dtype=torch.float32, device=device) if grad_hidden else None
+    # zero-filled: the chunk matmuls accumulate into them (one cuBLAS pattern for both, fp32 output in place)
+    dh = torch.zeros(student_hidden.shape, dtype=torch.float32, device=device) if grad_hidden else None
     dw = torch.zeros(student_weight.shape, dtype=torch.float32, device=device) if grad_weight else None
 
     chunk_size = max(1, min(chunk_size, n_rows))
@@ -255,7 +247,7 @@ def _fused_linear_jsd_fwd(
             num_warps=tiles.num_warps,
         )
         if dh is not None:  # zs now holds d loss / d logits
-            dh[start:end] = _mm_fp32(zs, student_weight)
+            _add_mm_fp32_(dh[start:end], zs, student_weight)
         if dw is not None:
             _add_mm_fp32_(dw, zs.t(), hs)
     del zs_buffer, zt_buffer

@@ -16,14 +16,14 @@ entry) give finite results where the eager formula gives NaN. When every row is 
 gradient is 0 (eager divides 0 by 0). Only ``student_logp`` gets a gradient; ``teacher_logp`` is a constant.
 
 One kernel per pass. Forward streams x and y once and writes each row's loss; torch adds the rows and divides
-by n_kept (kept on the device: no host sync). The terms are fp32 but their sums are float64, so the only error
-left in the loss is (almost always) its final rounding to the output dtype, where an fp32 sum of 10^5+ terms
-would add several ulp. Backward streams x and y again and writes
-``dx * grad_output / n_kept`` with grad_output folded into the fp32 math, so the gradient is rounded once to
-the student's dtype whatever grad_output is (distillation losses are usually weighted or scaled for gradient
+by n_kept (kept on the device: no host sync). Backward streams x and y again and writes
+``dx * grad_output / n_kept`` with grad_output folded into the math, so the gradient is rounded once to the
+student's dtype whatever grad_output is (distillation losses are usually weighted or scaled for gradient
 accumulation). HBM traffic: forward reads 2 tensors, backward reads 2 and writes 1; nothing is saved but
 references to the inputs, and no logits-sized buffer lives between forward and backward.
 
+Precision: the math is fp32 for bf16/fp16 inputs and float64 for fp32 inputs (``compute_dtype``), and the
+loss is always summed in float64, so every output is its exact value rounded once to the output dtype.
 exp and log are computed by ``exp_precise`` / ``log_precise`` (about 1 ulp in fp32 on every backend) rather
 than ``tl.exp`` / ``tl.log``, which on NVIDIA GPUs are approximations several ulp off for fp32.
 """
@@ -78,6 +78,13 @@ def kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS: tl.constexpr
         labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index)
         return row_mask & (labels != ignore_index)
     return row_mask
+
+
+def compute_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Dtype of the kernels' elementwise math: float64 for fp32 tensors, so that each fp32 output is the
+    correctly rounded value of the exact one (fp32 math would leave an error of the same size as eager's,
+    and which of two equally good results is closer is luck); fp32 for bf16/fp16 ones, where it is plenty."""
+    return tl.float64 if dtype == torch.float32 else tl.float32
 
 
 def jsd_mode(beta: float) -> int:
@@ -188,16 +195,18 @@ def _jsd_fwd_kernel(
     loss_ptr,
     n_rows,
     n_cols,
-    beta,
+    beta_ptr,  # float64 0-dim
     ignore_index,
     MODE: tl.constexpr,
     HAS_LABELS: tl.constexpr,
+    COMPUTE: tl.constexpr,  # float64 for fp32 inputs, float32 for bf16/fp16 ones
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     rows, row_mask = tile_rows(n_rows, BLOCK_M)
     keep = kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS)
     cols = tl.arange(0, BLOCK_N)
+    beta = tl.load(beta_ptr).to(COMPUTE)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
     for start in range(0, n_cols, BLOCK_N):
         offsets = start + cols
@@ -205,7 +214,7 @@ def _jsd_fwd_kernel(
         mask = keep[:, None] & (offsets < n_cols)[None, :]
         x = tl.load(x_ptr + rows[:, None] * x_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
         y = tl.load(y_ptr + rows[:, None] * y_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
-        loss, _ = jsd_terms(x.to(tl.float32), y.to(tl.float32), beta, MODE)
+        loss, _ = jsd_terms(x.to(COMPUTE), y.to(COMPUTE), beta, MODE)
         acc += loss.to(tl.float64)
     tl.store(loss_ptr + rows, tl.sum(acc, axis=1), mask=row_mask)
 
@@ -221,24 +230,26 @@ def _jsd_bwd_kernel(
     dx_ptr,
     n_rows,
     n_cols,
-    beta,
+    beta_ptr,  # float64 0-dim
     ignore_index,
     MODE: tl.constexpr,
     HAS_LABELS: tl.constexpr,
+    COMPUTE: tl.constexpr,  # float64 for fp32 inputs, float32 for bf16/fp16 ones
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     rows, row_mask = tile_rows(n_rows, BLOCK_M)
     keep = kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS)
     cols = tl.arange(0, BLOCK_N)
-    scale = tl.load(scale_ptr)
+    beta = tl.load(beta_ptr).to(COMPUTE)
+    scale = tl.load(scale_ptr).to(COMPUTE)
     for start in range(0, n_cols, BLOCK_N):
         offsets = start + cols
         col_mask = (offsets < n_cols)[None, :]
         mask = keep[:, None] & col_mask
         x = tl.load(x_ptr + rows[:, None] * x_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
         y = tl.load(y_ptr + rows[:, None] * y_row_stride + offsets[None, :], mask=mask, other=float("-inf"))
-        _, dx = jsd_terms(x.to(tl.float32), y.to(tl.float32), beta, MODE)
+        _, dx = jsd_terms(x.to(COMPUTE), y.to(COMPUTE), beta, MODE)
         dx = tl.where(keep[:, None], dx * scale, 0.0)  # ignored rows: zeros, whatever their inputs hold
         tl.store(
             dx_ptr + rows[:, None] * n_cols + offsets[None, :],
@@ -257,7 +268,7 @@ def _jsd_fwd(
     beta: float,
     ignore_index: int,
 ) -> torch.Tensor:
-    """Per-row JSD (float64 sums of fp32 terms, 0 for ignored rows) of (rows, V) log-probs."""
+    """Per-row JSD (float64 sums, 0 for ignored rows) of (rows, V) log-probs."""
     n_rows, n_cols = student_logp.shape
     row_loss = torch.empty(n_rows, dtype=torch.float64, device=student_logp.device)
     tiles = row_tiles(n_rows, n_cols, student_logp.device)
@@ -271,10 +282,11 @@ def _jsd_fwd(
             row_loss,
             n_rows,
             n_cols,
-            float(beta),
+            torch.full((), beta, dtype=torch.float64, device=student_logp.device),
             int(ignore_index),
             MODE=jsd_mode(beta),
             HAS_LABELS=labels is not None,
+            COMPUTE=compute_dtype(student_logp.dtype),
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps,
@@ -311,10 +323,11 @@ def _jsd_bwd(
             dx,
             n_rows,
             n_cols,
-            float(beta),
+            torch.full((), beta, dtype=torch.float64, device=student_logp.device),
             int(ignore_index),
             MODE=jsd_mode(beta),
             HAS_LABELS=labels is not None,
+            COMPUTE=compute_dtype(student_logp.dtype),
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps,

@@ -1,7 +1,7 @@
 """KL divergence with ``torch.nn.functional.kl_div``'s semantics: ``input`` holds log-probabilities,
 ``target`` probabilities (or log-probabilities with ``log_target=True``).
 
-Math (elementwise, fp32 inside the kernels, x = input, t = target)::
+Math (elementwise, x = input, t = target; float64 math for fp32 tensors, fp32 for bf16/fp16 ones)::
 
     log_target=False:  l = t * log(t) - t * x      (t * log t := 0 at t = 0, like torch.xlogy)   dl/dx = -t
     log_target=True:   l = e^t * (t - x)                                                      dl/dx = -e^t
@@ -9,8 +9,7 @@ Math (elementwise, fp32 inside the kernels, x = input, t = target)::
     reduction="none": l;  "sum": sum(l);  "mean": sum(l) / numel;  "batchmean": sum(l) / input.size(0)
 
 Rows are the last dimension (any leading dims). The forward kernel streams each row once and writes either
-l (``none``) or the row's float64 sum of the fp32 terms, which torch then adds up; one rounding to the input
-dtype at the end.
+l (``none``) or the row's float64 sum, which torch then adds up; one rounding to the input dtype at the end.
 Nothing but ``target`` is saved for backward, whose kernel reads target (and grad_output for ``none``) and
 writes ``-p * grad_output / divisor``. Only ``input`` gets a gradient: ``target`` is treated as a constant
 (as in Liger-Kernel; torch would also differentiate w.r.t. target).
@@ -24,7 +23,7 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
-from liger_core.ops.jsd import as_rows, exp_precise, log_precise, row_tiles, tile_rows
+from liger_core.ops.jsd import as_rows, compute_dtype, exp_precise, log_precise, row_tiles, tile_rows
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 
@@ -40,21 +39,20 @@ def _kl_div_fwd_kernel(
     n_cols,
     LOG_TARGET: tl.constexpr,
     REDUCE: tl.constexpr,
+    COMPUTE: tl.constexpr,  # float64 for fp32 inputs, float32 for bf16/fp16 ones
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     rows, row_mask = tile_rows(n_rows, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + rows[:, None] * x_row_stride
+    t_rows = t_ptr + rows[:, None] * t_row_stride
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
     for start in range(0, n_cols, BLOCK_N):
-        offsets = start + cols
-        mask = row_mask[:, None] & (offsets < n_cols)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_row_stride + offsets[None, :], mask=mask, other=0.0).to(
-            tl.float32
-        )
-        t = tl.load(t_ptr + rows[:, None] * t_row_stride + offsets[None, :], mask=mask, other=0.0).to(
-            tl.float32
-        )
+        offsets = (start + cols)[None, :]
+        mask = row_mask[:, None] & (offsets < n_cols)
+        x = tl.load(x_rows + offsets, mask=mask, other=0.0).to(COMPUTE)
+        t = tl.load(t_rows + offsets, mask=mask, other=0.0).to(COMPUTE)
         if LOG_TARGET:
             loss = exp_precise(t) * (t - x)
         else:
@@ -62,8 +60,7 @@ def _kl_div_fwd_kernel(
         if REDUCE:
             acc += tl.where(mask, loss, 0.0).to(tl.float64)
         else:
-            out = out_ptr + rows[:, None] * n_cols + offsets[None, :]
-            tl.store(out, loss.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + rows[:, None] * n_cols + offsets, loss.to(out_ptr.dtype.element_ty), mask=mask)
     if REDUCE:
         tl.store(out_ptr + rows, tl.sum(acc, axis=1), mask=row_mask)
 
@@ -79,28 +76,24 @@ def _kl_div_bwd_kernel(
     n_cols,
     LOG_TARGET: tl.constexpr,
     SCALAR_GRAD: tl.constexpr,
+    COMPUTE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     rows, row_mask = tile_rows(n_rows, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
+    t_rows = t_ptr + rows[:, None] * t_row_stride
     if SCALAR_GRAD:
-        g = tl.load(g_ptr)
+        g = tl.load(g_ptr).to(COMPUTE)
     for start in range(0, n_cols, BLOCK_N):
-        offsets = start + cols
-        mask = row_mask[:, None] & (offsets < n_cols)[None, :]
-        t = tl.load(t_ptr + rows[:, None] * t_row_stride + offsets[None, :], mask=mask, other=0.0).to(
-            tl.float32
-        )
+        offsets = (start + cols)[None, :]
+        mask = row_mask[:, None] & (offsets < n_cols)
+        p = tl.load(t_rows + offsets, mask=mask, other=0.0).to(COMPUTE)
         if LOG_TARGET:
-            t = exp_precise(t)
+            p = exp_precise(p)
         if not SCALAR_GRAD:
-            g = tl.load(g_ptr + rows[:, None] * g_row_stride + offsets[None, :], mask=mask, other=0.0)
-            g = g.to(tl.float32)
-        dx = -t * g
-        tl.store(
-            dx_ptr + rows[:, None] * n_cols + offsets[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask
-        )
+            g = tl.load(g_ptr + rows[:, None] * g_row_stride + offsets, mask=mask, other=0.0).to(COMPUTE)
+        tl.store(dx_ptr + rows[:, None] * n_cols + offsets, (-p * g).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @torch.library.custom_op("liger_core::kl_div_fwd", mutates_args=())
@@ -123,6 +116,7 @@ def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool
             n_cols,
             LOG_TARGET=log_target,
             REDUCE=reduce,
+            COMPUTE=compute_dtype(x.dtype),
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps,
@@ -157,6 +151,7 @@ def _kl_div_bwd(
             n_cols,
             LOG_TARGET=log_target,
             SCALAR_GRAD=scalar_grad,
+            COMPUTE=compute_dtype(dtype),
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps,

@@ -143,6 +143,32 @@ def test_fused_linear_jsd_module():
         LigerFusedLinearJSD(temperature=0.0)
 
 
+def test_fused_linear_jsd_compile_and_second_backward():
+    """torch.compile traces through the custom ops (fullgraph); a second backward through the same graph is
+    exact for bf16 parameters and fails loudly for fp32 ones (their gradient was scaled in place)."""
+    sh, sw, th, tw, labels = make_inputs(6, 7, 5, 33, torch.float32, "cpu")
+    h, w = leaf(sh), leaf(sw)
+
+    def loss_fn(a, b):
+        return fused_linear_jsd(a, b, th, tw, labels, 0.3, temperature=2.0) * 0.5
+
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)(h, w)
+    eager = loss_fn(h, w)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    for a, b in zip(
+        torch.autograd.grad(compiled, (h, w)), torch.autograd.grad(eager, (h, w), retain_graph=True)
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="inplace"):
+        torch.autograd.grad(eager, (h, w))
+
+    h16, w16 = leaf(sh, torch.bfloat16), leaf(sw, torch.bfloat16)
+    loss = fused_linear_jsd(h16, w16, th.bfloat16(), tw.bfloat16(), labels, 0.3)
+    first = torch.autograd.grad(loss * 0.5, (h16, w16), retain_graph=True)
+    for a, b in zip(first, torch.autograd.grad(loss * 0.5, (h16, w16))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_fused_linear_jsd_custom_ops_opcheck():
     sh, sw, th, tw, labels = make_inputs(5, 7, 6, 33, torch.float32, "cpu")
     torch.library.opcheck(

@@ -189,6 +189,25 @@ def test_jsd_module_and_no_grad():
         LigerJSD(beta=1.5)
 
 
+def test_jsd_and_kl_div_under_torch_compile():
+    """torch.compile traces jsd and kl_div (custom ops with fake implementations) without graph breaks."""
+    from liger_core.ops import kl_div
+
+    s = leaf(log_probs((6, 33), torch.float32, "cpu"))
+    t = log_probs((6, 33), torch.float32, "cpu")
+    labels = torch.tensor([1, -100, 2, 3, 4, -100])
+
+    def loss_fn(a):
+        return jsd(a, t, 0.5, shift_labels=labels) * 2.0 + kl_div(a, t.exp())
+
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)(s)
+    eager = loss_fn(s)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch.testing.assert_close(
+        torch.autograd.grad(compiled, s)[0], torch.autograd.grad(eager, s)[0], rtol=0, atol=0
+    )
+
+
 def test_jsd_custom_ops_opcheck():
     x = log_probs((5, 33), torch.float32, "cpu")
     y = log_probs((5, 33), torch.float32, "cpu")
