@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         WANDB_MODE="disabled",
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
+        # as in an activated venv: Axolotl's launcher execs `accelerate` from PATH
+        PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]),
     )
     env.update(extra)
     return env
