@@ -42,6 +42,8 @@ rms = sys.modules["liger_core.ops.rms_norm"]
 DEVICE = vr.DEVICE
 log = vr.log
 SUMMARY: list[str] = []
+ONLY_VARIANTS: list[str] = []  # --variants: name prefixes to run
+GRAPH = False  # --graph: time the launchers as CUDA-graph replays
 
 BWD_VARIANTS = {  # name -> _launch knobs
     "P2 E8 pf (current)": {},
@@ -145,6 +147,8 @@ def kernels(shapes, quick: bool) -> None:
             )
             for kind, variants in (("fwd", FWD_VARIANTS), ("bwd", BWD_VARIANTS)):
                 for name, knob in variants.items():
+                    if ONLY_VARIANTS and not any(name.startswith(v) for v in ONLY_VARIANTS):
+                        continue
                     try:
                         with vr.knobs(_launch, **knob):
                             fwd, bwd, outputs = launch(op, x, w, b, dy)
@@ -152,7 +156,11 @@ def kernels(shapes, quick: bool) -> None:
                             errs = [rel(g, r) for g, r in zip(got, ref) if r is not None]
                             bad = any(not (e < 2e-2) for e in errs)  # bf16 outputs: ~3e-3
                             fn = fwd if kind == "fwd" else bwd
-                            if DEVICE.type == "cuda":
+                            if DEVICE.type == "cuda" and GRAPH:
+                                # GPU time alone: the launcher's host work (allocations, 4-5 launches) replayed
+                                # from a CUDA graph, no host gaps (and no L2 flush)
+                                ms = triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+                            elif DEVICE.type == "cuda":
                                 ms = triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
                             else:
                                 fn()
@@ -218,7 +226,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="kernels,regs,ops")
+    parser.add_argument("--graph", action="store_true", help="kernels: CUDA-graph replay timing (GPU time)")
+    parser.add_argument("--variants", default="", help="kernels: comma-separated variant name prefixes")
     args = parser.parse_args()
+    global GRAPH
+    GRAPH = args.graph
+    ONLY_VARIANTS.extend(v for v in args.variants.split(",") if v)
     sections = set(args.only.split(","))
     shapes = [(16384, 4096), (4096, 4096), (16384, 8192)] if DEVICE.type == "cuda" else [(5, 257)]
     if "kernels" in sections:

@@ -254,7 +254,7 @@ def _layer_norm_bwd_impl(
     if n_rows == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
     s = norm_settings(n_cols, backward=True)
-    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m))
+    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m), layer_norm=True)
     precise = x.dtype == torch.float32
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
     partials = torch.empty((2 if has_bias else 1, programs, n_cols), dtype=partial_dtype, device=x.device)
