@@ -142,9 +142,8 @@ def kernels(shapes, quick: bool) -> None:
             x, w, b, dy = make_inputs(op, m, n)
             ref = reference(op, x, w, b, dy)
             floor_ms = {"fwd": 4 * m * n / 3e9, "bwd": 6 * m * n / 3e9}  # bf16 bytes / 3 TB/s
-            log(
-                f"-- kernels {op} {m}x{n} bf16 (floor fwd {floor_ms['fwd']:.4f}, bwd {floor_ms['bwd']:.4f} ms)"
-            )
+            floors = f"floor fwd {floor_ms['fwd']:.4f}, bwd {floor_ms['bwd']:.4f} ms"
+            log(f"-- kernels {op} {m}x{n} bf16 ({floors})")
             for kind, variants in (("fwd", FWD_VARIANTS), ("bwd", BWD_VARIANTS)):
                 for name, knob in variants.items():
                     if ONLY_VARIANTS and not any(name.startswith(v) for v in ONLY_VARIANTS):
@@ -157,7 +156,7 @@ def kernels(shapes, quick: bool) -> None:
                             bad = any(not (e < 2e-2) for e in errs)  # bf16 outputs: ~3e-3
                             fn = fwd if kind == "fwd" else bwd
                             if DEVICE.type == "cuda" and GRAPH:
-                                # GPU time alone: the launcher's host work (allocations, 4-5 launches) replayed
+                                # GPU time alone: the launcher's work (allocations, 4-5 launches) replayed
                                 # from a CUDA graph, no host gaps (and no L2 flush)
                                 ms = triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
                             elif DEVICE.type == "cuda":
