@@ -154,6 +154,14 @@ def test_logits_rules(llama_pair):
         torch.testing.assert_close(tup[0], expected.loss, rtol=1e-5, atol=1e-6)
 
 
+def test_generate_matches_unpatched(llama_pair):
+    """Greedy decoding with the KV cache (rope at shifted positions, logits_to_keep=1): the same tokens."""
+    ref, model = llama_pair
+    ids, _ = batch(9, batch_size=1, seq_len=5)
+    expected = ref.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0), expected)
+
+
 def test_shift_labels_equal_labels(llama_pair):
     _, model = llama_pair
     ids, labels = batch(4, seq_len=6)
