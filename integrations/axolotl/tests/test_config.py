@@ -201,3 +201,14 @@ def test_plugin_off_without_use_liger_kernel(tiny_llama, tiny_dataset, tmp_path,
     model = AutoModelForCausalLM.from_pretrained(cfg.base_model)
     plugin.post_model_build(cfg, model)
     assert plugin.class_patched is None and _kinds(model) == set()
+
+
+def test_register_names_plugins_axolotl_failed_to_import(plugin_manager, caplog):
+    from liger_core_axolotl.plugin import LigerCorePlugin
+
+    plugin_manager.register(PLUGIN)
+    plugin_manager.register("not_a_module.SomePlugin")  # Axolotl logs the ImportError and skips it
+    with caplog.at_level("INFO", logger="axolotl.integrations.liger_core"):
+        LigerCorePlugin().register({"plugins": [PLUGIN, "not_a_module.SomePlugin"], "use_liger_kernel": True})
+    assert "could not import plugin(s) not_a_module.SomePlugin" in caplog.text
+    assert f"{PLUGIN} is on" in caplog.text

@@ -22,8 +22,6 @@ def run_training(argv: list[str]) -> None:
     args = read_train_args(argv)
     enabled = pop_liger_flag(args) or env_enabled()
     if enabled:
-        if os.getenv("USE_V1", "0").lower() in ("1", "true"):
-            raise SystemExit("liger-lmf: liger_core supports LLaMA-Factory's default trainer; unset USE_V1")
         os.environ[ENV_FLAG] = "1"  # for anything this process starts
         from liger_core_llamafactory import model_hooks
 
@@ -70,6 +68,16 @@ def torchrun_command(argv: list[str]) -> list[str]:
 
 
 def train(argv: list[str]) -> int:
+    from llamafactory.extras.misc import is_env_enabled
+
+    if is_env_enabled("USE_V1"):  # LLaMA-Factory's experimental v1 trainer: its own kernel plugins
+        if pop_liger_flag(read_train_args(argv)) or env_enabled():
+            raise SystemExit("liger-lmf: liger_core supports LLaMA-Factory's default trainer; unset USE_V1")
+        from llamafactory.cli import main as llamafactory_main
+
+        sys.argv = ["llamafactory-cli", "train", *argv]
+        llamafactory_main()
+        return 0
     if not _wants_torchrun():
         run_training(argv)
         return 0

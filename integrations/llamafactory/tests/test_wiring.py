@@ -152,3 +152,13 @@ def test_torchrun_command_runs_our_worker(monkeypatch):
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
     assert cmd[-4:] == ["-m", "liger_core_llamafactory.worker", "c.yaml", "max_steps=1"]
+
+
+def test_v1_trainer_is_refused_with_liger_core(monkeypatch, tmp_path):
+    from liger_core_llamafactory import launch
+
+    monkeypatch.setenv("USE_V1", "1")
+    path = tmp_path / "c.yaml"
+    path.write_text("stage: sft\nenable_liger_kernel: true\n")
+    with pytest.raises(SystemExit, match="unset USE_V1"):
+        launch.train([str(path)])
