@@ -13,13 +13,13 @@ USAGE = """usage:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
     from liger_core_llamafactory.compat import ensure_torchaudio_importable
 
     ensure_torchaudio_importable()
-    command = argv[0] if argv else "help"
+    command = argv[0]
     if command == "train" and not any(a in ("-h", "--help") for a in argv[1:]):
         from liger_core_llamafactory.launch import train
 
