@@ -78,7 +78,8 @@ def bench_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> floa
         return 0.0
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])[0])
+    q = triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])
+    return float(q[0] if isinstance(q, (list, tuple)) else q)
 
 
 def measure(op: str, shape: dict, dtype, variants: dict, timing: bench.Timing) -> None:
@@ -137,16 +138,12 @@ def ce_variants() -> dict:
 
     inplace = ours(inplace_backward=True)
     return {
-        "in place (reverse, evict hints, 32768/32w)": (inplace, {}),
+        "in place (defaults)": (inplace, {}),
         "in place, check_targets=False": (ours(inplace_backward=True, check_targets=False), {}),
-        "in place, no eviction hints": (inplace, {ce_mod: {"CE_EVICTION_HINTS": False}}),
-        "in place, forward pass 2, no hints (old)": (
+        "in place, block-reduction pass 1 (old), fwd order": (
             inplace,
-            {ce_mod: {"CE_EVICTION_HINTS": False, "CE_REVERSE_SECOND_PASS": False}},
+            {ce_mod: {"CE_LANE_ACCUM": False, "CE_REVERSE_SECOND_PASS": False, "CE_EVICTION_HINTS": False}},
         ),
-        "in place, block 16384 (32 warps)": (inplace, {ce_mod: {"CE_MAX_BLOCK": 16384}}),
-        "in place, block 16384, 16 warps": (inplace, {ce_mod: {"CE_MAX_BLOCK": 16384, "CE_WARPS": 16}}),
-        "in place, block 8192, 16 warps": (inplace, {ce_mod: {"CE_MAX_BLOCK": 8192, "CE_WARPS": 16}}),
         "default (gradient in a new buffer)": (ours(), {}),
         "liger_kernel": (liger_kernel_fn("cross_entropy"), {}),
     }
@@ -169,27 +166,32 @@ def kernel_sweep(n: int, vocab: int, dtype) -> None:
             label_smoothing=0.0, lse_square_scale=0.0, softcap=None,
         )  # fmt: skip
 
-    settings = [
-        (32768, None, True, True),
-        (32768, None, True, False),
-        (32768, None, False, True),
-        (32768, None, False, False),
-        (65536, 32, True, True),
-        (16384, 32, True, True),
-        (16384, 16, True, True),
-        (16384, 16, False, False),
-        (8192, 16, True, True),
-        (8192, 8, True, True),
-        (4096, 8, True, True),
+    settings = [  # (lanes, block, warps, reverse, evict)
+        (False, 32768, 32, False, False),
+        (False, 32768, 32, False, True),
+        (False, 32768, 32, True, True),
+        (True, 32768, 32, False, False),
+        (True, 32768, 32, True, True),
+        (True, 16384, 32, False, False),
+        (True, 16384, 32, False, True),
+        (True, 16384, 32, True, True),
+        (True, 16384, 16, False, True),
+        (True, 16384, 16, True, True),
+        (True, 8192, 32, False, True),
+        (True, 8192, 16, False, True),
+        (True, 8192, 16, True, True),
+        (True, 8192, 8, False, True),
+        (True, 4096, 8, False, True),
+        (True, 4096, 4, False, True),
     ]
     if not GPU:
         settings = settings[:2]
-    for block, warps, reverse, evict in settings:
-        name = f"block {block:5d} warps {warps or 'auto':>4} reverse {reverse!s:5} evict {evict!s:5}"
+    for lanes, block, warps, reverse, evict in settings:
+        name = f"lanes {lanes!s:5} block {block:5d} warps {warps:2d} reverse {reverse!s:5} evict {evict!s:5}"
         try:
             with knobs(
-                ce_mod, CE_MAX_BLOCK=block, CE_WARPS=warps, CE_REVERSE_SECOND_PASS=reverse,
-                CE_EVICTION_HINTS=evict,
+                ce_mod, CE_LANE_ACCUM=lanes, CE_MAX_BLOCK=block, CE_WARPS=warps,
+                CE_REVERSE_SECOND_PASS=reverse, CE_EVICTION_HINTS=evict,
             ):  # fmt: skip
                 launch()
                 ms = bench_ms(launch)
@@ -215,9 +217,10 @@ def kernel_sweep(n: int, vocab: int, dtype) -> None:
 def ce32_variants() -> dict:
     inplace = lambda x, t: cross_entropy(x, t, inplace_backward=True)  # noqa: E731
     return {
-        "fp32 logits, fp64 math, in place": (inplace, {}),
-        "fp32 logits, fp64 math, block 16384": (inplace, {ce_mod: {"CE_MAX_BLOCK": 16384}}),
-        "fp32 logits, fp32 math (tl.exp), in place": (inplace, {ce_mod: {"CE_FP32_MATH": "fp32"}}),
+        "fp32 logits, fp64 math (defaults)": (inplace, {}),
+        "fp32 logits, fp64 math, block 8192/16w": (inplace, {ce_mod: {"CE_MAX_BLOCK": 8192, "CE_WARPS": 16}}),
+        "fp32 logits, fp64 math, block 4096/8w": (inplace, {ce_mod: {"CE_MAX_BLOCK": 4096, "CE_WARPS": 8}}),
+        "fp32 logits, fp32 math (tl.exp)": (inplace, {ce_mod: {"CE_FP32_MATH": "fp32"}}),
         "liger_kernel": (liger_kernel_fn("cross_entropy"), {}),
     }
 
@@ -225,6 +228,20 @@ def ce32_variants() -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # fused_linear_cross_entropy
 # ------------------------------------------------------------------------------------------------------------
+
+
+# (BLOCK_V, BLOCK_H, num_warps, num_stages) of the dW kernel to try, by padded chunk tokens
+DW_TRY = {
+    256: (
+        (128, 64, 8, 3),
+        (128, 128, 8, 2),
+        (64, 128, 4, 3),
+        (128, 64, 4, 3),
+        (256, 64, 8, 2),
+        (64, 64, 4, 4),
+    ),
+    512: ((64, 64, 4, 3), (64, 64, 8, 3), (128, 32, 8, 3), (64, 128, 8, 2)),
+}
 
 
 def flce_parts(bt: int, hidden_size: int, vocab: int, chunks: tuple[int, ...]) -> None:
@@ -291,6 +308,14 @@ def _flce_parts_chunk(c, h, w, target, gw, gh, stats, loss_rows, z_rows) -> None
 
         rows[f"dh split-K {split} (bmm fp32 partials + sum)"] = (dh_bmm_split, gemm_flops, gemm_bytes)
     rows["dW += g^T h_c (addmm_ bf16)"] = (dw_addmm_bf16, gemm_flops, 2 * vocab * hidden_size * 2)
+    block_t = max(16, 1 << (c - 1).bit_length())
+    for cfg in DW_TRY.get(block_t, ()):
+
+        def dw_triton(cfg=cfg, block_t=block_t):
+            with knobs(flce_mod, DW_KERNEL_MAX_TOKENS=1024, DW_CONFIGS={block_t: cfg}):
+                flce_mod.accumulate_dw(gw, buf, hc, first=False)
+
+        rows[f"dW += g^T h_c (triton {cfg})"] = (dw_triton, gemm_flops, 2 * vocab * hidden_size * 2)
     gw32 = torch.zeros(vocab, hidden_size, device=DEVICE, dtype=torch.float32)
 
     def dw_addmm_fp32():
@@ -312,10 +337,10 @@ def _flce_parts_chunk(c, h, w, target, gw, gh, stats, loss_rows, z_rows) -> None
 def flce_variants(chunks: tuple[int, ...]) -> dict:
     out = {}
     for c in chunks:
-        out[f"chunk {c}"] = (
-            lambda h, w, t, c=c: fused_linear_cross_entropy(h, w, t, chunk_size=c),
-            {},
-        )
+        fn = lambda h, w, t, c=c: fused_linear_cross_entropy(h, w, t, chunk_size=c)  # noqa: E731
+        out[f"chunk {c}"] = (fn, {flce_mod: {"DW_KERNEL_MAX_TOKENS": 512}})
+        if c in (256, 512, 1024):
+            out[f"chunk {c}, cuBLAS dW"] = (fn, {flce_mod: {"DW_KERNEL": "cublas"}})
     out["default chunk"] = (fused_linear_cross_entropy, {})
     out["default chunk, check_targets=False"] = (
         lambda h, w, t: fused_linear_cross_entropy(h, w, t, check_targets=False),
@@ -323,6 +348,39 @@ def flce_variants(chunks: tuple[int, ...]) -> dict:
     )
     out["liger_kernel"] = (liger_kernel_fn("fused_linear_cross_entropy"), {})
     return out
+
+
+def host_time(op: str, shape: dict, variants: dict, n: int = 200 if GPU else 1) -> None:
+    """Host µs per fwd and fwd+bwd call at a tiny shape (the GPU waits for the host there)."""
+    spec = bench.OPS[op]
+    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    runner.compute_reference()
+    log(f"-- host time per call, {spec.title} {spec.label(shape)} (µs, median of 5 x {n} calls)")
+    for name, (fn, knob_map) in variants.items():
+        if fn is None:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for module, values in knob_map.items():
+                    stack.enter_context(knobs(module, **values))
+                run = runner.run_checked(fn)
+                cells = []
+                for mode in bench.MODES:
+                    step = bench.make_step(run, mode)
+                    samples = []
+                    for _ in range(5):
+                        sync()
+                        t0 = time.perf_counter()
+                        for _ in range(n):
+                            step()
+                            for t in run.diff_tensors:
+                                t.grad = None
+                        sync()
+                        samples.append((time.perf_counter() - t0) / n * 1e6)
+                    cells.append(f"{mode} {sorted(samples)[2]:6.1f}")
+                log(f"   {name:40s} {' | '.join(cells)}")
+        except Exception as e:  # noqa: BLE001
+            log(f"   {name:40s} ERROR {type(e).__name__}: {str(e)[:200]}")
 
 
 def profile(op: str, shape: dict, variants: dict) -> None:
@@ -375,8 +433,8 @@ def profile(op: str, shape: dict, variants: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="ce,kernel,ce32,parts,flce,profile")
-    parser.add_argument("--flce-chunks", default="128,256,384,512,768,1024,2048")
+    parser.add_argument("--only", default="ce,kernel,ce32,parts,flce,profile,host")
+    parser.add_argument("--flce-chunks", default="256,512,768,1024")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     bench.prepare_triton()
@@ -384,7 +442,7 @@ def main() -> int:
     ce_shape = {"N": 8192, "V": 128256}
     flce_shape = {"BT": 8192, "H": 4096, "V": 128256}
     chunks = tuple(int(c) for c in args.flce_chunks.split(","))
-    part_chunks = (256, 512, 1024)
+    part_chunks = (256, 512)
     if not GPU:  # smoke test
         ce_shape, flce_shape = {"N": 7, "V": 1031}, {"BT": 13, "H": 16, "V": 301}
         chunks, part_chunks = (4, 8), (4,)
@@ -405,11 +463,7 @@ def main() -> int:
             lambda: profile(
                 "fused_linear_cross_entropy",
                 flce_shape,
-                {
-                    k: v
-                    for k, v in flce_variants(chunks[1:2]).items()
-                    if k != "default chunk, check_targets=False"
-                },
+                {k: v for k, v in flce_variants(()).items() if "check_targets" not in k},
             ),
         ),
         (
@@ -417,9 +471,10 @@ def main() -> int:
             lambda: profile(
                 "cross_entropy",
                 ce_shape,
-                {k: v for k, v in ce_variants().items() if k.startswith(("in place (", "default", "liger"))},
+                {k: v for k, v in ce_variants().items() if k.startswith(("in place (", "liger"))},
             ),
         ),
+        ("host", lambda: host_time("cross_entropy", {"N": 16, "V": 256}, ce_variants())),
     ]
     for part, section in sections:
         if part in parts:

@@ -28,9 +28,10 @@ Kernels, in launch order (no host sync between them):
    logits (never less exact than eager fp32 that way), per-row scalars in fp64, one rounding to the output.
 3. ``_reduce_losses_kernel``: the per-row fp64 terms summed (and divided) in fp64, one rounding to the loss.
 
-Then one host sync reads the target range from the stats buffer and raises a ValueError for a target
-outside [0, V) (the kernels clamp such an index, so they never read out of bounds); the GPU is busy with the
-kernels above meanwhile. ``check_targets=False`` skips that sync for callers that validated their targets.
+The target range is copied to pinned host memory right after kernel 1 (an event marks it), and the host
+waits for that event only once kernels 2 and 3 are queued, then raises a ValueError for a target outside
+[0, V) (the kernels clamp such an index, so they never read out of bounds): the GPU never idles for the
+check, and the host's next work (the backward) overlaps the loss kernel. ``check_targets=False`` skips it.
 Backward only multiplies the stored gradient by ``grad_output`` (a kernel that returns at once where
 ``grad_output`` is exactly 1, so a plain ``loss.backward()`` costs no pass over memory).
 """
@@ -65,6 +66,7 @@ CE_MAX_BLOCK = 32768
 CE_WARPS: int | None = None  # None: from the block size
 CE_REVERSE_SECOND_PASS = True  # pass 2 in reverse block order, starting from pass 1's last block in registers
 CE_EVICTION_HINTS = True  # pass-1 loads evict-last; pass-2 loads and gradient stores evict-first
+CE_LANE_ACCUM = True  # pass 1 without a cross-warp reduction per block (see _online_lanes)
 CE_FP32_MATH = (
     "fp64"  # per-element math for fp32 logits: "fp64" (exact, see the kernel) or "fp32" (a benchmark)
 )
@@ -185,6 +187,33 @@ def _online_block(
 
 
 @triton.jit
+def _online_lanes(
+    x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 on one block, per lane: each of the BLOCK_SIZE lanes keeps its own running max m and rescaled
+    sum d (folded into the row's once, after the last block), so the loop has no cross-warp reduction and no
+    barrier: warps stream independently and the exps of some overlap the loads of others. One exp per
+    element: exp(-|x - m|) is exp(m - x) when x is the new max (d <- d e + 1) and exp(x - m) otherwise."""
+    x = x_raw.to(COMPUTE_DTYPE)
+    if HAS_SOFTCAP:
+        x, _ = _softcap(x, softcap, COMPUTE_DTYPE)
+    x_masked = tl.where(mask, x, -float("inf"))
+    bigger = x_masked > m  # m starts at -3e38, finite: a masked lane gives e = 0, never inf - inf
+    e = tl.exp(tl.where(bigger, m - x_masked, x_masked - m))
+    d = tl.where(bigger, d * e + 1.0, d + e)
+    m = tl.maximum(m, x_masked)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+            smooth_acc += tl.where(mask, w * (x - x_y), 0.0)
+        else:
+            smooth_acc += tl.where(mask, x - x_y, 0.0)
+    return m, d, smooth_acc
+
+
+@triton.jit
 def _grad_block(
     x_raw, mask, cols, grad_row, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -234,6 +263,7 @@ def _cross_entropy_kernel(
     COMPUTE_DTYPE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     REVERSE: tl.constexpr,  # pass 2 from the last block (kept in registers) back to the first
+    LANE_ACCUM: tl.constexpr,  # pass 1 keeps a running max and sum per lane (_online_lanes)
     PASS1_POLICY: tl.constexpr,  # eviction policies ("" = default)
     PASS2_POLICY: tl.constexpr,
     STORE_POLICY: tl.constexpr,
@@ -268,10 +298,15 @@ def _cross_entropy_kernel(
     if HAS_WEIGHT:
         w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
 
-    # pass 1 (see _online_block); the last block stays in registers for pass 2 when REVERSE
-    m = tl.full([], -float("inf"), tl.float32)
-    d = tl.cast(0.0, COMPUTE_DTYPE)
-    smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
+    # pass 1 (see _online_lanes / _online_block); the last block stays in registers for pass 2 when REVERSE
+    if LANE_ACCUM:
+        m = tl.full([BLOCK_SIZE], -3.0e38, COMPUTE_DTYPE)
+        d = tl.zeros([BLOCK_SIZE], COMPUTE_DTYPE)
+        smooth_acc = tl.zeros([BLOCK_SIZE], COMPUTE_DTYPE)
+    else:
+        m = tl.full([], -float("inf"), tl.float32)
+        d = tl.cast(0.0, COMPUTE_DTYPE)
+        smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
     last_start = (tl.cdiv(n_cols, BLOCK_SIZE) - 1) * BLOCK_SIZE
     pass1_end = n_cols
     if REVERSE:
@@ -280,18 +315,35 @@ def _cross_entropy_kernel(
         cols = start + tl.arange(0, BLOCK_SIZE)
         mask = cols < n_cols
         x_raw = tl.load(logits_row + cols, mask=mask, other=0.0, eviction_policy=PASS1_POLICY)
-        m, d, smooth_acc = _online_block(
-            x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
-            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
-        )  # fmt: skip
+        if LANE_ACCUM:
+            m, d, smooth_acc = _online_lanes(
+                x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+            )  # fmt: skip
+        else:
+            m, d, smooth_acc = _online_block(
+                x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+            )  # fmt: skip
     last_cols = last_start + tl.arange(0, BLOCK_SIZE)
     last_mask = last_cols < n_cols
     if REVERSE:
         last_raw = tl.load(logits_row + last_cols, mask=last_mask, other=0.0, eviction_policy=PASS1_POLICY)
-        m, d, smooth_acc = _online_block(
-            last_raw, last_mask, last_cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
-            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
-        )  # fmt: skip
+        if LANE_ACCUM:
+            m, d, smooth_acc = _online_lanes(
+                last_raw, last_mask, last_cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+            )  # fmt: skip
+        else:
+            m, d, smooth_acc = _online_block(
+                last_raw, last_mask, last_cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+                HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+            )  # fmt: skip
+    if LANE_ACCUM:  # fold the lanes: the row's max, its sum of exp(x - max), the smoothing sum
+        m_row = tl.max(m, 0)
+        d = tl.sum(d * tl.exp(m - m_row), 0)
+        smooth_acc = tl.sum(smooth_acc, 0)
+        m = m_row
 
     # Per-row scalars in fp64 (a few flops per row), so that each meets the data with a single rounding.
     # m and log(d) stay apart: rounding lse = m + log(d) first would put ulp(lse) / 2 into every exp(x - lse).
@@ -487,9 +539,29 @@ def target_stats(
     return stats
 
 
-def check_target_range(stats: torch.Tensor, ignore_index: int, n_classes: int) -> None:
-    """The one host sync of a forward: ValueError if a non-ignored target lies outside [0, n_classes)."""
-    n_valid, _, lo, hi, _ = stats.tolist()
+def start_target_check(stats: torch.Tensor) -> object:
+    """Start reading the stats back without stalling the stream: on CUDA a non-blocking copy into pinned
+    memory and an event, right after the stats kernel. ``finish_target_check`` waits for that event only,
+    after the big kernels are queued: the host then waits for the stats, not for the loss kernels, and
+    what it does next (returning, launching the backward) overlaps them."""
+    if stats.device.type != "cuda":
+        return stats
+    host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+    host.copy_(stats, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+def finish_target_check(pending: object, ignore_index: int, n_classes: int) -> None:
+    """The host sync of a forward: ValueError if a non-ignored target lies outside [0, n_classes)."""
+    if isinstance(pending, tuple):
+        host, event = pending
+        event.synchronize()
+        values = host.tolist()
+    else:
+        values = pending.tolist()
+    n_valid, _, lo, hi, _ = values
     if n_valid:
         raise_if_out_of_range(int(lo), int(hi), ignore_index, n_classes)
 
@@ -545,6 +617,7 @@ def launch_cross_entropy(
         COMPUTE_DTYPE=tl.float64 if logits.dtype == torch.float32 and CE_FP32_MATH == "fp64" else tl.float32,
         BLOCK_SIZE=block,
         REVERSE=CE_REVERSE_SECOND_PASS,
+        LANE_ACCUM=CE_LANE_ACCUM,
         PASS1_POLICY="evict_last" if evict else "",
         PASS2_POLICY="evict_first" if evict else "",
         STORE_POLICY="evict_first" if evict else "",
@@ -614,6 +687,7 @@ def _forward_impl(
     n_cols = logits.shape[1]
     stats = target_stats(target, weight if label_smoothing != 0.0 or reduction == "mean" else None,
                          ignore_index, n_cols)  # fmt: skip
+    pending = start_target_check(stats) if check_targets else None
     loss_rows = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
     z_rows = torch.empty_like(loss_rows)
     launch_cross_entropy(
@@ -631,8 +705,8 @@ def _forward_impl(
         softcap=softcap,
     )
     loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, logits.dtype)
-    if check_targets:  # after every launch: the GPU works while the host waits
-        check_target_range(stats, ignore_index, n_cols)
+    if pending is not None:  # after the launches: the GPU works while the host waits for the stats
+        finish_target_check(pending, ignore_index, n_cols)
     return loss, z
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
+import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import (
@@ -37,16 +39,18 @@ from liger_core.dispatch import (
     check_shape,
     check_tensor,
     launcher,
+    triton_status,
     use_triton,
 )
 from liger_core.ops.cross_entropy import (
     REDUCTIONS,
     _scale_rows,
     _scale_rows_impl,
-    check_target_range,
     check_targets_host,
+    finish_target_check,
     launch_cross_entropy,
     reduce_losses,
+    start_target_check,
     target_stats,
 )
 
@@ -112,6 +116,111 @@ def _mm_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: b
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
 
 
+# dW += dlogits_c^T h_c for 16-bit chunks of at most DW_KERNEL_MAX_TOKENS tokens runs in ``_dw_update_kernel``
+# (cuBLAS, for K = 256 tokens, moved the bf16 dW at ~2 TB/s: 1.07 ms per chunk where reading and writing it
+# takes 0.7 ms); "cublas" forces addmm_. Module globals so that benchmarks/variants_ce.py can compare.
+DW_KERNEL = "triton"
+DW_KERNEL_MAX_TOKENS = 256
+# (BLOCK_V, BLOCK_H, num_warps, num_stages) of _dw_update_kernel on a GPU, by padded chunk tokens
+DW_CONFIGS = {16: (128, 128, 8, 3), 32: (128, 128, 8, 3), 64: (128, 128, 8, 3), 128: (128, 128, 8, 2),
+              256: (128, 64, 8, 3), 512: (64, 64, 4, 3)}  # fmt: skip
+
+
+@triton.jit
+def _dw_update_kernel(
+    g_ptr,  # (T, V) dlogits of the chunk, unit column stride
+    g_row_stride,
+    h_ptr,  # (T, H) hidden states of the chunk, unit column stride
+    h_row_stride,
+    dw_ptr,  # (V, H) weight gradient (16-bit or fp32), unit column stride
+    dw_row_stride,
+    n_tokens,
+    vocab,
+    hidden_size,
+    ACCUMULATE: tl.constexpr,  # dW += (False: dW =, the first chunk)
+    DOT_FP32: tl.constexpr,  # the interpreter's tl.dot cannot read 16-bit operands: give it fp32 (exact)
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # >= n_tokens: the whole reduction in one dot
+    NUM_STAGES: tl.constexpr,
+):
+    """dW[v-block, :] (+)= G[:, v-block]^T @ Hc, one program per block of BLOCK_V vocabulary rows.
+
+    The program loads its G^T tile (BLOCK_V x T) once and walks the hidden dimension in BLOCK_H columns:
+    each dW tile is read (when accumulating) and written exactly once, G once in all, Hc from L2. fp32
+    accumulation starting from the old dW value, one rounding to dW's dtype: what addmm_ computes."""
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    t = tl.arange(0, BLOCK_T)
+    v_mask = v < vocab
+    t_mask = t < n_tokens
+    g = tl.load(
+        g_ptr + t.to(tl.int64)[:, None] * g_row_stride + v[None, :],
+        mask=t_mask[:, None] & v_mask[None, :],
+        other=0.0,
+    )
+    a = tl.trans(g)
+    if DOT_FP32:
+        a = a.to(tl.float32)
+    dw_rows = dw_ptr + v.to(tl.int64)[:, None] * dw_row_stride
+    h_rows = h_ptr + t.to(tl.int64)[:, None] * h_row_stride
+    for h0 in tl.range(0, hidden_size, BLOCK_H, num_stages=NUM_STAGES):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        c_mask = cols < hidden_size
+        mask = v_mask[:, None] & c_mask[None, :]
+        if ACCUMULATE:
+            acc = tl.load(dw_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_V, BLOCK_H], tl.float32)
+        b = tl.load(h_rows + cols[None, :], mask=t_mask[:, None] & c_mask[None, :], other=0.0)
+        if DOT_FP32:
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        tl.store(dw_rows + cols[None, :], acc.to(dw_ptr.dtype.element_ty), mask=mask)
+
+
+def _use_dw_kernel(grad: torch.Tensor, hidden_c: torch.Tensor) -> bool:
+    return (
+        DW_KERNEL == "triton"
+        and grad.dtype in (torch.float16, torch.bfloat16)
+        and hidden_c.dtype == grad.dtype
+        and 0 < grad.shape[0] <= DW_KERNEL_MAX_TOKENS
+        and grad.stride(1) == 1
+        and hidden_c.stride(1) == 1
+    )
+
+
+def accumulate_dw(grad_weight: torch.Tensor, grad: torch.Tensor, hidden_c: torch.Tensor, first: bool) -> None:
+    """``grad_weight = grad^T @ hidden_c`` (first) or ``+=``, accumulated in fp32, one rounding."""
+    if not _use_dw_kernel(grad, hidden_c):
+        _mm_accumulate(grad_weight, grad.t(), hidden_c, first)
+        return
+    n_tokens, vocab = grad.shape
+    hidden_size = hidden_c.shape[1]
+    block_t = max(16, triton.next_power_of_2(n_tokens))
+    if grad.device.type == "cuda":
+        block_v, block_h, warps, stages = DW_CONFIGS[block_t]
+    else:  # interpreter: small tiles
+        block_v, block_h, warps, stages = 32, 32, 4, 1
+    _dw_update_kernel[(triton.cdiv(vocab, block_v),)](
+        grad,
+        grad.stride(0),
+        hidden_c,
+        hidden_c.stride(0),
+        grad_weight,
+        grad_weight.stride(0),
+        n_tokens,
+        vocab,
+        hidden_size,
+        ACCUMULATE=not first,
+        DOT_FP32=triton_status() == "interpreted",
+        BLOCK_V=block_v,
+        BLOCK_H=block_h,
+        BLOCK_T=block_t,
+        NUM_STAGES=stages,
+        num_warps=warps,
+    )
+
+
 def _chunk_loop(
     hidden,
     weight,
@@ -129,6 +238,7 @@ def _chunk_loop(
     accum_dtype,
     chunk_size,
     row_scale=None,
+    check_targets=False,
 ):
     """Unscaled per-row cross-entropy and z-loss (fp64), the target stats (``cross_entropy.target_stats``),
     and the requested gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32)."""
@@ -136,6 +246,7 @@ def _chunk_loop(
     vocab = weight.shape[0]
     need_stats_weight = ce_weight is not None and (reduction == "mean" or label_smoothing != 0.0)
     stats = target_stats(target, ce_weight if need_stats_weight else None, ignore_index, vocab)
+    pending = start_target_check(stats) if check_targets else None
     compute_grad = need_hidden or need_weight or need_bias
     chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, hidden.dtype, hidden.device, chunk_size)
 
@@ -179,9 +290,11 @@ def _chunk_loop(
         if need_hidden:
             _mm_accumulate(grad_hidden[start:end], logits, weight, first=True)
         if need_weight:
-            _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
+            accumulate_dw(grad_weight, logits, hidden_c, first=i == 0)
         if need_bias:
             grad_bias += logits.sum(0, dtype=torch.float32)
+    if pending is not None:  # after the launches: the GPU works while the host waits for the stats
+        finish_target_check(pending, ignore_index, vocab)
     return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
 
 
@@ -226,10 +339,9 @@ def _flce_fwd_impl(
             need_bias,
             accum_dtype,
             chunk_size,
+            check_targets=check_targets,
         )
         loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, torch.float32)
-        if check_targets:  # after every launch: the GPU works while the host waits
-            check_target_range(stats, ignore_index, weight.shape[0])
     return (
         loss,
         z,
