@@ -70,8 +70,10 @@ def _scaled_logits(ptr, offsets, mask, temperature, DTYPE: tl.constexpr):
     """Logits / temperature in DTYPE, correctly rounded like the eager division; masked-off lanes are -inf."""
     z = tl.load(ptr + offsets, mask=mask, other=float("-inf")).to(DTYPE)
     if DTYPE == tl.float64:
-        return z / temperature
-    return tl.math.div_rn(z, temperature)
+        result = z / temperature  # IEEE division in float64
+    else:
+        result = tl.math.div_rn(z, tl.zeros_like(z) + temperature)  # div_rn does not broadcast
+    return result
 
 
 @triton.jit

@@ -24,8 +24,8 @@ references to the inputs, and no logits-sized buffer lives between forward and b
 
 Precision: the math is fp32 for bf16/fp16 inputs and float64 for fp32 inputs (``compute_dtype``), and the
 loss is always summed in float64, so every output is its exact value rounded once to the output dtype.
-exp and log are computed by ``exp_precise`` / ``log_precise`` (about 1 ulp in fp32 on every backend) rather
-than ``tl.exp`` / ``tl.log``, which on NVIDIA GPUs are approximations several ulp off for fp32.
+exp and log are ``exp_precise`` / ``log_precise`` (about 1 ulp in fp32 on every backend) rather than
+``tl.exp`` / ``tl.log``, which on NVIDIA GPUs are approximations several ulp off for fp32.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def tile_rows(n_rows, BLOCK_M: tl.constexpr):
 @triton.jit
 def kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS: tl.constexpr):
     """Mask of the rows that count: in range and (with labels) not labelled ignore_index."""
+    keep = row_mask
     if HAS_LABELS:
-        labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index)
-        return row_mask & (labels != ignore_index)
-    return row_mask
+        keep = row_mask & (tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index) != ignore_index)
+    return keep
 
 
 def compute_dtype(dtype: torch.dtype) -> tl.dtype:
@@ -93,16 +93,23 @@ def jsd_mode(beta: float) -> int:
 
 @triton.jit
 def exp_precise(x):
-    """e^x in fp32 to about 1 ulp on every backend (float64 inputs: ``tl.exp``, which is accurate there).
+    """e^x to about 1 ulp on every backend: ``_exp_fp32`` for fp32, ``tl.exp`` (accurate there) for float64.
 
-    On NVIDIA GPUs ``tl.exp`` is ``ex2.approx(x * log2(e))``, whose relative error grows with |x| (several
-    ulp at x = -10), which would make fp32 results less accurate than eager PyTorch's. Here: Cody-Waite
-    reduction x = k ln2 + r (k ln2_hi exact), |r| <= ln2 / 2, a degree-7 Taylor polynomial for e^r
-    (truncation < 0.1 ulp) and 2^k built from its bits. Results below the smallest normal float (x < -87.3)
-    are flushed to 0.
+    On NVIDIA GPUs an fp32 ``tl.exp`` is ``ex2.approx(x * log2(e))``, whose relative error grows with |x|
+    (several ulp at x = -10) and would make fp32 results less accurate than eager PyTorch's.
     """
-    if x.dtype == tl.float64:  # float64 exp is libdevice's / numpy's, accurate
-        return tl.exp(x)
+    if x.dtype == tl.float64:
+        result = tl.exp(x)
+    else:
+        result = _exp_fp32(x)
+    return result
+
+
+@triton.jit
+def _exp_fp32(x):
+    """Cody-Waite reduction x = k ln2 + r (k ln2_hi exact), |r| <= ln2 / 2, a degree-7 Taylor polynomial for
+    e^r (truncation < 0.1 ulp) and 2^k built from its bits. Results below the smallest normal float
+    (x < -87.3) are flushed to 0."""
     x = tl.where(x > 89.0, 89.0, x)  # e^89 overflows: 2^128 * p = inf, as it should (NaN passes through)
     k = tl.floor(x * 1.4426950408889634 + 0.5)
     k = tl.where(k < -126.0, -126.0, k)
@@ -121,14 +128,19 @@ def exp_precise(x):
 
 @triton.jit
 def log_precise(x):
-    """ln(x) in fp32 to about 1 ulp on every backend (``tl.log`` is lg2.approx-based on NVIDIA GPUs for fp32;
-    float64 inputs use it).
-
-    x = 2^e * m with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, odd
-    series to s^11 (truncation < 1e-10). Zero, subnormal, negative, inf and NaN inputs go to ``tl.log``.
-    """
+    """ln(x) to about 1 ulp on every backend: ``_log_fp32`` for fp32 (an fp32 ``tl.log`` is lg2.approx-based
+    on NVIDIA GPUs), ``tl.log`` for float64."""
     if x.dtype == tl.float64:
-        return tl.log(x)
+        result = tl.log(x)
+    else:
+        result = _log_fp32(x)
+    return result
+
+
+@triton.jit
+def _log_fp32(x):
+    """x = 2^e * m with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, odd
+    series to s^11 (truncation < 1e-10). Zero, subnormal, negative, inf and NaN inputs go to ``tl.log``."""
     bits = x.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
     m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
