@@ -66,17 +66,23 @@ def choose_chunk_tokens(
     dtype: torch.dtype,
     device: torch.device,
     chunk_size: int | None = None,
+    max_chunk_bytes: int | None = None,
 ) -> int:
-    """Tokens per chunk: one chunk's logits no larger than the hidden-state gradient (or 64 MiB on a GPU) and
-    than a quarter of the free memory; chunks balanced (equal sizes), multiples of 8 rows on a GPU."""
+    """Tokens per chunk: one chunk's logits no larger than ``max_chunk_bytes`` (default: the hidden-state
+    gradient's size, and at least 64 MiB on a GPU: Liger-Kernel's memory) and than a quarter of the free
+    memory; chunks balanced (equal sizes), multiples of 8 rows on a GPU."""
     if n_tokens == 0:
         return 1
     if chunk_size is not None:
         return max(1, min(chunk_size, n_tokens))
     elt = torch.empty((), dtype=dtype).element_size()
-    budget = n_tokens * hidden_size * elt
+    if max_chunk_bytes is not None:
+        budget = max_chunk_bytes
+    else:
+        budget = n_tokens * hidden_size * elt
+        if device.type == "cuda":
+            budget = max(budget, MIN_CHUNK_BYTES_CUDA)
     if device.type == "cuda":
-        budget = max(budget, MIN_CHUNK_BYTES_CUDA)
         free, _ = torch.cuda.mem_get_info(device)
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         budget = min(budget, free // 4)
@@ -121,9 +127,9 @@ def _mm_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: b
 # takes 0.7 ms); "cublas" forces addmm_. Module globals so that benchmarks/variants_ce.py can compare.
 DW_KERNEL = "triton"
 DW_KERNEL_MAX_TOKENS = 256
-# (BLOCK_V, BLOCK_H, num_warps, num_stages) of _dw_update_kernel on a GPU, by padded chunk tokens
-DW_CONFIGS = {16: (128, 128, 8, 3), 32: (128, 128, 8, 3), 64: (128, 128, 8, 3), 128: (128, 128, 8, 2),
-              256: (128, 64, 8, 3), 512: (64, 64, 4, 3)}  # fmt: skip
+# (BLOCK_V, BLOCK_H, num_warps, num_stages, prefetch) of _dw_update_kernel on a GPU, by padded chunk tokens
+DW_CONFIGS = {16: (128, 128, 8, 3, True), 32: (128, 128, 8, 3, True), 64: (128, 128, 8, 3, True),
+              128: (128, 64, 8, 3, True), 256: (128, 64, 8, 3, True), 512: (64, 32, 4, 2, True)}  # fmt: skip
 
 
 @triton.jit
@@ -143,6 +149,7 @@ def _dw_update_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= n_tokens: the whole reduction in one dot
     NUM_STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next dW tile before the dot of the current one
 ):
     """dW[v-block, :] (+)= G[:, v-block]^T @ Hc, one program per block of BLOCK_V vocabulary rows.
 
@@ -163,12 +170,25 @@ def _dw_update_kernel(
         a = a.to(tl.float32)
     dw_rows = dw_ptr + v.to(tl.int64)[:, None] * dw_row_stride
     h_rows = h_ptr + t.to(tl.int64)[:, None] * h_row_stride
+    cols = tl.arange(0, BLOCK_H)
+    if ACCUMULATE and PREFETCH:  # the next dW tile is loaded while the current one is in the dot
+        old = tl.load(
+            dw_rows + cols[None, :], mask=v_mask[:, None] & (cols < hidden_size)[None, :], other=0.0
+        )
     for h0 in tl.range(0, hidden_size, BLOCK_H, num_stages=NUM_STAGES):
         cols = h0 + tl.arange(0, BLOCK_H)
         c_mask = cols < hidden_size
         mask = v_mask[:, None] & c_mask[None, :]
         if ACCUMULATE:
-            acc = tl.load(dw_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:
+                acc = old.to(tl.float32)
+                next_cols = cols + BLOCK_H
+                old = tl.load(
+                    dw_rows + next_cols[None, :], mask=v_mask[:, None] & (next_cols < hidden_size)[None, :],
+                    other=0.0,
+                )  # fmt: skip
+            else:
+                acc = tl.load(dw_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         else:
             acc = tl.zeros([BLOCK_V, BLOCK_H], tl.float32)
         b = tl.load(h_rows + cols[None, :], mask=t_mask[:, None] & c_mask[None, :], other=0.0)
@@ -198,9 +218,9 @@ def accumulate_dw(grad_weight: torch.Tensor, grad: torch.Tensor, hidden_c: torch
     hidden_size = hidden_c.shape[1]
     block_t = max(16, triton.next_power_of_2(n_tokens))
     if grad.device.type == "cuda":
-        block_v, block_h, warps, stages = DW_CONFIGS[block_t]
+        block_v, block_h, warps, stages, prefetch = DW_CONFIGS[block_t]
     else:  # interpreter: small tiles
-        block_v, block_h, warps, stages = 32, 32, 4, 1
+        block_v, block_h, warps, stages, prefetch = 32, 32, 4, 1, True
     _dw_update_kernel[(triton.cdiv(vocab, block_v),)](
         grad,
         grad.stride(0),
@@ -217,6 +237,7 @@ def accumulate_dw(grad_weight: torch.Tensor, grad: torch.Tensor, hidden_c: torch
         BLOCK_H=block_h,
         BLOCK_T=block_t,
         NUM_STAGES=stages,
+        PREFETCH=prefetch,
         num_warps=warps,
     )
 
@@ -580,6 +601,7 @@ def fused_linear_cross_entropy(
     accum_dtype: torch.dtype | None = None,
     *,
     chunk_size: int | None = None,
+    max_chunk_bytes: int | None = None,
     check_targets: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the (tokens, V) logits.
@@ -624,6 +646,8 @@ def fused_linear_cross_entropy(
         raise TypeError(f"accum_dtype={accum_dtype} is not one of {FLOAT_DTYPES}")
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (or None)")
+    if max_chunk_bytes is not None and (not isinstance(max_chunk_bytes, int) or max_chunk_bytes < 1):
+        raise ValueError(f"max_chunk_bytes={max_chunk_bytes!r} must be a positive int (or None)")
     if torch.is_autocast_enabled(hidden.device.type):  # what F.linear does under autocast
         cast = torch.get_autocast_dtype(hidden.device.type)
         hidden, weight = hidden.to(cast), weight.to(cast)
@@ -649,6 +673,10 @@ def fused_linear_cross_entropy(
 
     out_shape = target.shape
     hidden2d = hidden.reshape(-1, hidden_size)
+    if chunk_size is None and max_chunk_bytes is not None:
+        chunk_size = choose_chunk_tokens(
+            hidden2d.shape[0], hidden_size, vocab, hidden.dtype, hidden.device, max_chunk_bytes=max_chunk_bytes
+        )
     if hidden2d.stride(1) != 1:
         hidden2d = hidden2d.contiguous()
     target1d = target.reshape(-1).contiguous()
