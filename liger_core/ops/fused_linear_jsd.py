@@ -4,7 +4,7 @@ in full.
 Math (``jsd`` is liger_core.ops.jsd's generalised JSD, beta weighting the teacher)::
 
     z_s = h_s @ W_s^T,  z_t = h_t @ W_t^T                        (per token chunk, in the models' dtypes)
-    x   = log_softmax(z_s / T),  y = log_softmax(z_t / T)        (fp32, inside the kernel)
+    x   = log_softmax(z_s / T),  y = log_softmax(z_t / T)        (inside the kernel, fp32 or float64 math)
     loss = sum over kept rows of JSD_beta(x, y) / n_kept         (float64 sums; no T^2 factor)
     dz_s = (dx - Q * sum_j dx_j) / T,  Q = e^x                   (softmax backward, dx = dJSD/dx / n_kept)
     dh_s = dz_s @ W_s,   dW_s = sum over chunks of dz_s^T @ h_s  (dW_s accumulated in fp32)

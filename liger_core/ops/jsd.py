@@ -1,7 +1,7 @@
 """Generalised Jensen-Shannon divergence between student and teacher log-probabilities (distillation).
 
-Math, per row, with ``x = student_logp`` (``Q = e^x``), ``y = teacher_logp`` (``P = e^y``), all in fp32 inside
-the kernel (TRL GKD / Liger-Kernel convention: beta weights the teacher)::
+Math, per row, with ``x = student_logp`` (``Q = e^x``) and ``y = teacher_logp`` (``P = e^y``) (TRL GKD /
+Liger-Kernel convention: beta weights the teacher; the endpoints are the named KLs, not limits)::
 
     0 < beta < 1:  M = beta * P + (1 - beta) * Q
                    JSD = sum_i beta * P_i * (y_i - log M_i) + (1 - beta) * Q_i * (x_i - log M_i)
