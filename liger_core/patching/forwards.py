@@ -186,6 +186,10 @@ def forward_with_global(func: types.FunctionType, name: str, replacement: Any) -
         return cached
     new_globals = dict(func.__globals__)
     new_globals[name] = replacement
+    # Without `__name__` the copy is not mistaken for the module's own namespace: torch.compile (dynamo) looks
+    # a function's globals up through `sys.modules[__name__]` when it has one, and would then trace (and
+    # guard on) HF's apply_rotary_pos_emb instead of the replacement.
+    del new_globals["__name__"]
     new = types.FunctionType(func.__code__, new_globals, func.__name__, func.__defaults__, func.__closure__)
     new.__kwdefaults__ = func.__kwdefaults__
     new.__qualname__ = func.__qualname__

@@ -265,6 +265,31 @@ def test_patching_one_instance_leaves_other_models_alone():
     assert attn.forward.__func__.__code__ is type(attn).forward.__code__
 
 
+def test_torch_compile_traces_the_patched_rope(monkeypatch):
+    """torch.compile resolves a function's globals through ``sys.modules[__name__]`` when the globals have a
+    ``__name__``: the rope-patched attention forward's globals must not claim to be the modeling module's, or
+    dynamo would trace HF's apply_rotary_pos_emb (it failed outright before that was fixed)."""
+    model = tiny_model("llama", num_hidden_layers=1)
+    liger_core.apply_liger_kernel(model)
+    ids, _ = batch(10, batch_size=1, seq_len=6)
+    model.eval()
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    rope, calls = liger_core.ops.rope, []
+
+    def counting_rope(*args, **kwargs):
+        calls.append(1)
+        return rope(*args, **kwargs)
+
+    monkeypatch.setattr(liger_core.ops, "rope", counting_rope)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        logits = torch.compile(model, backend="eager")(input_ids=ids).logits
+    torch._dynamo.reset()
+    assert calls
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # class level, generated functions, Auto class, unsupported types
 # ----------------------------------------------------------------------------------------------------------
