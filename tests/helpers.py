@@ -11,6 +11,8 @@ epsilon, so an eager error of exactly 0 (e.g. a pure copy) does not demand bit-e
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -47,6 +49,8 @@ def assert_no_worse_than_eager(
     """Assert err(ours) <= slack * err(eager) + FLOOR, both against the float64 reference."""
     e_ours = rel_err(ours, ref64)
     e_eager = rel_err(eager, ref64)
+    # inf <= 1.25 * inf would pass: a non-finite kernel output (or reference) is a failure in itself
+    assert math.isfinite(e_ours), f"{name}: kernel output has NaN/inf (or the reference does): error {e_ours}"
     bound = slack * e_eager + FLOOR[ours.dtype]
     assert e_ours <= bound, (
         f"{name}: kernel rel. error {e_ours:.3e} > {slack} x eager's {e_eager:.3e} + floor ({ours.dtype})"
