@@ -81,7 +81,11 @@ class LigerCrossEntropyLoss(nn.Module):
 
 
 class LigerFusedLinearCrossEntropyLoss(nn.Module):
-    """lm_head projection + cross-entropy, never materialising the logits (``fused_linear_cross_entropy``)."""
+    """lm_head projection + cross-entropy, never materialising the logits (``fused_linear_cross_entropy``).
+
+    ``max_chunk_bytes`` bounds the one chunk of logits held at a time (default: the hidden-state gradient's
+    size, at least 64 MiB: Liger-Kernel's memory); a larger bound is faster (fewer passes over the dW
+    accumulator), see ``liger_core.ops.fused_linear_cross_entropy``."""
 
     ce_weight: torch.Tensor | None
 
@@ -95,10 +99,13 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
         softcap: float | None = None,
         return_z_loss: bool = False,
         accum_dtype: torch.dtype | None = None,
+        *,
+        max_chunk_bytes: int | None = None,
     ) -> None:
         super().__init__()
         _check_options(reduction, label_smoothing, softcap)
         self.register_buffer("ce_weight", ce_weight)
+        self.max_chunk_bytes = max_chunk_bytes
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -127,11 +134,13 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             self.return_z_loss,
             self.ce_weight,
             self.accum_dtype,
+            max_chunk_bytes=self.max_chunk_bytes,
         )
 
     def extra_repr(self) -> str:
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
             f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
-            f"softcap={self.softcap}, return_z_loss={self.return_z_loss}, accum_dtype={self.accum_dtype}"
+            f"softcap={self.softcap}, return_z_loss={self.return_z_loss}, accum_dtype={self.accum_dtype}, "
+            f"max_chunk_bytes={self.max_chunk_bytes}"
         )
