@@ -77,7 +77,7 @@ def axolotl_config(model: Path, data: Path, workdir: Path, **extra) -> dict:
         "dataset_prepared_path": str(workdir / "prepared"),
         "output_dir": str(workdir / "out"),
         "sequence_len": 64,
-        "micro_batch_size": 2,
+        "micro_batch_size": 1,
         "max_steps": 3,
         "learning_rate": 0.001,
         "optimizer": "adamw_torch",
