@@ -205,16 +205,9 @@ def ce32_variants() -> dict:
     inplace = lambda x, t: cross_entropy(x, t, inplace_backward=True)  # noqa: E731
     return {
         "fp32 logits, fp64 math (defaults: 8192/16)": (inplace, {}),
-        "fp32 logits, fp64 math, 4096/8": (inplace, {ce_mod: {"CE_MAX_BLOCK_FP64_MATH": 4096}}),
-        "fp32 logits, fp64 math, 16384/32": (inplace, {ce_mod: {"CE_MAX_BLOCK_FP64_MATH": 16384}}),
         "fp32 logits, fp64 math, 16384/16": (
             inplace,
             {ce_mod: {"CE_MAX_BLOCK_FP64_MATH": 16384, "CE_WARPS": 16}},
-        ),
-        "fp32 logits, fp32 math (tl.exp), 32768/32": (inplace, {ce_mod: {"CE_FP32_MATH": "fp32"}}),
-        "fp32 logits, fp32 math, 16384/32": (
-            inplace,
-            {ce_mod: {"CE_FP32_MATH": "fp32", "CE_MAX_BLOCK": 16384}},
         ),
         "liger_kernel": (liger_kernel_fn("cross_entropy"), {}),
     }
