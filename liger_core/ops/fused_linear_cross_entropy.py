@@ -7,11 +7,17 @@ gradients are computed chunk by chunk of ``C`` tokens, in the forward pass::
     logits_c  = h_c @ W.T (+ b)           (C, V) in the input dtype, cuBLAS, into one reused chunk buffer
     dlogits_c = CE kernel, in place       per-row losses; gradient overwrites the chunk buffer (fp32 math)
     dh_c      = dlogits_c @ W             written straight into its rows of grad_hidden
-    dW       += dlogits_c.T @ h_c         accumulated in ``accum_dtype`` (default: W's dtype), no temporaries
+    dW       += dlogits_c.T @ h_c         accumulated in ``accum_dtype`` (default: W's dtype), no temporaries;
+                                          chunks of <= 256 tokens: ``_dw_update_kernel`` (each dW tile read
+                                          and written once per chunk), else cuBLAS addmm
     db       += sum_rows(dlogits_c)       fp32
 
-Peak extra memory: the gradients (which must exist anyway) plus one chunk of logits; the chunk is sized so
-that it is no larger than the hidden-state gradient (at least 64 MiB on a GPU) and fits in free memory. The
+Peak extra memory: the gradients (which must exist anyway) plus one chunk of logits; by default the chunk is
+sized so that it is no larger than the hidden-state gradient (at least 64 MiB on a GPU: Liger-Kernel's
+memory) and fits in free memory; ``max_chunk_bytes`` (or ``chunk_size``) trades memory for speed. Each chunk
+reads W twice (logits, dh GEMMs) and reads and writes the dW accumulator once: ~4 |W| bytes per chunk
+whatever its size, so small chunks are bound by memory (8192 tokens, H 4096, V 128256 bf16: 32 chunks of
+256 tokens move ~134 GB, >= 45 ms on an H100) and chunks of >= ~400 tokens by the GEMMs' FLOPs. The
 backward pass only scales the stored gradients by ``grad_output`` (free when it is 1). ``reduction="none"``
 cannot fold per-token ``grad_output`` into gradients computed before it is known, so its forward computes only
 the losses and its backward runs the chunk loop again with the per-token factors inside the kernel.
@@ -614,9 +620,10 @@ def fused_linear_cross_entropy(
     Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. ``accum_dtype``:
     dtype of the dW (and dh) accumulators (default: weight's dtype; ``torch.float32`` for eager-level
     accuracy of bf16 gradients, at 2 more bytes per element of weight and hidden). ``chunk_size``: tokens
-    per chunk (default from the shapes and the free memory). Tied weights work (autograd adds this gradient
-    to the embedding's). Under autocast, hidden/weight/bias are cast to the autocast dtype first, as
-    ``F.linear`` would be.
+    per chunk; ``max_chunk_bytes``: a bound on one chunk's logits instead (default: the hidden-state
+    gradient's size, >= 64 MiB on a GPU; larger is faster, see the module doc). ``check_targets``: as in
+    ``cross_entropy``. Tied weights work (autograd adds this gradient to the embedding's). Under autocast,
+    hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
     """
     check_tensor("hidden", hidden, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
@@ -675,7 +682,12 @@ def fused_linear_cross_entropy(
     hidden2d = hidden.reshape(-1, hidden_size)
     if chunk_size is None and max_chunk_bytes is not None:
         chunk_size = choose_chunk_tokens(
-            hidden2d.shape[0], hidden_size, vocab, hidden.dtype, hidden.device, max_chunk_bytes=max_chunk_bytes
+            hidden2d.shape[0],
+            hidden_size,
+            vocab,
+            hidden.dtype,
+            hidden.device,
+            max_chunk_bytes=max_chunk_bytes,
         )
     if hidden2d.stride(1) != 1:
         hidden2d = hidden2d.contiguous()
