@@ -294,6 +294,44 @@ def fusable_linear(lm_head: nn.Module) -> nn.Linear | None:
     return module
 
 
+def fsdp2_linear(lm_head: nn.Module) -> nn.Linear | None:
+    """``lm_head`` if it is its own FSDP2 unit (``fully_shard(lm_head)``) over a plain nn.Linear, else None.
+
+    Its weight is then a sharded DTensor everywhere except inside lm_head's own forward, where FSDP's
+    pre-forward hook has swapped in the gathered full weight: the fused loss has to run there
+    (``call_as_forward``). An lm_head inside a parent's FSDP unit needs none of this (its weight is gathered
+    for the whole parent forward, and ``fusable_linear`` accepts it).
+    """
+    import sys
+
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # imported by whoever called fully_shard
+    fsdp_module = getattr(fsdp, "FSDPModule", None)
+    if fsdp_module is None or not isinstance(lm_head, fsdp_module):
+        return None
+    if type(lm_head).__bases__ != (fsdp_module, nn.Linear) or getattr(lm_head, "_hf_hook", None) is not None:
+        return None
+    return lm_head
+
+
+def call_as_forward(module: nn.Module, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, run as ``module``'s forward so that its hooks run around it.
+
+    The forward-redirection pattern: under FSDP2 the pre-forward hook gathers the module's parameters (and
+    casts ``args`` to the mixed-precision dtype), the post-forward hook reshards them and hooks the output so
+    that they are gathered again for its backward and their gradients reduce-scattered after it.
+    """
+    had_own_forward = "forward" in module.__dict__
+    own_forward = module.__dict__.get("forward")
+    module.forward = fn
+    try:
+        return module(*args)
+    finally:
+        if had_own_forward:
+            module.forward = own_forward
+        else:
+            del module.forward
+
+
 _warned_unfused: set[type] = set()
 
 
@@ -457,10 +495,19 @@ def causal_lm(
     hidden = _slice_to_keep(outputs[0], logits_to_keep)
 
     linear = fusable_linear(self.lm_head) if skip_logits else None
+    fsdp_head = fsdp2_linear(self.lm_head) if skip_logits and linear is None else None
     logits = loss = None
     if linear is not None:
         loss = fused_linear_ce_loss(
             self, linear, hidden, labels, shift_labels, num_items_in_batch, ignore_index, spec
+        )
+    elif fsdp_head is not None:
+        loss = call_as_forward(
+            fsdp_head,
+            lambda h: fused_linear_ce_loss(
+                self, fsdp_head, h, labels, shift_labels, num_items_in_batch, ignore_index, spec
+            ),
+            hidden,
         )
     else:
         logits = _logits(self, hidden, spec)
