@@ -165,15 +165,11 @@ def kernel_sweep(n: int, vocab: int, dtype) -> None:
     default = dict(CE_PASS1_POLICY="evict_last", CE_PASS2_POLICY="evict_first", CE_STORE_POLICY="evict_first")
     settings = [  # (name, knobs)
         ("32768 cols 32 warps, hints (default)", {}),
-        ("32768/32, no hints", dict(CE_PASS1_POLICY="", CE_PASS2_POLICY="", CE_STORE_POLICY="")),
-        ("32768/32, pass-1 evict_last only", dict(CE_PASS2_POLICY="", CE_STORE_POLICY="")),
         ("32768/32, hints, loads only", dict(CE_STORE_POLICY="")),
         ("32768/32, hints + streaming stores .cs", dict(CE_STORE_CACHE=".cs")),
-        ("65536/32, hints", dict(CE_MAX_BLOCK=65536)),
         ("16384/32, hints", dict(CE_MAX_BLOCK=16384)),
         ("16384/16, hints", dict(CE_MAX_BLOCK=16384, CE_WARPS=16)),
         ("8192/16, hints", dict(CE_MAX_BLOCK=8192, CE_WARPS=16)),
-        ("8192/32, hints", dict(CE_MAX_BLOCK=8192, CE_WARPS=32)),
     ]
     if not GPU:
         settings = settings[:2]
@@ -272,14 +268,13 @@ def ce32_accuracy(n: int, vocab: int) -> None:
 # (BLOCK_V, BLOCK_H, num_warps, num_stages) of the dW kernel to try, by padded chunk tokens
 DW_TRY = {
     256: (
-        (128, 64, 8, 3),
-        (128, 128, 8, 2),
-        (64, 128, 4, 3),
-        (128, 64, 4, 3),
-        (256, 64, 8, 2),
-        (64, 64, 4, 4),
+        (128, 64, 8, 3, False),
+        (128, 64, 8, 3, True),
+        (64, 64, 4, 2, True),
+        (64, 32, 4, 3, True),
+        (128, 32, 4, 3, True),
     ),
-    512: ((64, 64, 4, 3), (64, 64, 8, 3), (128, 32, 8, 3), (64, 128, 8, 2)),
+    512: ((64, 32, 4, 2, True), (32, 64, 4, 2, True)),
 }
 
 
