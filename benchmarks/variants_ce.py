@@ -351,8 +351,9 @@ def flce_variants(chunks: tuple[int, ...]) -> dict:
         out[f"chunk {c}"] = (fn, {flce_mod: {"DW_KERNEL_MAX_TOKENS": 512}})
         if c in (256, 512):
             out[f"chunk {c}, cuBLAS dW"] = (fn, {flce_mod: {"DW_KERNEL": "cublas"}})
-    out["default chunk"] = (fused_linear_cross_entropy, {})
-    out["liger_kernel"] = (liger_kernel_fn("fused_linear_cross_entropy"), {})
+    if not chunks or not GPU:
+        out["default chunk"] = (fused_linear_cross_entropy, {})
+        out["liger_kernel"] = (liger_kernel_fn("fused_linear_cross_entropy"), {})
     return out
 
 
