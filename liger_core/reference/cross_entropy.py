@@ -45,16 +45,22 @@ def cross_entropy(
         label_smoothing=label_smoothing,
     )
     valid = target != ignore_index
-    n_valid = int(valid.sum())
-    if reduction == "mean":
-        denom = weight[target[valid]].sum().item() if weight is not None else n_valid
+    n_valid = valid.sum()
+    zero = logits.narrow(-1, 0, 0).sum()  # 0, connected to the graph (zero gradients)
+    if reduction == "mean" and torch.compiler.is_compiling():
+        # no host sync (torch.compile cannot trace one): all targets ignored -> 0, not F.cross_entropy's NaN
+        # (a zero *weighted* denominator still gives NaN gradients here: nll_loss's backward divides by it)
+        denom = (weight[target.masked_fill(~valid, 0)] * valid).sum() if weight is not None else n_valid
+        loss = torch.where(denom == 0, zero, loss)
+    elif reduction == "mean":
+        denom = weight[target[valid]].sum().item() if weight is not None else int(n_valid)
         if denom == 0:
-            loss = logits.narrow(-1, 0, 0).sum()  # 0, connected to the graph (zero gradients), not NaN
+            loss = zero  # not NaN
     if lse_square_scale != 0.0 or return_z_loss:
         z = lse_square_scale * torch.logsumexp(logits, dim=-1).square()
         z = z.masked_fill(~valid, 0.0)
         if reduction == "mean":
-            z = z.sum() / n_valid if n_valid else logits.narrow(-1, 0, 0).sum()
+            z = z.sum() / n_valid.clamp(min=1)  # all ignored: the masked sum is 0 (no host sync)
         elif reduction == "sum":
             z = z.sum()
         loss = loss + z
