@@ -2,7 +2,7 @@
 unpatched process, with the fused linear cross-entropy used (never its materialised-logits fallback).
 
 The children inherit TRITON_INTERPRET from tests/conftest.py, so on a machine without a GPU they run the
-Triton kernels in the interpreter (about 40 s per launch on 2 cores).
+Triton kernels in the interpreter (20-40 s per launch on 2 cores).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ if not dist.is_available() or not dist.is_gloo_available():
 SCRIPT = Path(__file__).parent / "dist_scripts" / "fsdp2_train.py"
 
 
-@pytest.mark.parametrize("shard_lm_head", [False, True], ids=["lm_head_in_root", "lm_head_own_unit"])
-def test_fsdp2_two_ranks_match_single_process(shard_lm_head):
+@pytest.mark.parametrize(
+    "flags", [[], ["--shard-lm-head"], ["--tie"]], ids=["lm_head_in_root", "lm_head_own_unit", "tied"]
+)
+def test_fsdp2_two_ranks_match_single_process(flags):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd.append(str(SCRIPT))
-    if shard_lm_head:
-        cmd.append("--shard-lm-head")
+    cmd += [str(SCRIPT), *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr

@@ -6,8 +6,9 @@ slice of the global batch, and a local unpatched copy trains on every slice (the
 what FSDP's gradient averaging computes). Loss and full (gathered) gradients are compared at every step; the
 exit status is non-zero on a mismatch, or if the fused linear cross-entropy fell back to materialised logits.
 
---shard-lm-head also makes lm_head its own FSDP unit (its weight is then a sharded DTensor outside its own
-forward, the case the fused loss must gather through lm_head's hooks).
+--tie ties lm_head to the input embedding (both in the root unit). --shard-lm-head makes lm_head its own FSDP
+unit (its weight is then a sharded DTensor outside its own forward: the fused loss must run inside that
+forward, after lm_head's hooks have gathered it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import liger_core
 VOCAB, SEQ, ROWS_PER_RANK, STEPS, LR = 128, 16, 2, 2, 0.5
 
 
-def build_model() -> LlamaForCausalLM:
+def build_model(tie: bool) -> LlamaForCausalLM:
     torch.manual_seed(1234)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -38,7 +39,7 @@ def build_model() -> LlamaForCausalLM:
         num_key_value_heads=2,
         head_dim=8,
         max_position_embeddings=64,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
     )
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # HF initialises norm weights to exactly 1: make their gradients path-dependent
@@ -57,8 +58,9 @@ def main() -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     shard_lm_head = "--shard-lm-head" in sys.argv
+    tie = "--tie" in sys.argv  # lm_head shares the embedding's weight (then it must stay in the root unit)
 
-    reference = build_model()
+    reference = build_model(tie)
     model = copy.deepcopy(reference)
     report = liger_core.apply_liger_kernel(model)
     if report.swapped.get("fused_linear_cross_entropy") != 1:
@@ -116,8 +118,12 @@ def main() -> int:
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0 and not failures:
-        print(f"OK: FSDP2 x{world} patched == single-process unpatched (interpreter="
-              f"{os.environ.get('TRITON_INTERPRET', '0')}, shard_lm_head={shard_lm_head})", flush=True)
+        interpreter = os.environ.get("TRITON_INTERPRET", "0")
+        print(
+            f"OK: FSDP2 x{world} patched == single-process unpatched "
+            f"(interpreter={interpreter}, shard_lm_head={shard_lm_head}, tie={tie})",
+            flush=True,
+        )
     return 1 if failures else 0
 
 
