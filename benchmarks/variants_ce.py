@@ -200,11 +200,7 @@ def kernel_sweep(n: int, vocab: int, dtype) -> None:
 def ce32_variants() -> dict:
     inplace = lambda x, t: cross_entropy(x, t, inplace_backward=True)  # noqa: E731
     return {
-        "fp32 logits, fp64 math (defaults: 8192/16)": (inplace, {}),
-        "fp32 logits, fp64 math, 16384/16": (
-            inplace,
-            {ce_mod: {"CE_MAX_BLOCK_FP64_MATH": 16384, "CE_WARPS": 16}},
-        ),
+        "fp32 logits, fp64 math (defaults: 16384/16)": (inplace, {}),
         "liger_kernel": (liger_kernel_fn("cross_entropy"), {}),
     }
 
@@ -348,8 +344,8 @@ def flce_variants(chunks: tuple[int, ...]) -> dict:
     out = {}
     for c in chunks:
         fn = lambda h, w, t, c=c: fused_linear_cross_entropy(h, w, t, chunk_size=c)  # noqa: E731
-        out[f"chunk {c}"] = (fn, {flce_mod: {"DW_KERNEL_MAX_TOKENS": 512}})
-        if c in (256, 512):
+        out[f"chunk {c}"] = (fn, {})
+        if c == 256:
             out[f"chunk {c}, cuBLAS dW"] = (fn, {flce_mod: {"DW_KERNEL": "cublas"}})
     if not chunks or not GPU:
         out["default chunk"] = (fused_linear_cross_entropy, {})
