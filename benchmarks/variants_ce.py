@@ -261,19 +261,6 @@ def ce32_accuracy(n: int, vocab: int) -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
-# (BLOCK_V, BLOCK_H, num_warps, num_stages) of the dW kernel to try, by padded chunk tokens
-DW_TRY = {
-    256: (
-        (128, 64, 8, 3, False),
-        (128, 64, 8, 3, True),
-        (64, 64, 4, 2, True),
-        (64, 32, 4, 3, True),
-        (128, 32, 4, 3, True),
-    ),
-    512: ((64, 32, 4, 2, True), (32, 64, 4, 2, True)),
-}
-
-
 def flce_parts(bt: int, hidden_size: int, vocab: int, chunks: tuple[int, ...]) -> None:
     """Each piece of one chunk, timed alone (the inputs of a real chunk: bf16, random)."""
     dtype = torch.bfloat16
@@ -320,14 +307,6 @@ def _flce_parts_chunk(c, h, w, target, gw, gh, stats, loss_rows, z_rows) -> None
     rows["CE kernel in place"] = (ce_kernel, 0, 2 * c * vocab * 2)
     rows["dh = g W (mm out=)"] = (dh_mm, gemm_flops, gemm_bytes)
     rows["dW += g^T h_c (addmm_ bf16)"] = (dw_addmm_bf16, gemm_flops, 2 * vocab * hidden_size * 2)
-    block_t = max(16, 1 << (c - 1).bit_length())
-    for cfg in DW_TRY.get(block_t, ()):
-
-        def dw_triton(cfg=cfg, block_t=block_t):
-            with knobs(flce_mod, DW_KERNEL_MAX_TOKENS=1024, DW_CONFIGS={block_t: cfg}):
-                flce_mod.accumulate_dw(gw, buf, hc, first=False)
-
-        rows[f"dW += g^T h_c (triton {cfg})"] = (dw_triton, gemm_flops, 2 * vocab * hidden_size * 2)
     log(f"   chunk {c} tokens (logits {c * vocab * 2 / 2**20:.0f} MiB):")
     for name, (fn, flops, nbytes) in rows.items():
         try:
@@ -345,8 +324,6 @@ def flce_variants(chunks: tuple[int, ...]) -> dict:
     for c in chunks:
         fn = lambda h, w, t, c=c: fused_linear_cross_entropy(h, w, t, chunk_size=c)  # noqa: E731
         out[f"chunk {c}"] = (fn, {})
-        if c == 256:
-            out[f"chunk {c}, cuBLAS dW"] = (fn, {flce_mod: {"DW_KERNEL": "cublas"}})
     if not chunks or not GPU:
         out["default chunk"] = (fused_linear_cross_entropy, {})
         out["liger_kernel"] = (liger_kernel_fn("fused_linear_cross_entropy"), {})

@@ -7,9 +7,7 @@ gradients are computed chunk by chunk of ``C`` tokens, in the forward pass::
     logits_c  = h_c @ W.T (+ b)           (C, V) in the input dtype, cuBLAS, into one reused chunk buffer
     dlogits_c = CE kernel, in place       per-row losses; gradient overwrites the chunk buffer (fp32 math)
     dh_c      = dlogits_c @ W             written straight into its rows of grad_hidden
-    dW       += dlogits_c.T @ h_c         accumulated in ``accum_dtype`` (default: W's dtype), no temporaries;
-                                          chunks of <= 256 tokens: ``_dw_update_kernel`` (each dW tile read
-                                          and written once per chunk), else cuBLAS addmm
+    dW       += dlogits_c.T @ h_c         accumulated in ``accum_dtype`` (default: W's dtype), no temporaries
     db       += sum_rows(dlogits_c)       fp32
 
 Peak extra memory: the gradients (which must exist anyway) plus one chunk of logits; by default the chunk is
@@ -33,8 +31,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import (
@@ -45,7 +41,6 @@ from liger_core.dispatch import (
     check_shape,
     check_tensor,
     launcher,
-    triton_status,
     use_triton,
 )
 from liger_core.ops.cross_entropy import (
@@ -128,128 +123,6 @@ def _mm_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: b
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
 
 
-# dW += dlogits_c^T h_c for 16-bit chunks of at most DW_KERNEL_MAX_TOKENS tokens runs in ``_dw_update_kernel``
-# (cuBLAS, for K = 256 tokens, moved the bf16 dW at ~2 TB/s: 1.07 ms per chunk where reading and writing it
-# takes 0.7 ms); "cublas" forces addmm_. Module globals so that benchmarks/variants_ce.py can compare.
-DW_KERNEL = "triton"
-DW_KERNEL_MAX_TOKENS = 256
-# (BLOCK_V, BLOCK_H, num_warps, num_stages, prefetch) of _dw_update_kernel on a GPU, by padded chunk tokens.
-# Measured at 256 tokens (H100, H 4096, V 128256): 0.971 ms (cuBLAS addmm_ 1.083); prefetching the next dW
-# tile 1.087; 64-row tiles (two programs per SM) 1.25-1.85. 512 tokens: 3.4 ms (shared memory caps the
-# tiles), so larger chunks use cuBLAS.
-DW_CONFIGS = {t: (128, 64, 8, 3, False) for t in (16, 32, 64, 128, 256)}
-
-
-@triton.jit
-def _dw_update_kernel(
-    g_ptr,  # (T, V) dlogits of the chunk, unit column stride
-    g_row_stride,
-    h_ptr,  # (T, H) hidden states of the chunk, unit column stride
-    h_row_stride,
-    dw_ptr,  # (V, H) weight gradient (16-bit or fp32), unit column stride
-    dw_row_stride,
-    n_tokens,
-    vocab,
-    hidden_size,
-    ACCUMULATE: tl.constexpr,  # dW += (False: dW =, the first chunk)
-    DOT_FP32: tl.constexpr,  # the interpreter's tl.dot cannot read 16-bit operands: give it fp32 (exact)
-    BLOCK_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_T: tl.constexpr,  # >= n_tokens: the whole reduction in one dot
-    NUM_STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr,  # load the next dW tile before the dot of the current one
-):
-    """dW[v-block, :] (+)= G[:, v-block]^T @ Hc, one program per block of BLOCK_V vocabulary rows.
-
-    The program loads its G^T tile (BLOCK_V x T) once and walks the hidden dimension in BLOCK_H columns:
-    each dW tile is read (when accumulating) and written exactly once, G once in all, Hc from L2. fp32
-    accumulation starting from the old dW value, one rounding to dW's dtype: what addmm_ computes."""
-    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    t = tl.arange(0, BLOCK_T)
-    v_mask = v < vocab
-    t_mask = t < n_tokens
-    g = tl.load(
-        g_ptr + t.to(tl.int64)[:, None] * g_row_stride + v[None, :],
-        mask=t_mask[:, None] & v_mask[None, :],
-        other=0.0,
-    )
-    a = tl.trans(g)
-    if DOT_FP32:
-        a = a.to(tl.float32)
-    dw_rows = dw_ptr + v.to(tl.int64)[:, None] * dw_row_stride
-    h_rows = h_ptr + t.to(tl.int64)[:, None] * h_row_stride
-    cols = tl.arange(0, BLOCK_H)
-    if ACCUMULATE and PREFETCH:  # the next dW tile is loaded while the current one is in the dot
-        old = tl.load(
-            dw_rows + cols[None, :], mask=v_mask[:, None] & (cols < hidden_size)[None, :], other=0.0
-        )
-    for h0 in tl.range(0, hidden_size, BLOCK_H, num_stages=NUM_STAGES):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        c_mask = cols < hidden_size
-        mask = v_mask[:, None] & c_mask[None, :]
-        if ACCUMULATE:
-            if PREFETCH:
-                acc = old.to(tl.float32)
-                next_cols = cols + BLOCK_H
-                old = tl.load(
-                    dw_rows + next_cols[None, :], mask=v_mask[:, None] & (next_cols < hidden_size)[None, :],
-                    other=0.0,
-                )  # fmt: skip
-            else:
-                acc = tl.load(dw_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_V, BLOCK_H], tl.float32)
-        b = tl.load(h_rows + cols[None, :], mask=t_mask[:, None] & c_mask[None, :], other=0.0)
-        if DOT_FP32:
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
-        tl.store(dw_rows + cols[None, :], acc.to(dw_ptr.dtype.element_ty), mask=mask)
-
-
-def _use_dw_kernel(grad: torch.Tensor, hidden_c: torch.Tensor) -> bool:
-    return (
-        DW_KERNEL == "triton"
-        and grad.dtype in (torch.float16, torch.bfloat16)
-        and hidden_c.dtype == grad.dtype
-        and 0 < grad.shape[0] <= DW_KERNEL_MAX_TOKENS
-        and grad.stride(1) == 1
-        and hidden_c.stride(1) == 1
-    )
-
-
-def accumulate_dw(grad_weight: torch.Tensor, grad: torch.Tensor, hidden_c: torch.Tensor, first: bool) -> None:
-    """``grad_weight = grad^T @ hidden_c`` (first) or ``+=``, accumulated in fp32, one rounding."""
-    if not _use_dw_kernel(grad, hidden_c):
-        _mm_accumulate(grad_weight, grad.t(), hidden_c, first)
-        return
-    n_tokens, vocab = grad.shape
-    hidden_size = hidden_c.shape[1]
-    block_t = max(16, triton.next_power_of_2(n_tokens))
-    if grad.device.type == "cuda":
-        block_v, block_h, warps, stages, prefetch = DW_CONFIGS[block_t]
-    else:  # interpreter: small tiles
-        block_v, block_h, warps, stages, prefetch = 32, 32, 4, 1, True
-    _dw_update_kernel[(triton.cdiv(vocab, block_v),)](
-        grad,
-        grad.stride(0),
-        hidden_c,
-        hidden_c.stride(0),
-        grad_weight,
-        grad_weight.stride(0),
-        n_tokens,
-        vocab,
-        hidden_size,
-        ACCUMULATE=not first,
-        DOT_FP32=triton_status() == "interpreted",
-        BLOCK_V=block_v,
-        BLOCK_H=block_h,
-        BLOCK_T=block_t,
-        NUM_STAGES=stages,
-        PREFETCH=prefetch,
-        num_warps=warps,
-    )
-
-
 def _chunk_loop(
     hidden,
     weight,
@@ -319,7 +192,7 @@ def _chunk_loop(
         if need_hidden:
             _mm_accumulate(grad_hidden[start:end], logits, weight, first=True)
         if need_weight:
-            accumulate_dw(grad_weight, logits, hidden_c, first=i == 0)
+            _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
         if need_bias:
             grad_bias += logits.sum(0, dtype=torch.float32)
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
