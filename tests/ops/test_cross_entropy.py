@@ -253,6 +253,21 @@ def test_cross_entropy_bad_input():
         cross_entropy(logits, target, softcap=0.0)
 
 
+def test_cross_entropy_check_targets_false_and_strided_target():
+    """check_targets=False skips the range check (no error, no out-of-bounds access: the kernel clamps the
+    index), the valid rows are unaffected; a strided 1-D target is read with its strides."""
+    logits, target, _ = _inputs("cpu", torch.float32, 6, 131, ignore_every=0)
+    ref = reference.cross_entropy(logits.double(), target, reduction="none")
+    bad = target.clone()
+    bad[2] = 131
+    loss = cross_entropy(logits, bad, reduction="none", check_targets=False)
+    keep = torch.arange(6) != 2
+    assert torch.isfinite(loss).all()
+    torch.testing.assert_close(loss[keep].double(), ref[keep])
+    wide = torch.stack([target, torch.full_like(target, 7)], 1).reshape(-1)  # target = wide[::2]
+    torch.testing.assert_close(cross_entropy(logits, wide[::2], reduction="none").double(), ref)
+
+
 def test_cross_entropy_module():
     logits, target, weight = _inputs("cpu", torch.float32, 13, 131, weighted=True)
     module = LigerCrossEntropyLoss(

@@ -261,6 +261,25 @@ def test_flce_bad_input():
         fused_linear_cross_entropy(hidden, weight, target, reduction="batchmean")
 
 
+def test_flce_max_chunk_bytes_and_check_targets_false():
+    """max_chunk_bytes bounds one chunk's logits (balanced chunks); check_targets=False skips the check."""
+    n, hidden_size, vocab = 37, 67, 131
+    assert (
+        choose_chunk_tokens(n, hidden_size, vocab, torch.float32, torch.device("cpu"), None, 10 * vocab * 4)
+        == 10
+    )
+    hidden, weight, _, target, _ = _inputs("cpu", torch.float32, n, hidden_size, vocab)
+    ref = reference.fused_linear_cross_entropy(hidden.double(), weight.double(), target)
+    loss = fused_linear_cross_entropy(
+        hidden, weight, target, max_chunk_bytes=10 * vocab * 4, check_targets=False
+    )
+    torch.testing.assert_close(loss.double(), ref)
+    with pytest.raises(ValueError, match="max_chunk_bytes"):
+        fused_linear_cross_entropy(hidden, weight, target, max_chunk_bytes=0)
+    module = LigerFusedLinearCrossEntropyLoss(max_chunk_bytes=10 * vocab * 4)
+    torch.testing.assert_close(module(weight, hidden, target), loss)
+
+
 def test_flce_module():
     hidden, weight, bias, target, ce_weight = _inputs(
         "cpu", torch.float32, 13, 67, 131, bias=True, weighted=True
