@@ -2,8 +2,8 @@
 
 Which path an op takes:
 - CUDA tensors: the Triton kernels.
-- CPU tensors with ``TRITON_INTERPRET=1`` set *before* ``triton`` was imported: the same Triton kernels, run by
-  Triton's interpreter (slow; this is how CI tests the real kernels).
+- CPU tensors with ``TRITON_INTERPRET=1`` set *before* ``triton`` was imported: the same Triton kernels, run
+  by Triton's interpreter (slow; this is how CI tests the real kernels).
 - CPU tensors otherwise (or no Triton at all): the pure-PyTorch reference path in ``liger_core.reference``,
   with one warning per process.
 """
@@ -160,7 +160,9 @@ def check_tensor(
 def check_same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
     for name, t in others.items():
         if t is not None and t.device != ref.device:
-            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device")
+            raise ValueError(
+                f"{name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device"
+            )
 
 
 def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], what: str = "") -> None:

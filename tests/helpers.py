@@ -17,7 +17,12 @@ import pytest
 import torch
 
 SLACK = 1.25
-FLOOR = {torch.float32: 0.1 * 2**-23, torch.float16: 0.1 * 2**-10, torch.bfloat16: 0.1 * 2**-7, torch.float64: 0.0}
+FLOOR = {
+    torch.float32: 0.1 * 2**-23,
+    torch.float16: 0.1 * 2**-10,
+    torch.bfloat16: 0.1 * 2**-7,
+    torch.float64: 0.0,
+}
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -26,7 +31,9 @@ def devices():
     """'cpu' always (Triton interpreter in CI); 'cuda' marked `gpu` and skipped where there is none."""
     return [
         pytest.param("cpu", id="cpu"),
-        pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]),
+        pytest.param(
+            "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
+        ),
     ]
 
 

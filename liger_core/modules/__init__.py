@@ -4,3 +4,16 @@ from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIV
 from liger_core.modules.losses import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
+
+__all__ = [
+    "LigerCrossEntropyLoss",
+    "LigerFusedLinearCrossEntropyLoss",
+    "LigerFusedLinearJSD",
+    "LigerGEGLUMLP",
+    "LigerJSD",
+    "LigerKLDIVLoss",
+    "LigerLayerNorm",
+    "LigerRMSNorm",
+    "LigerRMSNormForGemma",
+    "LigerSwiGLUMLP",
+]

@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-
 from liger_core.dispatch import triton_status
 
 triton_status()  # decide compiled/interpreted once, before any kernel is traced by torch.compile
 
-_OPS = (
-    "rms_norm",
-    "layer_norm",
-    "rope",
-    "swiglu",
-    "geglu",
+# Each op lives in the submodule of its own name; these imports bind the function over the submodule,
+# so `from liger_core.ops import swiglu` gives the function.
+from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
+from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from liger_core.ops.geglu import geglu  # noqa: E402
+from liger_core.ops.jsd import jsd  # noqa: E402
+from liger_core.ops.kl_div import kl_div  # noqa: E402
+from liger_core.ops.layer_norm import layer_norm  # noqa: E402
+from liger_core.ops.rms_norm import rms_norm  # noqa: E402
+from liger_core.ops.rope import rope  # noqa: E402
+from liger_core.ops.swiglu import swiglu  # noqa: E402
+
+__all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
-    "kl_div",
-    "jsd",
     "fused_linear_jsd",
-)
-
-# Each op lives in the submodule of its own name; bind the function over the submodule attribute so that
-# `from liger_core.ops import swiglu` gives the function. (Ops still being written are skipped until their file
-# exists; TODO(bootstrap): replace this loop with explicit imports once every op has landed.)
-__all__ = []
-for _name in _OPS:
-    if importlib.util.find_spec(f"{__name__}.{_name}") is not None:
-        globals()[_name] = getattr(importlib.import_module(f"{__name__}.{_name}"), _name)
-        __all__.append(_name)
+    "geglu",
+    "jsd",
+    "kl_div",
+    "layer_norm",
+    "rms_norm",
+    "rope",
+    "swiglu",
+]

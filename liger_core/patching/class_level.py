@@ -173,7 +173,7 @@ def _register_with_transformers(model_type: str, mapping: dict[str, type]) -> No
         return
     # Before 5.23 applying the mappings walks every transformers module and imports every image processor, so
     # without torchvision (the Axolotl / LLaMA-Factory CPU installs) each from_pretrained fails with
-    # ModuleNotFoundError. The module-attribute swap above already covers from_pretrained, so skip the hook there.
+    # ModuleNotFoundError. The module-attribute swap above already covers from_pretrained, so skip the hook.
     version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
     if version < (5, 23):
         return

@@ -1,31 +1,31 @@
 """Pure-PyTorch reference implementations: ground truth for the tests (after upcasting to float64) and the
 CPU fallback when Triton cannot run. Each has the same signature as its functional entry point in
-``liger_core.ops`` and computes in the input dtype exactly as the eager PyTorch / Hugging Face code it replaces.
+``liger_core.ops`` and computes in the input dtype exactly as the eager PyTorch / HF code it replaces.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+# Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
+from liger_core.reference.cross_entropy import cross_entropy
+from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
+from liger_core.reference.fused_linear_jsd import fused_linear_jsd
+from liger_core.reference.geglu import geglu
+from liger_core.reference.jsd import jsd
+from liger_core.reference.kl_div import kl_div
+from liger_core.reference.layer_norm import layer_norm
+from liger_core.reference.rms_norm import rms_norm
+from liger_core.reference.rope import rope
+from liger_core.reference.swiglu import swiglu
 
-_OPS = (
-    "rms_norm",
-    "layer_norm",
-    "rope",
-    "swiglu",
-    "geglu",
+__all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
-    "kl_div",
-    "jsd",
     "fused_linear_jsd",
-)
-
-# Each op lives in the submodule of its own name; bind the function over the submodule attribute so that
-# `from liger_core.ops import swiglu` gives the function. (Ops still being written are skipped until their file
-# exists; TODO(bootstrap): replace this loop with explicit imports once every op has landed.)
-__all__ = []
-for _name in _OPS:
-    if importlib.util.find_spec(f"{__name__}.{_name}") is not None:
-        globals()[_name] = getattr(importlib.import_module(f"{__name__}.{_name}"), _name)
-        __all__.append(_name)
+    "geglu",
+    "jsd",
+    "kl_div",
+    "layer_norm",
+    "rms_norm",
+    "rope",
+    "swiglu",
+]

@@ -13,7 +13,9 @@ def layer_norm(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5
 ) -> torch.Tensor:
     if w.dtype != x.dtype and x.device.type != "cpu":
-        # fp32 weight/bias with bf16/fp16 x: PyTorch's CPU kernel computes in fp32 and rounds once to x's dtype;
+        # fp32 weight/bias with bf16/fp16 x: PyTorch's CPU kernel computes in fp32 and rounds once to x.dtype;
         # its CUDA kernel rejects the mix, so do the same computation explicitly there
-        return F.layer_norm(x.float(), (x.shape[-1],), w.float(), None if b is None else b.float(), eps).to(x.dtype)
+        return F.layer_norm(x.float(), (x.shape[-1],), w.float(), None if b is None else b.float(), eps).to(
+            x.dtype
+        )
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
