@@ -28,19 +28,12 @@ from liger_core_axolotl.args import PLUGIN_NAME, liger_core_flags, truthy
 LOG = logging.getLogger("axolotl.integrations.liger_core")
 
 
-def active_kernels(model: Any) -> str:
-    """The liger_core kernels a built model runs: patched modules per kind, plus a class-level loss."""
-    from liger_core.patching.instance import unwrap
-
-    root = unwrap(model)
-    kinds = Counter(getattr(m, "_liger_core_kind", None) for m in root.modules())
-    kinds.pop(None, None)
-    parts = [f"{kind} x{n}" for kind, n in sorted(kinds.items())]
-    for attr, kind in (("forward", "fused_linear_cross_entropy"), ("_loss_function", "cross_entropy")):
-        fn = getattr(type(root), attr, None)
-        if kind not in kinds and (getattr(fn, "__module__", None) or "").startswith("liger_core"):
-            parts.append(f"{kind} (class-level)")
-    return ", ".join(parts) or "none"
+def active_kernels(report: Any) -> str:
+    """The liger_core kernels a built model runs, from an ``apply_liger_kernel`` report: what it swapped plus
+    what it found already patched (by the class-level patch in ``pre_model_load``)."""
+    kinds = Counter(report.already)
+    kinds.update(report.swapped)
+    return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
 
 
 def class_patching_failure() -> str | None:
@@ -112,14 +105,14 @@ class LigerCorePlugin(BasePlugin):
         if not cfg.use_liger_kernel:
             return
         import liger_core
-        from liger_core.patching import is_patched
 
-        if not is_patched(model):
-            report = liger_core.apply_liger_kernel(model, **liger_core_flags(cfg))
-            LOG.info("%s", report)
+        # Idempotent: after the class-level patch it only adds what is bound per instance (rope in attention)
+        # and reports the rest as already patched; without it (fallback) it patches everything.
+        report = liger_core.apply_liger_kernel(model, **liger_core_flags(cfg))
+        LOG.info("%s", report)
         LOG.info(
             "liger_core: kernels active on %s (rank %s): %s",
             type(model).__name__,
             os.getenv("RANK", "0"),
-            active_kernels(model),
+            active_kernels(report),
         )
