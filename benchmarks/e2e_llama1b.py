@@ -111,8 +111,13 @@ def worker(mode: str, opts: dict) -> dict:
     finally:
         torch.set_default_dtype(default_dtype)
     model.to(device=device, dtype=dtype)
-    if mode == "liger_core":
+    if mode.startswith("liger_core"):
         import liger_core
+        from liger_core.patching import forwards
+
+        # "liger_core@256": the fused linear cross-entropy's chunk of logits bounded by 256 MiB
+        if "@" in mode:
+            forwards.FLCE_MAX_CHUNK_BYTES = int(mode.split("@")[1]) * 2**20
 
         result["report"] = str(liger_core.apply_liger_kernel(model))
         result["version"] = liger_core.__version__
@@ -138,19 +143,25 @@ def worker(mode: str, opts: dict) -> dict:
     losses = []
     total = opts["warmup"] + opts["steps"]
     start = None
-    for step in range(total):
-        if step == opts["warmup"]:
-            sync()
-            start = time.perf_counter()
-        ids = batches[step % n_batches]
+
+    def train_step(ids):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    for step in range(total):
+        if step == opts["warmup"]:
+            sync()
+            start = time.perf_counter()
+        loss = train_step(batches[step % n_batches])
         if step == 0 or step == total - 1:
             losses.append(loss.item())
     sync()
     elapsed = time.perf_counter() - start
+    if opts.get("profile") and device.type == "cuda":
+        result["kernels"] = _profile_step(lambda: train_step(batches[0]))
     tokens = opts["batch"] * opts["seq"] * opts["steps"]
     result.update(
         tokens_per_s=tokens / elapsed,
@@ -203,9 +214,35 @@ def _environment() -> dict:
     return env
 
 
+def _mode(text: str) -> str:
+    name, _, mib = text.partition("@")
+    if name not in MODES or (mib and not (name == "liger_core" and mib.isdigit())):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one of {MODES} or liger_core@<MiB>")
+    return text
+
+
+def _profile_step(step) -> list[dict]:
+    """GPU kernels of one training step: the 15 largest by total time (name, calls, ms)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:15]
+    return [dict(name=e.key[:90], calls=e.count, ms=round(e.device_time_total / 1e3, 3)) for e in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        type=_mode,
+        default=list(MODES),
+        help="hf, liger_kernel, liger_core, or liger_core@MiB (fused-linear-CE chunk of logits bound)",
+    )
+    parser.add_argument("--profile", action="store_true", help="GPU kernels of one extra step per mode")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --tiny 2)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --tiny 1)")
     parser.add_argument("--batch", type=int, default=None)
@@ -249,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps or (20 if not args.tiny else 2),
         warmup=args.warmup if args.warmup is not None else (3 if not args.tiny else 1),
         grad_ckpt=not args.no_grad_ckpt,
+        profile=args.profile,
     )
     timeout = args.timeout or (240 if cuda else 600)
     env = _environment()
@@ -264,10 +302,16 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         result = _spawn(mode, opts, timeout)
         results.append(result)
-        line = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k != "error"}
+        line = {
+            k: (round(v, 4) if isinstance(v, float) else v)
+            for k, v in result.items()
+            if k not in ("error", "kernels")
+        }
         print(f"  {mode}: {line}", flush=True)
         if result.get("error"):
             print(f"    error: {result['error']}", flush=True)
+        for k in result.get("kernels", []):
+            print(f"    {k['ms']:9.3f} ms {k['calls']:5d}x  {k['name']}", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"e2e_llama1b_{tag}"

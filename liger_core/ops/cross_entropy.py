@@ -56,6 +56,7 @@ from liger_core.dispatch import (
     launcher,
     use_triton,
 )
+from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import num_sms
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -216,6 +217,7 @@ def _grad_block(
     )  # fmt: skip
 
 
+@fast_launch
 @triton.jit
 def _cross_entropy_kernel(
     logits_ptr,
@@ -379,6 +381,7 @@ def _reduce_losses_kernel(
         tl.store(z_ptr, z.to(tl.float32).to(z_ptr.dtype.element_ty))
 
 
+@fast_launch
 @triton.jit
 def _scale_rows_kernel(
     x_ptr, x_row_stride, n_rows, n_cols, scale_ptr, scale_row_stride, BLOCK_SIZE: tl.constexpr

@@ -42,6 +42,7 @@ from liger_core.ops._activation_math import (
     times_sigmoid,
     use_inplace_backward,
 )
+from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import elementwise_settings
 
 APPROXIMATIONS = ("tanh", "none")
@@ -100,6 +101,7 @@ def _gelu_and_grad(a, TANH: tl.constexpr):
     return gelu, grad
 
 
+@fast_launch
 @triton.jit
 def _geglu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_elements, TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     # int64 offsets: n_elements can pass 2^31
@@ -111,6 +113,7 @@ def _geglu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_elements, TANH: tl.constexpr, BLOCK
     tl.store(y_ptr + offsets, (gelu * b).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _geglu_bwd_kernel(
     dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_elements, TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr

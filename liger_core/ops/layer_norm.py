@@ -27,10 +27,13 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
+from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view, widen
+from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
 
 
+@fast_launch
 @triton.jit
 def _layer_norm_fwd_kernel(
     x_ptr,
@@ -106,6 +109,7 @@ def _layer_norm_fwd_kernel(
             tl.store(y_rows + chunk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _layer_norm_bwd_kernel(
     dy_ptr,
@@ -314,6 +318,9 @@ def layer_norm(
 
     ``w`` (and ``b``) have ``x``'s dtype, or fp32 with a bf16/fp16 ``x`` (mixed precision, as PyTorch allows).
     """
+    if any_dtensor(x, w, b):  # tensor/sequence parallel, or an FSDP2 weight outside its unit's forward
+        return on_local_shards(layer_norm, x, {"w": w, "b": b}, eps=eps)
+    check_not_zero3_partitioned(w=w, b=b)
     check_tensor("x", x, min_ndim=1)
     check_tensor("w", w, ndim=1)
     check_shape("w", w, (x.shape[-1],), "w must match the last dimension of x")

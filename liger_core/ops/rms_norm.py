@@ -41,8 +41,10 @@ from liger_core.dispatch import (
     launcher,
     use_triton,
 )
+from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
 from liger_core.reference.rms_norm import CASTING_MODES
+from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
 
 # PRECISE (constexpr, set for fp32 data): fp32 arithmetic alone would make our error comparable to eager's,
 # so the row statistics (sums, mean, rstd) are computed in fp64 and the dW/dB accumulators are Kahan
@@ -97,6 +99,7 @@ def _rms_norm_scale(x, rstd, w, offset, x_dtype: tl.constexpr, ROUND_BEFORE_WEIG
     return xn * (offset + w[None, :])
 
 
+@fast_launch
 @triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr,
@@ -152,6 +155,7 @@ def _rms_norm_fwd_kernel(
             tl.store(y_rows + chunk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _rms_norm_bwd_kernel(
     dy_ptr,
@@ -377,6 +381,10 @@ def rms_norm(
     it off where that gradient is used again, e.g. Gemma2). The output dtype is HF's: the input dtype for
     "gemma", ``promote_types(x.dtype, w.dtype)`` otherwise.
     """
+    if any_dtensor(x, w):  # tensor/sequence parallel, or an FSDP2 weight outside its unit's forward
+        options = dict(eps=eps, offset=offset, casting_mode=casting_mode, in_place=in_place)
+        return on_local_shards(rms_norm, x, {"w": w}, **options)
+    check_not_zero3_partitioned(w=w)
     check_tensor("x", x, min_ndim=1)
     check_tensor("w", w, ndim=1)
     check_shape("w", w, (x.shape[-1],), "w must match the last dimension of x")

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_tensor, launcher, use_triton
+from liger_core.ops._fastlaunch import fast_launch
 
 # Elements of one [heads x half-rotary] tile a program holds in registers per step of its head loop. When q's
 # and k's heads each fit in one tile (up to 64 heads of head_dim 64, 32 of 128), all of a token's loads are
@@ -109,6 +110,7 @@ def _copy_pass_through(
         )
 
 
+@fast_launch
 @triton.jit
 def _rope_kernel(
     q_ptr,

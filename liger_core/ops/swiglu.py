@@ -30,9 +30,11 @@ from liger_core.ops._activation_math import (
     times_sigmoid,
     use_inplace_backward,
 )
+from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import elementwise_settings
 
 
+@fast_launch
 @triton.jit
 def _swiglu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
     # int64 offsets: n_elements can pass 2^31 (16384 tokens x 14336 x 10 microbatches does)
@@ -44,6 +46,7 @@ def _swiglu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _swiglu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import liger_core  # `liger_core.ops` is imported on first use: importing patching does not import Triton
+from liger_core.patching.distributed import call_as_forward, redirected_linear
 
 # ----------------------------------------------------------------------------------------------------------
 # RMSNorm / LayerNorm
@@ -282,54 +283,16 @@ def fusable_linear(lm_head: nn.Module) -> nn.Linear | None:
             module = module.original_module
         else:
             module = module.modules_to_save[active[0]]
-    if type(module) is not nn.Linear:  # also FSDP2's FSDPLinear (a sharded DTensor weight)
+    if type(module) is not nn.Linear:  # also FSDP2's FSDPLinear (see patching/distributed.py)
         return None
     if module._forward_hooks or module._forward_pre_hooks or getattr(module, "_hf_hook", None) is not None:
         return None
     weight = module.weight
     if type(weight) not in (torch.Tensor, nn.Parameter) or weight.device.type == "meta":
         return None
-    if getattr(weight, "ds_id", None) is not None or weight.dim() != 2:  # DeepSpeed ZeRO-3: partitioned
+    if getattr(weight, "ds_id", None) is not None or weight.dim() != 2:  # ZeRO-3: patching/distributed.py
         return None
     return module
-
-
-def fsdp2_linear(lm_head: nn.Module) -> nn.Linear | None:
-    """``lm_head`` if it is its own FSDP2 unit (``fully_shard(lm_head)``) over a plain nn.Linear, else None.
-
-    Its weight is then a sharded DTensor everywhere except inside lm_head's own forward, where FSDP's
-    pre-forward hook has swapped in the gathered full weight: the fused loss has to run there
-    (``call_as_forward``). An lm_head inside a parent's FSDP unit needs none of this (its weight is gathered
-    for the whole parent forward, and ``fusable_linear`` accepts it).
-    """
-    import sys
-
-    fsdp = sys.modules.get("torch.distributed.fsdp")  # imported by whoever called fully_shard
-    fsdp_module = getattr(fsdp, "FSDPModule", None)
-    if fsdp_module is None or not isinstance(lm_head, fsdp_module):
-        return None
-    if type(lm_head).__bases__ != (fsdp_module, nn.Linear) or getattr(lm_head, "_hf_hook", None) is not None:
-        return None
-    return lm_head
-
-
-def call_as_forward(module: nn.Module, fn: Any, *args: Any) -> Any:
-    """``fn(*args)``, run as ``module``'s forward so that its hooks run around it.
-
-    The forward-redirection pattern: under FSDP2 the pre-forward hook gathers the module's parameters (and
-    casts ``args`` to the mixed-precision dtype), the post-forward hook reshards them and hooks the output so
-    that they are gathered again for its backward and their gradients reduce-scattered after it.
-    """
-    had_own_forward = "forward" in module.__dict__
-    own_forward = module.__dict__.get("forward")
-    module.forward = fn
-    try:
-        return module(*args)
-    finally:
-        if had_own_forward:
-            module.forward = own_forward
-        else:
-            del module.forward
 
 
 _warned_unfused: set[type] = set()
@@ -340,8 +303,9 @@ def _warn_unfused(lm_head: nn.Module) -> None:
         _warned_unfused.add(type(lm_head))
         warnings.warn(
             f"liger_core: lm_head ({type(lm_head).__name__}) is not a plain nn.Linear with a local weight "
-            "(LoRA, quantised, FSDP/ZeRO-3 sharded or hooked); the loss is computed from materialised logits "
-            "instead of the fused linear cross-entropy (exact, but without its memory saving)",
+            "or an FSDP2/ZeRO-3 sharded one (LoRA, quantised, offloaded or hooked); the loss is computed "
+            "from materialised logits instead of the fused linear cross-entropy (exact, but without its "
+            "memory saving)",
             stacklevel=3,
         )
 
@@ -360,6 +324,11 @@ def _slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
 
 def _config_value(config, attr: str | None):
     return getattr(config, attr, None) if attr else None
+
+
+# Bound on one chunk of logits inside the patched causal-LM forward (None: the op's default, the size of the
+# hidden-state gradient). Benchmarks and users trading memory for speed set it (bytes).
+FLCE_MAX_CHUNK_BYTES: int | None = None
 
 
 def fused_linear_ce_loss(
@@ -394,6 +363,7 @@ def fused_linear_ce_loss(
         ignore_index=ignore_index,
         reduction=reduction,
         softcap=softcap,
+        max_chunk_bytes=FLCE_MAX_CHUNK_BYTES,
     )
     return _divide(loss, num_items_in_batch) if num_items_in_batch is not None else loss
 
@@ -495,17 +465,19 @@ def causal_lm(
     hidden = _slice_to_keep(outputs[0], logits_to_keep)
 
     linear = fusable_linear(self.lm_head) if skip_logits else None
-    fsdp_head = fsdp2_linear(self.lm_head) if skip_logits and linear is None else None
+    # FSDP2 (lm_head its own unit) or ZeRO-3: the weight is whole only inside lm_head's own forward, so the
+    # fused loss runs as that forward (patching/distributed.py)
+    sharded_head = redirected_linear(self.lm_head) if skip_logits and linear is None else None
     logits = loss = None
     if linear is not None:
         loss = fused_linear_ce_loss(
             self, linear, hidden, labels, shift_labels, num_items_in_batch, ignore_index, spec
         )
-    elif fsdp_head is not None:
+    elif sharded_head is not None:
         loss = call_as_forward(
-            fsdp_head,
+            sharded_head,
             lambda h: fused_linear_ce_loss(
-                self, fsdp_head, h, labels, shift_labels, num_items_in_batch, ignore_index, spec
+                self, sharded_head, h, labels, shift_labels, num_items_in_batch, ignore_index, spec
             ),
             hidden,
         )
