@@ -13,12 +13,18 @@ With this hook:
   the instance and applies liger_core's layer kernels only (RMSNorm, RoPE, SwiGLU/GeGLU, LayerNorm) inside the
   backbone that TRL's head calls. So each part is patched once: the loss is TRL's fused head (no liger_core
   fused linear cross-entropy on top), `mean_token_accuracy` and `entropy` are still TRL's metrics.
+- while a flagged trainer is built (DPO's `precompute_ref_log_probs` runs there) and while it trains,
+  evaluates or predicts, TRL's fused LM head computes its per-token log-probs (and entropy, mean logit, top-1
+  statistics) with `liger_core.ops.fused_linear_logprobs` instead of TRL's own kernel (`logprobs`): the
+  policy's and the reference model's. TRL's losses and metrics are computed by TRL's code from them.
+  `liger_kernel_config={"fused_linear_cross_entropy": false}` keeps TRL's kernel (layer kernels only).
 The flag stays a transformers `TrainingArguments` field, so it keeps working whatever TRL does with its own
 (deprecated) handling of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -28,8 +34,11 @@ from typing import Any
 
 import liger_core_hf
 import trl
-from liger_core_hf.hook import accept_json_kernel_config
+from liger_core_hf.config import parse_kernel_config
+from liger_core_hf.hook import accept_json_kernel_config, kernel_config, wants_liger
 from packaging.version import Version
+
+from .logprobs import liger_logprobs_unsupported, use_liger_core_logprobs
 
 logger = logging.getLogger("liger_core_trl")
 
@@ -42,7 +51,10 @@ _TRAINERS = (
     "trl.trainer.grpo_trainer:GRPOTrainer",
     "trl.trainer.rloo_trainer:RLOOTrainer",
 )
-_originals: dict[type, Callable[..., Any]] = {}
+# (class, method name) -> the class's own method before install(), or None when it inherited it
+_originals: dict[tuple[type, str], Callable[..., Any] | None] = {}
+_RUN_METHODS = ("train", "evaluate", "predict")
+_DECLINED = "_liger_core_trl_logprobs_declined"  # set on args once the reason to keep TRL's kernel is logged
 
 
 def _trainer_classes() -> list[type]:
@@ -63,6 +75,20 @@ def _trainer_classes() -> list[type]:
     return classes
 
 
+def use_liger_logprobs(args: Any, config: Any) -> bool:
+    """Whether a trainer that asked for liger_core (its `args`, kernel `config`) computes its log-probs with
+    liger_core: yes unless the config turns the fused linear cross-entropy off or TRL needs its own kernel."""
+    if parse_kernel_config(config).get("fused_linear_cross_entropy", True) is False:
+        return False
+    reason = liger_logprobs_unsupported(args)
+    if reason is not None:
+        if not getattr(args, _DECLINED, False):
+            logger.warning("use_liger_kernel: TRL's own log-prob kernel is kept: %s", reason)
+            setattr(args, _DECLINED, True)
+        return False
+    return True
+
+
 def _hide_flag_in(original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
@@ -74,9 +100,15 @@ def _hide_flag_in(original: Callable[..., Any]) -> Callable[..., Any]:
             training_args = None
         if not getattr(training_args, "use_liger_kernel", False):
             return original(self, *args, **kwargs)
+        logprobs = (
+            use_liger_core_logprobs()
+            if use_liger_logprobs(training_args, training_args.liger_kernel_config)
+            else contextlib.nullcontext()
+        )
         training_args.use_liger_kernel = False
         try:
-            original(self, *args, **kwargs)
+            with logprobs:
+                original(self, *args, **kwargs)
         finally:
             training_args.use_liger_kernel = True
             if (
@@ -85,6 +117,33 @@ def _hide_flag_in(original: Callable[..., Any]) -> Callable[..., Any]:
                 self.args.use_liger_kernel = True
 
     return __init__
+
+
+def _with_liger_logprobs(cls: type, name: str, own: Callable[..., Any] | None) -> Callable[..., Any]:
+    """`cls.<name>` (its own method, or the inherited one) run under liger_core's log-probs when the trainer
+    asked for liger_core."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if own is not None:
+            return own(self, *args, **kwargs)
+        return getattr(super(cls, self), name)(*args, **kwargs)
+
+    @functools.wraps(own if own is not None else getattr(cls, name))
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (wants_liger(self) and use_liger_logprobs(self.args, kernel_config(self))):
+            return call(self, *args, **kwargs)
+        with use_liger_core_logprobs():
+            return call(self, *args, **kwargs)
+
+    return method
+
+
+def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any] | None], Callable[..., Any]]) -> None:
+    if (cls, name) in _originals:
+        return
+    own = cls.__dict__.get(name)
+    _originals[(cls, name)] = own
+    setattr(cls, name, make(own))
 
 
 def install() -> None:
@@ -101,16 +160,23 @@ def install() -> None:
     from trl import TrlParser
 
     accept_json_kernel_config(TrlParser)
+    from trl.trainer.base_trainer import _BaseTrainer
+
     for cls in _trainer_classes():
-        if cls not in _originals:
-            _originals[cls] = cls.__dict__["__init__"]
-            cls.__init__ = _hide_flag_in(_originals[cls])
+        _wrap(cls, "__init__", _hide_flag_in)
+    for cls in (_BaseTrainer, *_trainer_classes()):
+        for name in _RUN_METHODS:
+            if cls is _BaseTrainer or name in cls.__dict__:
+                _wrap(cls, name, functools.partial(_with_liger_logprobs, cls, name))
 
 
 def uninstall() -> None:
     while _originals:
-        cls, original = _originals.popitem()
-        cls.__init__ = original
+        (cls, name), original = _originals.popitem()
+        if original is None:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, original)
     liger_core_hf.uninstall()
 
 
