@@ -11,6 +11,7 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from liger_core.ops.fused_linear_logprobs import FusedLogProbs, fused_linear_logprobs  # noqa: E402
 from liger_core.ops.geglu import geglu  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
@@ -22,7 +23,9 @@ from liger_core.ops.swiglu import swiglu  # noqa: E402
 __all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
+    "FusedLogProbs",
     "fused_linear_jsd",
+    "fused_linear_logprobs",
     "geglu",
     "jsd",
     "kl_div",

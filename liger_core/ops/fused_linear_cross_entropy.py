@@ -143,9 +143,16 @@ def _chunk_loop(
     chunk_size,
     row_scale=None,
     check_targets=False,
+    logit_scale=1.0,
+    on_logits=None,
 ):
     """Unscaled per-row cross-entropy and z-loss (fp64), the target stats (``cross_entropy.target_stats``),
-    and the requested gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32)."""
+    and the requested gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32).
+
+    Hooks for ``fused_linear_logprobs``: ``logit_scale`` multiplies each chunk's logits inside the GEMM
+    (``logit_scale * (h @ W.T + b)``, one rounding; the kernel's gradient is then with respect to the scaled
+    logits, so the caller folds the factor into ``row_scale``), and ``on_logits(start, end, logits)``
+    sees each chunk's logits before the CE kernel overwrites them."""
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     need_stats_weight = ce_weight is not None and (reduction == "mean" or label_smoothing != 0.0)
@@ -162,7 +169,9 @@ def _chunk_loop(
     accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
     grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
     grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
-    grad_bias = torch.zeros(vocab, dtype=torch.float32, device=device) if need_bias else None
+    # db sums every token's row: fp64 for fp32 logits, so it is not less exact than eager's one reduction
+    bias_accum = torch.float64 if hidden.dtype == torch.float32 else torch.float32
+    grad_bias = torch.zeros(vocab, dtype=bias_accum, device=device) if need_bias else None
     if grad_weight is not None and n_tokens == 0:
         grad_weight.zero_()
     logits_buffer = torch.empty(min(chunk, n_tokens), vocab, dtype=hidden.dtype, device=device)
@@ -171,10 +180,17 @@ def _chunk_loop(
         end = min(start + chunk, n_tokens)
         hidden_c = hidden[start:end]
         logits = logits_buffer[: end - start]
-        if bias is None:
+        if logit_scale != 1.0:  # scaled in the GEMM's epilogue: no extra rounding, no pass over memory
+            if bias is None:  # beta=0: the (uninitialised) buffer is ignored, not read
+                torch.addmm(logits, hidden_c, weight_t, beta=0, alpha=logit_scale, out=logits)
+            else:
+                torch.addmm(bias, hidden_c, weight_t, beta=logit_scale, alpha=logit_scale, out=logits)
+        elif bias is None:
             torch.mm(hidden_c, weight_t, out=logits)
         else:
             torch.addmm(bias, hidden_c, weight_t, out=logits)
+        if on_logits is not None:
+            on_logits(start, end, logits)
         launch_cross_entropy(
             logits,
             target[start:end],
@@ -196,9 +212,11 @@ def _chunk_loop(
         if need_weight:
             _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
         if need_bias:
-            grad_bias += logits.sum(0, dtype=torch.float32)
+            grad_bias += logits.sum(0, dtype=bias_accum)
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
         finish_target_check(pending, ignore_index, vocab)
+    if grad_bias is not None:
+        grad_bias = grad_bias.float()
     return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
 
 

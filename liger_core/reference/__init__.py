@@ -9,6 +9,7 @@ from __future__ import annotations
 from liger_core.reference.cross_entropy import cross_entropy
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd
+from liger_core.reference.fused_linear_logprobs import fused_linear_logprobs
 from liger_core.reference.geglu import geglu
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
@@ -21,6 +22,7 @@ __all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
+    "fused_linear_logprobs",
     "geglu",
     "jsd",
     "kl_div",

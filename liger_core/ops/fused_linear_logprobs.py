@@ -1,0 +1,493 @@
+"""Fused linear + per-token log-probabilities (and entropy, ...) without ever holding all the logits.
+
+For hidden states ``h (N, H)``, lm_head weight ``W (V, H)``, optional bias ``b (V,)`` and targets ``y (N,)``,
+with TRL's logit transform (``trl.kernels.ChunkedLogProbFunction``; scale, softcap, then temperature)::
+
+    z = softcap * tanh(logit_scale * (h @ W.T + b) / softcap) / temperature
+      = c' * tanh(x / c'),   x = (logit_scale / temperature) * (h @ W.T + b),   c' = softcap / temperature
+
+    log_probs        = z_y - logsumexp(z)             (gradient to h, W, b)
+    entropy          = -sum_v p_v log p_v             p = softmax(z)      (detached statistics, as the rest)
+    log_sum_sq_probs = log sum_v p_v^2
+    mean_logits      = mean_v z_v
+    is_top1          = argmax_v z_v == y              (first maximum)
+
+``log_probs`` is minus ``fused_linear_cross_entropy(reduction="none")`` of the rescaled logits ``x`` with
+softcap ``c'``, and is computed by its chunk loop: per chunk of ``C`` tokens the GEMM writes ``x`` (the factor
+``logit_scale / temperature`` applied in the GEMM's epilogue: one rounding, no pass over memory) into one
+reused ``(C, V)`` buffer, ``_logit_stats_kernel`` reads it once for the requested statistics, and the
+cross-entropy kernel gives the per-token losses. Forward computes no gradient (the per-token ``grad_output``
+is unknown then); backward runs the chunk loop again with ``-grad_output * logit_scale / temperature`` per
+token inside the CE kernel, whose in-place logits gradient feeds the dh/dW GEMMs (see
+``fused_linear_cross_entropy``). ``dW`` and ``dh`` accumulate in fp32 by default (as TRL's kernel does:
+bf16 accumulation per chunk biases training), ``accum_dtype=None`` keeps them in the weight's dtype.
+
+Statistics kernel, one program per token, streaming its row in column blocks once (online, rescaled as the
+running max ``m`` grows)::
+
+    d = sum_v e_v,  e_v = exp(z_v - m)    s = sum_v e_v (z_v - m)    q = sum_v e_v^2    t = sum_v z_v
+    entropy = log d - s / d               log_sum_sq_probs = log q - 2 log d          mean = t / V
+
+(``s`` is kept relative to ``m``, so the entropy of huge logits does not cancel). Per-element math in fp32 for
+16-bit logits and fp64 for fp32 logits, as the CE kernel. Ignored tokens (``target == ignore_index``) get 0 in
+every field (False for ``is_top1``) and no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from liger_core import reference
+from liger_core.dispatch import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    launcher,
+    use_triton,
+)
+from liger_core.ops.cross_entropy import (
+    CE_FP32_MATH,
+    _f64,
+    _softcap,
+    check_targets_host,
+    looped_row_settings,
+    split_f64,
+)
+from liger_core.ops.fused_linear_cross_entropy import _chunk_loop, choose_chunk_tokens
+from liger_core.reference.fused_linear_logprobs import OUTPUTS, FusedLogProbs
+
+__all__ = ["OUTPUTS", "FusedLogProbs", "fused_linear_logprobs"]
+
+_STATS = OUTPUTS[1:]  # entropy, log_sum_sq_probs, mean_logits, is_top1
+
+
+@triton.jit
+def _logit_stats_kernel(
+    logits_ptr,
+    logits_row_stride,
+    target_ptr,
+    entropy_ptr,  # (N,) fp32 outputs, written only when requested
+    log_sum_sq_ptr,
+    mean_ptr,
+    top1_ptr,  # (N,) uint8 (a bool tensor's storage)
+    n_cols,
+    ignore_index,
+    softcap_hi, softcap_lo,  # c' as an fp64 scalar (see cross_entropy._f64)
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ENTROPY: tl.constexpr,
+    HAS_LOG_SUM_SQ: tl.constexpr,
+    HAS_MEAN: tl.constexpr,
+    HAS_TOP1: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """One program per token: the statistics of softmax(z) of its row (see the module doc)."""
+    row = tl.program_id(0).to(tl.int64)
+    y = tl.load(target_ptr + row).to(tl.int64)
+    if y == ignore_index:
+        if HAS_ENTROPY:
+            tl.store(entropy_ptr + row, 0.0)
+        if HAS_LOG_SUM_SQ:
+            tl.store(log_sum_sq_ptr + row, 0.0)
+        if HAS_MEAN:
+            tl.store(mean_ptr + row, 0.0)
+        if HAS_TOP1:
+            tl.store(top1_ptr + row, tl.zeros([], tl.uint8))
+        return
+    logits_row = logits_ptr + row * logits_row_stride
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    m = tl.full([], -float("inf"), COMPUTE_DTYPE)
+    d = tl.zeros([], COMPUTE_DTYPE)
+    s = tl.zeros([], COMPUTE_DTYPE)
+    q = tl.zeros([], COMPUTE_DTYPE)
+    t = tl.zeros([], COMPUTE_DTYPE)
+    best = tl.full([], -float("inf"), COMPUTE_DTYPE)
+    best_col = tl.full([], 0, tl.int64)
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        z = tl.load(logits_row + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        if HAS_SOFTCAP:
+            z, _ = _softcap(z, softcap, COMPUTE_DTYPE)
+        z_masked = tl.where(mask, z, -float("inf"))
+        block_max = tl.max(z_masked, 0)
+        m_new = tl.maximum(m, block_max)
+        rescale = tl.exp(m - m_new)  # 0 on the first block (m = -inf), where d = s = q = 0
+        e = tl.where(mask, tl.exp(z_masked - m_new), 0.0)
+        z_rel = tl.where(mask, z - m_new, 0.0)
+        # s relative to the new max: sum e_old (z - m_new) = rescale * (s + (m - m_new) * d)
+        shift = (tl.where(d > 0.0, m, m_new) - m_new) * d
+        s = rescale * (s + shift) + tl.sum(e * z_rel, 0)
+        q = q * rescale * rescale + tl.sum(e * e, 0)
+        d = d * rescale + tl.sum(e, 0)
+        t += tl.sum(tl.where(mask, z, 0.0), 0)
+        if HAS_TOP1:  # first column of the block's max; a later block must beat the max strictly
+            block_col = tl.min(tl.where(z_masked == block_max, cols, n_cols), 0).to(tl.int64)
+            best_col = tl.where(block_max > best, block_col, best_col)
+            best = tl.maximum(best, block_max)
+        m = m_new
+    log_d = tl.log(d)
+    if HAS_ENTROPY:
+        tl.store(entropy_ptr + row, (log_d - s / d).to(tl.float32))
+    if HAS_LOG_SUM_SQ:
+        tl.store(log_sum_sq_ptr + row, (tl.log(q) - 2.0 * log_d).to(tl.float32))
+    if HAS_MEAN:
+        tl.store(mean_ptr + row, (t / n_cols).to(tl.float32))
+    if HAS_TOP1:
+        tl.store(top1_ptr + row, (best_col == y).to(tl.uint8))
+
+
+def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, ignore_index, softcap):
+    """Run ``_logit_stats_kernel`` on one chunk (N, V) of logits (unit column stride); outputs may be None."""
+    n_rows, n_cols = logits.shape
+    if n_rows == 0:
+        return
+    fp64_math = logits.dtype == torch.float32 and CE_FP32_MATH == "fp64"
+    block, warps = looped_row_settings(n_cols, logits.device, fp64_math)
+    dummy = target
+    _logit_stats_kernel[(n_rows,)](
+        logits,
+        logits.stride(0),
+        target,
+        entropy if entropy is not None else dummy,
+        log_sum_sq if log_sum_sq is not None else dummy,
+        mean if mean is not None else dummy,
+        top1.view(torch.uint8) if top1 is not None else dummy,
+        n_cols,
+        ignore_index,
+        *split_f64(softcap if softcap is not None else 1.0),
+        HAS_SOFTCAP=softcap is not None,
+        HAS_ENTROPY=entropy is not None,
+        HAS_LOG_SUM_SQ=log_sum_sq is not None,
+        HAS_MEAN=mean is not None,
+        HAS_TOP1=top1 is not None,
+        COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32,
+        BLOCK_SIZE=block,
+        num_warps=warps,
+    )
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0)
+
+
+def _fwd_impl(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ignore_index: int,
+    scale: float,
+    softcap: float | None,
+    stats_mask: int,
+    chunk_size: int | None,
+    check_targets: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1) for 2-D hidden; ``scale`` and ``softcap``
+    are those of the rescaled logits x (``logit_scale / temperature``, ``softcap / temperature``); bit i of
+    ``stats_mask`` requests statistic ``_STATS[i]``. Fields not requested are empty."""
+    n = hidden.shape[0]
+    device = hidden.device
+    stats = {
+        name: torch.empty(n, dtype=torch.bool if name == "is_top1" else torch.float32, device=device)
+        if stats_mask >> i & 1
+        else None
+        for i, name in enumerate(_STATS)
+    }
+
+    def on_logits(start, end, logits):
+        _launch_stats(
+            logits,
+            target[start:end],
+            *(stats[name][start:end] if stats[name] is not None else None for name in _STATS),
+            ignore_index,
+            softcap,
+        )
+
+    with torch.autocast(device.type, enabled=False):
+        loss_rows, *_ = _chunk_loop(
+            hidden,
+            weight,
+            target,
+            bias,
+            None,
+            ignore_index,
+            "none",
+            0.0,
+            0.0,
+            softcap,
+            False,
+            False,
+            False,
+            None,
+            chunk_size,
+            check_targets=check_targets,
+            logit_scale=scale,
+            on_logits=on_logits if any(v is not None for v in stats.values()) else None,
+        )
+    log_probs = loss_rows.neg().to(torch.float32)  # one rounding of the fp64 per-token loss
+    return (log_probs, *(v if v is not None else _empty(log_probs) for v in stats.values()))
+
+
+_fwd = torch.library.custom_op("liger_core::fused_linear_logprobs_fwd", _fwd_impl, mutates_args=())
+
+
+@_fwd.register_fake
+def _(hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, chunk_size, check_targets=True):
+    n = hidden.shape[0]
+    f32 = hidden.new_empty(n, dtype=torch.float32)
+    return (
+        f32,
+        *(
+            (hidden.new_empty(n, dtype=torch.bool if name == "is_top1" else torch.float32))
+            if stats_mask >> i & 1
+            else hidden.new_empty(0, dtype=torch.float32)
+            for i, name in enumerate(_STATS)
+        ),
+    )
+
+
+def _bwd_impl(
+    grad_log_probs: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ignore_index: int,
+    scale: float,
+    softcap: float | None,
+    need_hidden: bool,
+    need_weight: bool,
+    need_bias: bool,
+    accum_dtype: torch.dtype | None,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunk loop again, with d(-log_probs)/dx scaled per token by ``-grad * scale`` inside the CE kernel
+    (dx/d(hW + b) = scale); gradients in the dtypes of hidden, weight and bias (empty where not requested)."""
+    row_scale = grad_log_probs.to(torch.float64).mul(-scale).contiguous()
+    with torch.autocast(hidden.device.type, enabled=False):
+        *_, gh, gw, gb = _chunk_loop(
+            hidden,
+            weight,
+            target,
+            bias,
+            None,
+            ignore_index,
+            "none",
+            0.0,
+            0.0,
+            softcap,
+            need_hidden,
+            need_weight,
+            need_bias,
+            accum_dtype,
+            chunk_size,
+            row_scale=row_scale,
+            logit_scale=scale,
+        )
+    return (
+        gh.to(hidden.dtype) if gh is not None else _empty(hidden),
+        gw.to(weight.dtype) if gw is not None else _empty(weight),
+        gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
+    )
+
+
+_bwd = torch.library.custom_op("liger_core::fused_linear_logprobs_bwd", _bwd_impl, mutates_args=())
+
+
+@_bwd.register_fake
+def _(
+    grad_log_probs,
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    scale,
+    softcap,
+    need_hidden,
+    need_weight,
+    need_bias,
+    accum_dtype,
+    chunk_size,
+):
+    return (
+        torch.empty_like(hidden) if need_hidden else _empty(hidden),
+        torch.empty_like(weight) if need_weight else _empty(weight),
+        torch.empty_like(bias) if need_bias and bias is not None else _empty(weight),
+    )
+
+
+class FusedLinearLogProbsFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, accum_dtype, chunk_size,
+        check_targets,
+    ):  # fmt: skip
+        need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
+        ctx.needs = (need_hidden, need_weight, need_bias and bias is not None)
+        ctx.options = (ignore_index, scale, softcap)
+        ctx.accum = (accum_dtype, chunk_size)
+        ctx.set_materialize_grads(False)
+        out = launcher(_fwd, _fwd_impl)(
+            hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, chunk_size, check_targets
+        )
+        ctx.save_for_backward(hidden, weight, target, bias)
+        ctx.mark_non_differentiable(*out[1:])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, *_grad_stats):
+        need_hidden, need_weight, need_bias = ctx.needs
+        if grad_log_probs is None:  # only the (detached) statistics were used
+            return (None,) * 11
+        hidden, weight, target, bias = ctx.saved_tensors
+        gh, gw, gb = launcher(_bwd, _bwd_impl)(
+            grad_log_probs, hidden, weight, target, bias, *ctx.options, need_hidden, need_weight, need_bias,
+            *ctx.accum,
+        )  # fmt: skip
+        return (
+            gh if need_hidden else None,
+            gw if need_weight else None,
+            None,
+            gb if need_bias else None,
+            *(None,) * 7,
+        )
+
+
+def fused_linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    ignore_index: int = -100,
+    outputs: tuple[str, ...] | list[str] = ("log_probs",),
+    chunk_size: int | None = None,
+    max_chunk_bytes: int | None = None,
+    accum_dtype: torch.dtype | None = torch.float32,
+    check_targets: bool = True,
+) -> FusedLogProbs:
+    """Per-token ``log_softmax(z)[target]`` of ``z = softcap * tanh(logit_scale * (hidden @ weight.T + bias) /
+    softcap) / temperature`` (TRL's transform and order) without materialising the (tokens, V) logits, plus
+    the statistics named in ``outputs`` (see the module doc).
+
+    hidden ``(..., H)`` (any strides), weight ``(V, H)``, bias ``(V,)``, target ``(...)`` (class indices in
+    [0, V) or ``ignore_index``). Returns ``FusedLogProbs(log_probs, entropy, log_sum_sq_probs, mean_logits,
+    is_top1)``, each of target's shape: fp32 (``is_top1`` bool), 0 (False) where ``target == ignore_index``.
+    ``log_probs`` is always computed; the other fields are None unless named in ``outputs``. Only
+    ``log_probs`` carries a gradient (to hidden, weight and bias); the others are detached statistics.
+
+    ``chunk_size``/``max_chunk_bytes``: tokens per chunk, or a bound on one chunk's logits (default as
+    ``fused_linear_cross_entropy``). ``accum_dtype``: dtype of the dW/dh accumulators (default fp32, as TRL;
+    None: the weight's dtype, 2 bytes less per element of W). ``check_targets``: a ValueError for a target
+    outside [0, V) (one host sync after the kernels are queued). Under autocast, hidden/weight/bias are cast
+    to the autocast dtype first, as ``F.linear`` would be.
+    """
+    check_tensor("hidden", hidden, min_ndim=1)
+    check_tensor("weight", weight, ndim=2)
+    hidden_size = hidden.shape[-1]
+    vocab = weight.shape[0]
+    if weight.shape[1] != hidden_size:
+        raise ValueError(
+            f"weight has shape {tuple(weight.shape)}; expected (V, {hidden_size}) to match hidden"
+        )
+    if vocab == 0:
+        raise ValueError("weight has 0 rows (an empty vocabulary)")
+    check_tensor("target", target, dtypes=INDEX_DTYPES)
+    check_shape("target", target, tuple(hidden.shape[:-1]), "target must have the shape of hidden[..., 0]")
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (vocab,), "one bias per vocabulary row of weight")
+    check_same_device("hidden", hidden, weight=weight, target=target, bias=bias)
+    if not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    for name, value in (("temperature", temperature), ("logit_scale", logit_scale)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name}={value!r} must be a finite number")
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be positive")
+    if softcap is not None and not (
+        isinstance(softcap, (int, float)) and softcap > 0 and math.isfinite(softcap)
+    ):
+        raise ValueError(f"softcap={softcap!r} must be a positive number (or None)")
+    if isinstance(outputs, str):
+        raise TypeError(f"outputs must be a tuple of names, got the string {outputs!r}")
+    unknown = [name for name in outputs if name not in OUTPUTS]
+    if unknown:
+        raise ValueError(f"outputs has unknown field(s) {unknown}; choose among {OUTPUTS}")
+    if accum_dtype is not None and accum_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"accum_dtype={accum_dtype} is not one of {FLOAT_DTYPES}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (or None)")
+    if max_chunk_bytes is not None and (not isinstance(max_chunk_bytes, int) or max_chunk_bytes < 1):
+        raise ValueError(f"max_chunk_bytes={max_chunk_bytes!r} must be a positive int (or None)")
+    if torch.is_autocast_enabled(hidden.device.type):  # what F.linear does under autocast
+        cast = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(cast), weight.to(cast)
+        bias = bias.to(cast) if bias is not None else None
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != hidden.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but hidden has dtype {hidden.dtype}; they must match"
+            )
+    temperature, logit_scale = float(temperature), float(logit_scale)
+    softcap = float(softcap) if softcap is not None else None
+    outputs = [name for name in _STATS if name in outputs]  # canonical order (a custom op's list argument)
+
+    if not use_triton(hidden):
+        if check_targets:
+            check_targets_host(target.reshape(-1), ignore_index, vocab)  # the kernel path's ValueError
+        return reference.fused_linear_logprobs(
+            hidden,
+            weight,
+            target,
+            bias,
+            temperature=temperature,
+            softcap=softcap,
+            logit_scale=logit_scale,
+            ignore_index=ignore_index,
+            outputs=("log_probs", *outputs),
+        )
+
+    out_shape = target.shape
+    hidden2d = hidden.reshape(-1, hidden_size)
+    if hidden2d.stride(1) != 1:
+        hidden2d = hidden2d.contiguous()
+    if chunk_size is None and max_chunk_bytes is not None:
+        chunk_size = choose_chunk_tokens(
+            hidden2d.shape[0],
+            hidden_size,
+            vocab,
+            hidden.dtype,
+            hidden.device,
+            max_chunk_bytes=max_chunk_bytes,
+        )
+    target1d = target.reshape(-1).contiguous()
+    # the rescaled logits x = (logit_scale / temperature) * (h W^T + b) and softcap c' = softcap / temperature
+    # give z = c' tanh(x / c') = softcap * tanh(logit_scale * (h W^T + b) / softcap) / temperature
+    scale = logit_scale / temperature
+    softcap_x = softcap / temperature if softcap is not None else None
+    stats_mask = sum(1 << i for i, name in enumerate(_STATS) if name in outputs)
+    args = (hidden2d, weight, target1d, bias, ignore_index, scale, softcap_x, stats_mask)
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias)
+    )
+    if wants_grad:
+        out = FusedLinearLogProbsFunction.apply(*args, accum_dtype, chunk_size, bool(check_targets))
+    else:
+        out = launcher(_fwd, _fwd_impl)(*args, chunk_size, bool(check_targets))
+    log_probs, *stats = out
+    fields = [log_probs.view(out_shape)]
+    for name, value in zip(_STATS, stats):
+        fields.append(value.view(out_shape) if name in outputs else None)
+    return FusedLogProbs(*fields)

@@ -1,0 +1,243 @@
+import pytest
+import torch
+from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+
+from liger_core import reference
+from liger_core.ops import FusedLogProbs, fused_linear_logprobs
+from liger_core.ops.fused_linear_logprobs import OUTPUTS
+from liger_core.reference.fused_linear_logprobs import transform_logits
+
+IGNORE = -100
+STATS = OUTPUTS[1:]
+FLOAT_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits")
+
+# option mixes (kept few: the interpreter is slow); V=1031 spans several 512-column blocks of the kernels
+CASES = {
+    "plain": dict(opts={}, bias=False, shape=(37, 67, 131)),
+    "scaled": dict(opts=dict(temperature=0.7, logit_scale=1.3), bias=True, shape=(37, 67, 131)),
+    "softcap": dict(
+        opts=dict(temperature=1.6, softcap=4.0, logit_scale=0.8), bias=True, shape=(11, 24, 1031)
+    ),
+}
+
+
+def _inputs(device, dtype, n, hidden_size, vocab, *, bias=False, ignore_every=5, logit_std=1.0):
+    hidden = torch.randn(n, hidden_size, dtype=torch.float64, device=device).to(dtype)
+    weight = (
+        logit_std * torch.randn(vocab, hidden_size, dtype=torch.float64, device=device) / hidden_size**0.5
+    ).to(dtype)
+    b = torch.randn(vocab, dtype=torch.float64, device=device).to(dtype) if bias else None
+    target = torch.randint(0, vocab, (n,), device=device)
+    if ignore_every:
+        target[torch.randperm(n, device=device)[: max(1, n // ignore_every)]] = IGNORE
+    return hidden, weight, b, target
+
+
+def _three_ways(hidden, weight, bias, target, grad_out, ours_kwargs, **opts):
+    """(outputs, [dhidden, dweight, dbias]) from the op, the eager reference (same dtype) and float64."""
+    out = []
+    for kind in ("ours", "eager", "ref64"):
+        dtype = torch.float64 if kind == "ref64" else hidden.dtype
+        h, w = leaf(hidden, dtype), leaf(weight, dtype)
+        b = leaf(bias, dtype) if bias is not None else None
+        fn = fused_linear_logprobs if kind == "ours" else reference.fused_linear_logprobs
+        res = fn(h, w, target, b, outputs=OUTPUTS, **opts, **(ours_kwargs if kind == "ours" else {}))
+        inputs = [h, w] + ([b] if b is not None else [])
+        out.append((res, torch.autograd.grad(res.log_probs, inputs, grad_out.to(res.log_probs.dtype))))
+    return out
+
+
+def _assert_top1(ours, ref64, z_gap, tol):
+    """is_top1 equals the float64 answer except where the target's logit is within ``tol`` of the best
+    other logit (a tie in the rounded logits can go either way)."""
+    differ = ours != ref64
+    assert not differ.any() or bool((z_gap[differ] <= tol).all()), f"is_top1 differs: {differ.nonzero()}"
+
+
+def _top1_gap(hidden, weight, bias, target, opts):
+    """|z_target - max_{v != target} z_v| in float64 (ignored rows: inf)."""
+    logits = torch.nn.functional.linear(
+        hidden.double(), weight.double(), bias.double() if bias is not None else None
+    )
+    z = transform_logits(
+        logits, opts.get("temperature", 1.0), opts.get("softcap"), opts.get("logit_scale", 1.0)
+    )
+    valid = target != IGNORE
+    safe = target.masked_fill(~valid, 0)
+    z_t = z.gather(-1, safe[:, None]).squeeze(-1)
+    others = z.scatter(-1, safe[:, None], -torch.inf).amax(-1)
+    return torch.where(valid, (z_t - others).abs(), torch.inf)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_logprobs_match_float64(device, dtype, case, poison_empty):
+    """Every output and d(hidden, weight, bias) of log_probs against float64, several chunks, a random
+    per-token grad_output, ignored tokens; error no larger than the eager composition's in the same dtype."""
+    spec = CASES[case]
+    n, hidden_size, vocab = spec["shape"] if device == "cpu" else (2048, 4096, 128256)
+    hidden, weight, bias, target = _inputs(device, dtype, n, hidden_size, vocab, bias=spec["bias"])
+    grad_out = torch.randn(n, device=device)
+    ours_kwargs = dict(chunk_size=4 if device == "cpu" else 512)
+    (ours, g_ours), (eager, g_eager), (ref, g_ref) = _three_ways(
+        hidden, weight, bias, target, grad_out, ours_kwargs, **spec["opts"]
+    )
+    assert isinstance(ours, FusedLogProbs)
+    for name in FLOAT_FIELDS:
+        value = getattr(ours, name)
+        assert value.dtype == torch.float32 and value.shape == target.shape, name
+        assert_no_worse_than_eager(name, value, getattr(eager, name), getattr(ref, name))
+        assert bool((value[target == IGNORE] == 0).all()), f"{name}: ignored tokens must be 0"
+    assert ours.is_top1.dtype == torch.bool
+    tol = 1e-5 if dtype == torch.float32 else 0.1
+    _assert_top1(ours.is_top1, ref.is_top1, _top1_gap(hidden, weight, bias, target, spec["opts"]), tol)
+    for name, mine, theirs, ref64 in zip(("dhidden", "dweight", "dbias"), g_ours, g_eager, g_ref):
+        assert mine.dtype == dtype, name
+        assert_no_worse_than_eager(name, mine, theirs, ref64)
+    ignored = target == IGNORE
+    assert bool((g_ours[0][ignored] == 0).all()), "ignored tokens must get no hidden gradient"
+
+
+def test_logprobs_noncontiguous_3d_and_no_grad(poison_empty):
+    """(B, T, H) hidden with non-unit strides; the no-grad (evaluation) path gives the same values."""
+    hidden, weight, bias, target = _inputs("cpu", torch.float32, 21, 24, 37, bias=True)
+    hidden3 = noncontiguous(hidden.view(3, 7, 24))
+    opts = dict(temperature=0.9, outputs=OUTPUTS, chunk_size=6)
+    with torch.no_grad():
+        evaluated = fused_linear_logprobs(hidden3, weight, target.view(3, 7), bias, **opts)
+    trained = fused_linear_logprobs(leaf(hidden3), leaf(weight), target.view(3, 7), leaf(bias), **opts)
+    ref = reference.fused_linear_logprobs(hidden.double(), weight.double(), target, bias.double(), **opts)
+    for name in OUTPUTS:
+        a, b = getattr(evaluated, name), getattr(trained, name)
+        assert a.shape == (3, 7) and torch.equal(a, b), name
+        if name != "is_top1":
+            torch.testing.assert_close(a.reshape(-1).double(), getattr(ref, name), rtol=1e-5, atol=1e-5)
+    assert trained.log_probs.requires_grad and not trained.entropy.requires_grad
+
+
+def test_logprobs_outputs_selection():
+    """Fields not asked for are None; log_probs is always there; order of ``outputs`` does not matter."""
+    hidden, weight, _, target = _inputs("cpu", torch.float32, 9, 24, 37)
+    only = fused_linear_logprobs(hidden, weight, target)
+    assert only.log_probs is not None and all(getattr(only, name) is None for name in STATS)
+    some = fused_linear_logprobs(hidden, weight, target, outputs=["is_top1", "entropy"])
+    assert some.entropy is not None and some.is_top1 is not None
+    assert some.log_sum_sq_probs is None and some.mean_logits is None
+    torch.testing.assert_close(only.log_probs, some.log_probs, rtol=0, atol=0)
+
+
+def test_logprobs_all_ignored_and_empty():
+    """Every token ignored: zeros everywhere, zero gradients, no NaN; zero tokens: empty outputs."""
+    hidden, weight, bias, _ = _inputs("cpu", torch.float32, 7, 24, 37, bias=True)
+    target = torch.full((7,), IGNORE)
+    h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+    out = fused_linear_logprobs(h, w, target, b, outputs=OUTPUTS, chunk_size=3)
+    for name in FLOAT_FIELDS:
+        assert torch.equal(getattr(out, name), torch.zeros(7)), name
+    assert not out.is_top1.any()
+    grads = torch.autograd.grad(out.log_probs.sum(), [h, w, b])
+    for g in grads:
+        assert torch.equal(g, torch.zeros_like(g))
+    empty = fused_linear_logprobs(leaf(hidden[:0]), w, target[:0], outputs=OUTPUTS)
+    assert empty.log_probs.shape == (0,) and empty.entropy.shape == (0,)
+
+
+def test_logprobs_extreme_logits():
+    """Logits near +-1e4 in fp32: finite, and as exact as the eager fp32 code (entropy kept relative to the
+    running max, so it does not cancel)."""
+    hidden, weight, _, target = _inputs("cpu", torch.float32, 13, 24, 131, logit_std=3e3)
+    (ours, g_ours), (eager, g_eager), (ref, g_ref) = _three_ways(
+        hidden, weight, None, target, torch.randn(13), dict(chunk_size=5)
+    )
+    assert ref.mean_logits.abs().max() > 100
+    for name in FLOAT_FIELDS:
+        value = getattr(ours, name)
+        assert torch.isfinite(value).all(), name
+        assert_no_worse_than_eager(name, value, getattr(eager, name), getattr(ref, name))
+    for name, mine, theirs, ref64 in zip(("dhidden", "dweight"), g_ours, g_eager, g_ref):
+        assert_no_worse_than_eager(name, mine, theirs, ref64)
+
+
+def test_logprobs_only_stats_used():
+    """A loss that uses log_probs while the statistics are requested (non-differentiable outputs) trains;
+    a backward that reaches only the statistics is refused by autograd (they carry no gradient)."""
+    hidden, weight, _, target = _inputs("cpu", torch.float32, 9, 24, 37)
+    h = leaf(hidden)
+    out = fused_linear_logprobs(h, weight, target, outputs=OUTPUTS)
+    (out.log_probs.sum() + out.entropy.sum().detach()).backward()
+    assert h.grad is not None and torch.isfinite(h.grad).all()
+    with pytest.raises(RuntimeError):
+        out2 = fused_linear_logprobs(leaf(hidden), weight, target, outputs=OUTPUTS)
+        out2.entropy.sum().backward()
+
+
+def test_logprobs_bf16_default_weight_accumulation():
+    """accum_dtype=None: dW rounds to bf16 once per chunk (documented), within sqrt(chunks) x eager."""
+    hidden, weight, bias, target = _inputs("cpu", torch.bfloat16, 29, 24, 37, bias=True)
+    (ours, g_ours), (eager, g_eager), (ref, g_ref) = _three_ways(
+        hidden, weight, bias, target, torch.randn(29), dict(chunk_size=8, accum_dtype=None)
+    )
+    assert_no_worse_than_eager("log_probs", ours.log_probs, eager.log_probs, ref.log_probs)
+    assert_no_worse_than_eager("dhidden", g_ours[0], g_eager[0], g_ref[0])
+    assert_no_worse_than_eager("dweight", g_ours[1], g_eager[1], g_ref[1], slack=1.25 * 2)
+
+
+def test_logprobs_matches_trl_kernel():
+    """Same outputs and gradients as TRL's own ``ChunkedLogProbFunction`` (its torch tile path on CPU), on
+    the valid tokens TRL's fused head passes it, with softcap, logit_scale and temperature."""
+    trl_kernels = pytest.importorskip("trl.kernels")
+    hidden, weight, bias, target = _inputs("cpu", torch.float32, 23, 24, 37, bias=True)
+    opts = dict(temperature=0.8, softcap=5.0, logit_scale=1.2)
+    valid = target != IGNORE
+    h1, w1, b1 = leaf(hidden), leaf(weight), leaf(bias)
+    ours = fused_linear_logprobs(h1, w1, target, b1, outputs=OUTPUTS, chunk_size=7, **opts)
+    h2, w2, b2 = leaf(hidden), leaf(weight), leaf(bias)
+    theirs = trl_kernels.ChunkedLogProbFunction.apply(
+        h2[valid], w2, b2, target[valid], opts["temperature"], 16, opts["softcap"], opts["logit_scale"], STATS
+    )
+    for name, value in zip(OUTPUTS, theirs):
+        mine = getattr(ours, name)[valid]
+        if name == "is_top1":
+            assert torch.equal(mine, value)
+        else:
+            torch.testing.assert_close(mine, value, rtol=2e-5, atol=2e-5)
+    grad_out = torch.randn(int(valid.sum()))
+    full = torch.zeros(23).masked_scatter(valid, grad_out)
+    g_ours = torch.autograd.grad(ours.log_probs, [h1, w1, b1], full)
+    g_trl = torch.autograd.grad(theirs[0], [h2, w2, b2], grad_out)
+    for a, b in zip(g_ours, g_trl):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_logprobs_bad_inputs():
+    hidden, weight, bias, target = _inputs("cpu", torch.float32, 5, 24, 37, bias=True)
+    with pytest.raises(TypeError, match="target"):
+        fused_linear_logprobs(hidden, weight, target.float())
+    with pytest.raises(ValueError, match="target"):
+        fused_linear_logprobs(hidden, weight, target[:4])
+    with pytest.raises(ValueError, match="weight"):
+        fused_linear_logprobs(hidden, weight[:, :20], target)
+    with pytest.raises(ValueError, match="bias"):
+        fused_linear_logprobs(hidden, weight, target, bias[:5])
+    with pytest.raises(TypeError, match="weight"):
+        fused_linear_logprobs(hidden, weight.bfloat16(), target)
+    with pytest.raises(TypeError, match="hidden"):
+        fused_linear_logprobs(hidden.double(), weight.double(), target)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            fused_linear_logprobs(hidden, weight, target, temperature=bad)
+    with pytest.raises(ValueError, match="logit_scale"):
+        fused_linear_logprobs(hidden, weight, target, logit_scale=float("inf"))
+    with pytest.raises(ValueError, match="softcap"):
+        fused_linear_logprobs(hidden, weight, target, softcap=0.0)
+    with pytest.raises(ValueError, match="outputs"):
+        fused_linear_logprobs(hidden, weight, target, outputs=("log_probs", "perplexity"))
+    with pytest.raises(TypeError, match="outputs"):
+        fused_linear_logprobs(hidden, weight, target, outputs="entropy")
+    with pytest.raises(ValueError, match="chunk_size"):
+        fused_linear_logprobs(hidden, weight, target, chunk_size=0)
+    with pytest.raises(ValueError, match="class index 37"):
+        fused_linear_logprobs(hidden, weight, torch.tensor([0, 1, 37, 2, IGNORE]))
+    with pytest.raises(ValueError, match="class index -1"):
+        fused_linear_logprobs(hidden, weight, torch.tensor([0, 1, -1, 2, IGNORE]))
