@@ -56,6 +56,7 @@ from liger_core.ops.cross_entropy import (
     start_target_check,
     target_stats,
 )
+from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
 
 # A chunk of logits may be as large as the hidden-state gradient, and at least this large on a GPU (small
 # models: fewer, larger GEMMs; each chunk re-reads and re-writes all of dW).
@@ -520,6 +521,11 @@ def fused_linear_cross_entropy(
     ``cross_entropy``. Tied weights work (autograd adds this gradient to the embedding's). Under autocast,
     hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
     """
+    if any_dtensor(hidden, weight, bias, target):
+        inputs = {"hidden": hidden, "target": target}
+        gathered = gather_weights("fused_linear_cross_entropy", inputs, {"weight": weight, "bias": bias})
+        weight, bias = gathered["weight"], gathered["bias"]
+    check_not_zero3_partitioned(weight=weight, bias=bias)
     check_tensor("hidden", hidden, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
     hidden_size = hidden.shape[-1]

@@ -48,6 +48,7 @@ from liger_core.ops.jsd import (
     row_tiles,
     tile_rows,
 )
+from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
 
 # Budget for the two per-chunk logits buffers (student + teacher): 512 MiB is 1024 rows of a 128256-entry
 # bf16 vocabulary, enough rows for the chunk matmuls to run near peak, and small next to the fp32 dW.
@@ -391,6 +392,13 @@ def fused_linear_jsd(
     student_hidden and student_weight only (student_weight's is accumulated in fp32). ``chunk_size`` (rows per
     chunk) defaults to a size whose logits buffers fit in 512 MiB.
     """
+    if any_dtensor(student_hidden, student_weight, teacher_hidden, teacher_weight, shift_labels):
+        inputs = {"student_hidden": student_hidden, "teacher_hidden": teacher_hidden}
+        inputs["shift_labels"] = shift_labels
+        weights = {"student_weight": student_weight, "teacher_weight": teacher_weight}
+        gathered = gather_weights("fused_linear_jsd", inputs, weights)
+        student_weight, teacher_weight = gathered["student_weight"], gathered["teacher_weight"]
+    check_not_zero3_partitioned(student_weight=student_weight, teacher_weight=teacher_weight)
     check_tensor("student_hidden", student_hidden, min_ndim=1)
     check_tensor("student_weight", student_weight, ndim=2)
     check_tensor("teacher_hidden", teacher_hidden, min_ndim=1)

@@ -30,6 +30,7 @@ from torch import nn
 
 from liger_core.patching import forwards as fw
 from liger_core.patching.class_level import lm_spec, modeling_module, original_attr, unsupported_error
+from liger_core.patching.distributed import redirected_linear
 from liger_core.patching.recipes import RECIPES, Recipe
 from liger_core.patching.report import PatchReport, logger, summarize_reasons
 
@@ -124,7 +125,7 @@ def patch_loss(root: nn.Module, spec: fw.LMSpec, flags: dict[str, bool], report:
             report.skip("loss already uses liger cross_entropy; revert() first to switch to the fused loss")
         elif foreign_forward(root):
             report.skip(f"{type(root).__name__} already has an instance-level forward from another library")
-        elif fw.fusable_linear(root.lm_head) is None:
+        elif fw.fusable_linear(root.lm_head) is None and redirected_linear(root.lm_head) is None:
             report.skip(
                 f"fused_linear_cross_entropy: lm_head ({type(root.lm_head).__name__}) is not plain nn.Linear "
                 "(LoRA/quantised/offloaded); loss left to the model"
