@@ -32,13 +32,20 @@ def elementwise_settings(n_elements: int) -> tuple[int, int]:
     return block, 8 if block >= 2048 else 4
 
 
-def num_sms(device) -> int:
-    """Streaming multiprocessors on a CUDA device (a small constant for the CPU interpreter)."""
-    import torch
+_SMS: dict[int | None, int] = {}
 
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+
+def num_sms(device) -> int:
+    """Streaming multiprocessors on a CUDA device (a small constant for the CPU interpreter); cached, as it is
+    asked on every backward launch."""
+    if device.type != "cuda":
+        return 4
+    sms = _SMS.get(device.index)
+    if sms is None:
+        import torch
+
+        sms = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return sms
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -83,8 +90,23 @@ class NormSettings(NamedTuple):
     prefetch: bool  # backward: load the next tile before computing this one
 
 
+_NORM_SETTINGS: dict[tuple, NormSettings] = {}
+
+
 def norm_settings(n_cols: int, backward: bool = False) -> NormSettings:
-    """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``."""
+    """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``;
+    cached (host time on every launch), keyed on the knobs too since benchmarks change them."""
+    key = (
+        n_cols, backward, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS, NORM_TILE_ELEMENTS,
+        NORM_FWD_ELEMENTS_PER_THREAD, NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH,
+    )  # fmt: skip
+    settings = _NORM_SETTINGS.get(key)
+    if settings is None:
+        settings = _NORM_SETTINGS[key] = _norm_settings(n_cols, backward)
+    return settings
+
+
+def _norm_settings(n_cols: int, backward: bool) -> NormSettings:
     block_n = _next_power_of_2(n_cols)
     if block_n > (NORM_BWD_FUSED_MAX_COLS if backward else NORM_FUSED_MAX_COLS):
         block_m, block_n, single_pass = 1, NORM_CHUNK_COLS, False

@@ -61,6 +61,9 @@ from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather
 # A chunk of logits may be as large as the hidden-state gradient, and at least this large on a GPU (small
 # models: fewer, larger GEMMs; each chunk re-reads and re-writes all of dW).
 MIN_CHUNK_BYTES_CUDA = 64 * 2**20
+# Largest default chunk taken from memory headroom (choose_chunk_tokens): beyond ~1000-2000 tokens of a
+# 128k vocabulary the GEMMs are as efficient as they get (H100: 1024 tokens 40.0 ms, 2048 39.2 ms).
+HEADROOM_CHUNK_BYTES = 512 * 2**20
 
 
 def choose_chunk_tokens(
@@ -71,10 +74,17 @@ def choose_chunk_tokens(
     device: torch.device,
     chunk_size: int | None = None,
     max_chunk_bytes: int | None = None,
+    reserved_bytes: int = 0,
 ) -> int:
-    """Tokens per chunk: one chunk's logits no larger than ``max_chunk_bytes`` (default: the hidden-state
-    gradient's size, and at least 64 MiB on a GPU: Liger-Kernel's memory) and than a quarter of the free
-    memory; chunks balanced (equal sizes), multiples of 8 rows on a GPU."""
+    """Tokens per chunk: one chunk's logits no larger than ``max_chunk_bytes``, and than a quarter of the free
+    memory; chunks balanced (equal sizes), multiples of 8 rows on a GPU.
+
+    Default budget on a GPU: the hidden-state gradient's size, at least 64 MiB (Liger-Kernel's memory), or
+    more where the process has already been higher: up to ``max_memory_allocated() - memory_allocated() -
+    reserved_bytes`` (the gradients about to be allocated), capped at HEADROOM_CHUNK_BYTES. Larger chunks then
+    cost no peak memory: inside a training step the loss runs below the backward pass's high-water mark
+    (Llama-1B shape, H100: 51.8k -> 56.0k tokens/s, same 10.66 GiB peak), while a fresh process or a
+    benchmark that resets the peak statistics gets the default."""
     if n_tokens == 0:
         return 1
     if chunk_size is not None:
@@ -85,7 +95,8 @@ def choose_chunk_tokens(
     else:
         budget = n_tokens * hidden_size * elt
         if device.type == "cuda":
-            budget = max(budget, MIN_CHUNK_BYTES_CUDA)
+            headroom = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+            budget = max(budget, MIN_CHUNK_BYTES_CUDA, min(headroom - reserved_bytes, HEADROOM_CHUNK_BYTES))
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -160,14 +171,17 @@ def _chunk_loop(
     stats = target_stats(target, ce_weight if need_stats_weight else None, ignore_index, vocab)
     pending = start_target_check(stats) if check_targets else None
     compute_grad = need_hidden or need_weight or need_bias
-    chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, hidden.dtype, hidden.device, chunk_size)
+    # accum_dtype=fp32 keeps grad_hidden in fp32 too (BT x H: small), so that scaling by grad_output in
+    # backward is followed by a single rounding to the input dtype
+    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
+    grad_bytes = (need_hidden * n_tokens + need_weight * vocab) * hidden_size * accum.itemsize
+    chunk = choose_chunk_tokens(
+        n_tokens, hidden_size, vocab, hidden.dtype, hidden.device, chunk_size, reserved_bytes=grad_bytes
+    )
 
     device = hidden.device
     loss_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
     z_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
-    # accum_dtype=fp32 keeps grad_hidden in fp32 too (BT x H: small), so that scaling by grad_output in
-    # backward is followed by a single rounding to the input dtype
-    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
     grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
     grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
     # db sums every token's row: fp64 for fp32 logits, so it is not less exact than eager's one reduction

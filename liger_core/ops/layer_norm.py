@@ -29,7 +29,7 @@ from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import norm_bwd_programs, norm_settings
-from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view, widen
+from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view, sum_partials, widen
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
 
 
@@ -268,13 +268,23 @@ def _layer_norm_bwd_impl(
         HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
         PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
     )  # fmt: skip
-    # separate reductions: custom-op outputs may not alias each other
-    dw = partials[0].sum(0).to(w.dtype)
-    return dx, dw, partials[1].sum(0).to(w.dtype) if has_bias else w.new_empty(0)
+    sums = sum_partials(partials, w.dtype)  # dW (and dB) in one launch
+    return dx, sums[0], sums[1] if has_bias else w.new_empty(0)
+
+
+def _layer_norm_bwd_op_impl(
+    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The custom op's implementation (torch.compile): its outputs may not alias each other, so dB is copied
+    out of the stacked sums (eager calls ``_layer_norm_bwd_impl`` and keeps the views)."""
+    dx, dw, db = _layer_norm_bwd_impl(dy, x, w, mean, rstd, has_bias)
+    return dx, dw, db.clone() if has_bias else db
 
 
 _layer_norm_fwd = torch.library.custom_op("liger_core::layer_norm_fwd", _layer_norm_fwd_impl, mutates_args=())
-_layer_norm_bwd = torch.library.custom_op("liger_core::layer_norm_bwd", _layer_norm_bwd_impl, mutates_args=())
+_layer_norm_bwd = torch.library.custom_op(
+    "liger_core::layer_norm_bwd", _layer_norm_bwd_op_impl, mutates_args=()
+)
 
 
 @_layer_norm_fwd.register_fake

@@ -90,6 +90,42 @@ def load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
     return dy, x
 
 
+@fast_launch
+@triton.jit
+def _sum_partials_kernel(
+    partials_ptr, out_ptr, n_partials, n_cols, n_sums, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """``out[s, :] = sum_p partials[s, p, :]`` cast to out's dtype, for each of ``n_sums`` stacked partial
+    matrices (dW, and dB for LayerNorm): one launch instead of a sum and a cast per matrix. The partials are
+    fp32 (fp64 for fp32 data) and are added in their own dtype, as ``torch.sum`` would."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    parts = tl.arange(0, BLOCK_P)
+    for s in range(0, n_sums):
+        base = partials_ptr + s * n_partials * n_cols  # < 2^31: programs x columns
+        acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=partials_ptr.dtype.element_ty)
+        for start in range(0, n_partials, BLOCK_P):
+            rows = start + parts
+            mask = (rows < n_partials)[:, None] & col_mask[None, :]
+            acc += tl.load(base + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+        total = tl.sum(acc, axis=0)
+        if out_ptr.dtype.element_ty != tl.float64:
+            total = total.to(tl.float32)  # fp64 -> 16-bit goes through fp32, as torch's cast does
+        tl.store(out_ptr + s * n_cols + cols, total.to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
+def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(n_sums, n_partials, n_cols) partial rows -> (n_sums, n_cols) sums in ``dtype``, one launch."""
+    n_sums, n_partials, n_cols = partials.shape
+    out = torch.empty((n_sums, n_cols), dtype=dtype, device=partials.device)
+    block_n = 64
+    block_p = 64 if partials.dtype == torch.float32 else 32
+    _sum_partials_kernel[(triton.cdiv(n_cols, block_n),)](
+        partials, out, n_partials, n_cols, n_sums, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
+    )
+    return out
+
+
 @triton.jit
 def _rms_norm_scale(x, rstd, w, offset, x_dtype: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr):
     """y = xn * (offset + w), fp32 in and out; the llama mode rounds xn to the input dtype first."""
@@ -302,7 +338,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
         tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
         PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
     )  # fmt: skip
-    return dw_partial.sum(0).to(w.dtype)
+    return sum_partials(dw_partial.unsqueeze(0), w.dtype)[0]
 
 
 def _rms_norm_bwd_impl(
