@@ -8,6 +8,11 @@ Axolotl merges this model into its config class (``axolotl.integrations.config.m
 - ``liger_core_<kernel>: true|false``: override one kernel (``liger_core_`` prefix: Axolotl's own Liger plugin
   owns the ``liger_*`` keys). ``liger_core_cross_entropy: true`` turns the fused linear cross-entropy off
   unless that is set too, which is an error (one loss).
+- with ``rl:`` (dpo, ipo, kto, orpo, simpo, grpo, gdpo, ebft) the layer kernels apply to the models Axolotl
+  loads, the SFT losses (``liger_core_fused_linear_cross_entropy``, ``liger_core_cross_entropy``) default to
+  off and may not be turned on: TRL's RL trainers compute their losses from per-token log-probs. With
+  TRL >= 1.15 and liger-core-trl installed, those log-probs come from liger_core for the trainers that
+  have TRL's fused LM head (``RL_FUSED_LOGPROBS``); see ``plugin.rl_wiring``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ OUR_KEYS = ("use_liger_kernel", *KERNEL_KEYS)
 # Axolotl's built-in Liger integration (liger-kernel), under the names load_plugin accepts
 AXOLOTL_LIGER_PLUGINS = ("axolotl.integrations.liger.LigerPlugin", "liger.LigerPlugin")
 OTHER_LOSS_KEYS = ("cut_cross_entropy", "chunked_cross_entropy")
+SFT_LOSS_KEYS = ("liger_core_fused_linear_cross_entropy", "liger_core_cross_entropy")
+# Axolotl's rl types built on a TRL trainer that gets TRL's fused LM head (TRL >= 1.15): DPO (dpo, ipo),
+# KTO, GRPO (grpo, gdpo). ORPO and SimPO (TRL's experimental ORPO/CPO trainers) compute full logits.
+RL_FUSED_LOGPROBS = ("dpo", "ipo", "kto", "grpo", "gdpo")
 
 
 def truthy(value: Any) -> bool:
@@ -39,15 +48,24 @@ def truthy(value: Any) -> bool:
     return bool(value)
 
 
+def rl_type(cfg: Any) -> str | None:
+    """Axolotl's ``rl:`` value as a lower-case string (an ``RLType`` after validation), None without RL."""
+    value = cfg.get("rl")
+    if value is None or value is False or value == "":
+        return None
+    return str(getattr(value, "value", value)).lower()
+
+
 def kernel_settings(cfg: Any) -> dict[str, bool]:
     """Per-kernel on/off from a config (dict or Axolotl's DictDefault), defaults filled in."""
     settings = {name: cfg.get(key) for key, name in KERNEL_KEYS.items()}
     if settings["cross_entropy"] is not None and truthy(settings["cross_entropy"]):
         if settings["fused_linear_cross_entropy"] is None:
             settings["fused_linear_cross_entropy"] = False
-    return {
-        name: KERNEL_DEFAULTS[name] if value is None else truthy(value) for name, value in settings.items()
-    }
+    defaults = dict(KERNEL_DEFAULTS)
+    if rl_type(cfg) is not None:  # the RL trainers compute their own losses: no SFT loss kernel
+        defaults["fused_linear_cross_entropy"] = False
+    return {name: defaults[name] if value is None else truthy(value) for name, value in settings.items()}
 
 
 def liger_core_flags(cfg: Any) -> dict[str, bool]:
@@ -76,6 +94,14 @@ def config_conflicts(data: dict[str, Any]) -> list[str]:
             )
         return problems
     settings = kernel_settings(data)
+    rl = rl_type(data)
+    sft_losses = [key for key in SFT_LOSS_KEYS if truthy(data.get(key))]
+    if rl is not None and sft_losses:
+        problems.append(
+            f"{', '.join(sft_losses)} with `rl: {rl}`: these are SFT losses, and TRL's {rl} trainer computes "
+            "its own loss from per-token log-probs; remove them (liger_core patches the layers, and with "
+            f"TRL >= 1.15 and liger-core-trl computes the log-probs of {', '.join(RL_FUSED_LOGPROBS)})"
+        )
     if truthy(data.get("liger_core_cross_entropy")) and truthy(
         data.get("liger_core_fused_linear_cross_entropy")
     ):

@@ -9,6 +9,12 @@
 - ``post_model_build(cfg, model)``: if the built model is not patched (no recipe, or class-level undone),
   patch the instance (``liger_core.apply_liger_kernel``; structural patching for unknown architectures). Then
   log the kernels the model runs. Runs before adapters, so LoRA wraps the patched layers.
+- ``rl:`` runs (``rl_wiring``): the layer kernels as above (policy and reference models), and, for the rl
+  types whose TRL trainer has TRL's fused LM head when TRL >= 1.15 and liger-core-trl are installed,
+  ``liger_core_trl.install()`` (in ``pre_model_load``) plus ``use_liger_kernel`` in the trainer's arguments
+  (``get_training_args``): TRL's trainer then computes its per-token log-probs with liger_core, and its
+  losses and metrics from them. Otherwise (Axolotl 0.19 pins TRL 1.9) TRL computes the loss from the
+  logits; ``register`` logs which case applies.
 
 Log lines go to the ``axolotl.integrations.liger_core`` logger: Axolotl's console shows INFO only for
 ``axolotl.*`` loggers.
@@ -23,7 +29,7 @@ from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
-from liger_core_axolotl.args import PLUGIN_NAME, liger_core_flags, truthy
+from liger_core_axolotl.args import PLUGIN_NAME, RL_FUSED_LOGPROBS, liger_core_flags, rl_type, truthy
 
 LOG = logging.getLogger("axolotl.integrations.liger_core")
 
@@ -34,6 +40,40 @@ def active_kernels(report: Any) -> str:
     kinds = Counter(report.already)
     kinds.update(report.swapped)
     return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
+
+
+def fused_logprobs_unavailable() -> str | None:
+    """Why TRL's fused LM head cannot compute with liger_core here (None: it can)."""
+    try:
+        import trl
+        import trl.trainer.utils as trl_utils
+    except ImportError as err:
+        return f"TRL cannot be imported ({err})"
+    if not hasattr(trl_utils, "add_fused_lm_head"):
+        return f"TRL {trl.__version__} has no fused LM head (TRL >= 1.15 has)"
+    try:
+        import liger_core_trl  # noqa: F401
+    except ImportError:
+        return "liger-core-trl is not installed (pip install -e integrations/trl)"
+    return None
+
+
+def rl_wiring(cfg: Any) -> tuple[bool, str]:
+    """For an ``rl:`` config with liger_core on: (whether TRL's log-probs come from liger_core, what runs)."""
+    rl = rl_type(cfg)
+    layers = f"rl: {rl}: liger_core runs its layer kernels in the models Axolotl loads"
+    if rl not in RL_FUSED_LOGPROBS:
+        return False, f"{layers}; the {rl} trainer computes its loss from the full logits"
+    reason = fused_logprobs_unavailable()
+    if reason is None:
+        return True, f"{layers}, and the per-token log-probs of TRL's fused LM head (liger_core_trl)"
+    third_party = ""
+    if truthy(cfg.get("dpo_use_liger_kernel")) or truthy((cfg.get("trl") or {}).get("use_liger_loss")):
+        third_party = " (dpo_use_liger_kernel / trl.use_liger_loss: TRL's loss from liger-kernel instead)"
+    return False, (
+        f"{layers}; TRL computes the {rl} loss itself{third_party}: liger_core's fused log-probs need "
+        f"TRL's fused LM head, not available here: {reason}"
+    )
 
 
 def class_patching_failure() -> str | None:
@@ -75,10 +115,25 @@ class LigerCorePlugin(BasePlugin):
             "on" if truthy(cfg.get("use_liger_kernel")) else "loaded, but off (set use_liger_kernel: true)"
         )
         LOG.info("liger_core_axolotl: %s is %s", PLUGIN_NAME, state)
+        if truthy(cfg.get("use_liger_kernel")) and rl_type(cfg) is not None:
+            LOG.info("liger_core_axolotl: %s", rl_wiring(cfg)[1])
+
+    def get_training_args(self, cfg: Any) -> dict[str, Any] | None:
+        """RL with TRL's fused LM head: the TRL trainer's own flag, served by liger_core_trl, with the layer
+        kernels chosen here (the model is already patched: applying them again at train() adds nothing)."""
+        if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0]):
+            return None
+        flags = liger_core_flags(cfg)
+        layers = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm")
+        return {"use_liger_kernel": True, "liger_kernel_config": {name: flags[name] for name in layers}}
 
     def pre_model_load(self, cfg: Any) -> None:
         if not cfg.use_liger_kernel:
             return
+        if rl_type(cfg) is not None and rl_wiring(cfg)[0]:
+            import liger_core_trl
+
+            liger_core_trl.install()
         import liger_core
         from liger_core.patching import revert_model_type, supported_model_types
 

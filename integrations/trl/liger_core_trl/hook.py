@@ -100,11 +100,14 @@ def _hide_flag_in(original: Callable[..., Any]) -> Callable[..., Any]:
             training_args = None
         if not getattr(training_args, "use_liger_kernel", False):
             return original(self, *args, **kwargs)
-        logprobs = (
-            use_liger_core_logprobs()
-            if use_liger_logprobs(training_args, training_args.liger_kernel_config)
-            else contextlib.nullcontext()
-        )
+        logprobs: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if use_liger_logprobs(training_args, training_args.liger_kernel_config):
+            logprobs = use_liger_core_logprobs()
+            logger.info(
+                "use_liger_kernel: %s's fused LM head computes its log-probs with "
+                "liger_core.ops.fused_linear_logprobs",
+                type(self).__name__,
+            )
         training_args.use_liger_kernel = False
         try:
             with logprobs:

@@ -1,0 +1,180 @@
+"""``rl:`` configs: validation of the plugin's keys with Axolotl's RL keys, the wiring decision
+(``plugin.rl_wiring``), and 2 DPO steps through Axolotl's trainer builder with and without liger_core."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+
+os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")  # before axolotl is imported: no telemetry threads
+
+import pytest
+import yaml
+from conftest import PLUGIN, axolotl_config, subprocess_env
+from liger_core_axolotl.args import config_conflicts, liger_core_flags
+
+PAIRS = [
+    ("red fox", " runs", " sleeps"),
+    ("blue sky", " glows", " falls"),
+    ("tiny model", " learns", " forgets"),
+    ("fast kernels", " fuse", " wait"),
+]
+
+
+@pytest.fixture(scope="session")
+def preference_data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pref") / "pairs.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n" for p, c, r in PAIRS * 2)
+    )
+    return path
+
+
+def dpo_config(model, data, workdir, **extra) -> dict:
+    config = axolotl_config(model, data, workdir, **extra)
+    config.update(
+        rl="dpo",
+        datasets=[{"path": str(data), "type": "passthrough", "split": "train"}],
+        micro_batch_size=2,
+        max_steps=2,
+        sequence_len=32,
+        trl={"beta": 0.5},
+        seed=0,  # Axolotl shuffles the dataset with cfg.seed (random without one)
+    )
+    config.update(extra)
+    return config
+
+
+@pytest.fixture
+def plugin_manager():
+    from axolotl.integrations.base import PluginManager
+
+    manager = PluginManager.get_instance()
+    saved = dict(manager.plugins)
+    yield manager
+    manager.plugins.clear()
+    manager.plugins.update(saved)
+
+
+def _load_cfg(tmp_path, config: dict):
+    from axolotl.cli.config import load_cfg
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return load_cfg(str(path))
+
+
+def test_rl_config_loads_with_layer_kernels_and_no_sft_loss(
+    tiny_llama, preference_data, tmp_path, plugin_manager, caplog
+):
+    from liger_core_axolotl.plugin import LigerCorePlugin, rl_wiring
+
+    cfg = _load_cfg(tmp_path, dpo_config(tiny_llama, preference_data, tmp_path, liger_core_rope=False))
+    assert cfg.use_liger_kernel is True and str(cfg.rl.value) == "dpo"
+    flags = liger_core_flags(cfg)
+    assert flags["rms_norm"] and flags["swiglu"] and not flags["rope"]
+    assert not flags["fused_linear_cross_entropy"] and not flags["cross_entropy"]  # off by default with rl
+    import trl
+    import trl.trainer.utils as trl_utils
+
+    fused, message = rl_wiring(cfg)
+    if hasattr(trl_utils, "add_fused_lm_head"):
+        pytest.skip(f"TRL {trl.__version__} has the fused LM head: covered by the 2-step run")
+    assert not fused and f"TRL {trl.__version__} has no fused LM head" in message
+    assert LigerCorePlugin().get_training_args(cfg) is None  # TRL 1.9 keeps its own flag handling
+    log = logging.getLogger("axolotl.integrations.liger_core")
+    log.addHandler(caplog.handler)  # Axolotl's logging config (set up by load_cfg) stops propagation
+    try:
+        with caplog.at_level("INFO", logger=log.name):
+            LigerCorePlugin().register(dict(cfg))
+    finally:
+        log.removeHandler(caplog.handler)
+    assert "rl: dpo: liger_core runs its layer kernels" in caplog.text
+
+
+@pytest.mark.parametrize("key", ["liger_core_fused_linear_cross_entropy", "liger_core_cross_entropy"])
+def test_rl_rejects_sft_loss_kernels(tiny_llama, preference_data, tmp_path, plugin_manager, key):
+    with pytest.raises(Exception, match="liger_core") as info:
+        _load_cfg(tmp_path, dpo_config(tiny_llama, preference_data, tmp_path, **{key: True}))
+    assert f"{key} with `rl: dpo`: these are SFT losses" in str(info.value)
+
+
+def test_rl_conflict_rules():
+    base = {"use_liger_kernel": True, "plugins": [PLUGIN]}
+    for rl in ("dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo"):
+        assert config_conflicts({**base, "rl": rl}) == [], rl
+        assert not liger_core_flags({**base, "rl": rl})["fused_linear_cross_entropy"]
+    # another loss is no conflict under rl: liger_core puts no loss kernel in
+    assert config_conflicts({**base, "rl": "dpo", "cut_cross_entropy": True}) == []
+    assert config_conflicts({**base, "rl": "dpo", "liger_core_fused_linear_cross_entropy": False}) == []
+
+
+def test_rl_wiring_with_trl_fused_head(monkeypatch):
+    """Where TRL has its fused LM head and liger-core-trl is installed (TRL >= 1.15): the plugin gives the
+    TRL trainer its use_liger_kernel flag with the layer kernels chosen in the YAML."""
+    from axolotl.utils.dict import DictDefault
+    from liger_core_axolotl import plugin as plugin_module
+
+    monkeypatch.setattr(plugin_module, "fused_logprobs_unavailable", lambda: None)
+    cfg = DictDefault({"use_liger_kernel": True, "rl": "kto", "liger_core_layer_norm": False})
+    fused, message = plugin_module.rl_wiring(cfg)
+    assert fused and "per-token log-probs of TRL's fused LM head" in message
+    assert plugin_module.LigerCorePlugin().get_training_args(cfg) == {
+        "use_liger_kernel": True,
+        "liger_kernel_config": {
+            "rope": True,
+            "rms_norm": True,
+            "swiglu": True,
+            "geglu": True,
+            "layer_norm": False,
+        },
+    }
+    for rl in ("orpo", "simpo"):  # TRL's experimental ORPO/CPO trainers have no fused head
+        fused, message = plugin_module.rl_wiring(DictDefault({"use_liger_kernel": True, "rl": rl}))
+        assert not fused and "computes its loss from the full logits" in message
+    sft = DictDefault({"use_liger_kernel": True})
+    assert plugin_module.LigerCorePlugin().get_training_args(sft) is None
+
+
+def _train(config: dict, workdir) -> tuple[int, str]:
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [sys.executable, "-m", "axolotl.cli.train", str(path)],
+        cwd=workdir,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _logged(output: str, key: str) -> list[float]:
+    return [float(x) for x in re.findall(rf"'{re.escape(key)}': '?(-?[0-9.e-]+)", output)]
+
+
+def test_dpo_two_steps_with_and_without_liger_core(tiny_llama, preference_data, tmp_path):
+    """Axolotl's RL trainer builder -> its DPO trainer (TRL), 2 fp32 steps: the same losses and rewards with
+    liger_core's layer kernels (Triton interpreter) as without the plugin (rel 1e-4)."""
+    runs = {}
+    for name, extra in (("off", {"plugins": [], "use_liger_kernel": None}), ("on", {})):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        config = dpo_config(tiny_llama, preference_data, workdir, **extra)
+        config = {k: v for k, v in config.items() if v is not None}
+        code, output = _train(config, workdir)
+        assert code == 0, output[-6000:]
+        runs[name] = output
+    active = [line for line in runs["on"].splitlines() if "kernels active on LlamaForCausalLM" in line]
+    assert active and "rms_norm" in active[0] and "fused_linear_cross_entropy" not in active[0], active
+    assert "rl: dpo: liger_core runs its layer kernels" in runs["on"]
+    assert "liger_core" not in runs["off"]
+    for key in ("loss", "grad_norm", "rewards/chosen", "rewards/margins", "logps/rejected"):
+        off, on = _logged(runs["off"], key), _logged(runs["on"], key)
+        assert len(off) == 2, (key, runs["off"][-3000:])
+        assert on == pytest.approx(off, rel=1e-4, abs=1e-6), key
