@@ -3,7 +3,8 @@
 - `liger_core_trl.install()`: the flag works for TRL's trainers (SFT, DPO, KTO, GRPO, RLOO) and every other
   Trainer in the process (it includes `liger_core_hf.install()`);
 - `liger-core-trl sft ...`: TRL's SFT script (same arguments as `trl sft`) with `install()` active.
-TRL computes the loss with its own fused LM head; liger_core adds its layer kernels underneath (see `hook`).
+TRL computes its losses with its own fused LM head, whose per-token log-probs come from liger_core
+(`logprobs`), and liger_core adds its layer kernels underneath (see `hook`).
 Names are imported lazily (`import liger_core_trl` imports neither TRL nor transformers).
 """
 
