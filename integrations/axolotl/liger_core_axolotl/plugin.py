@@ -52,9 +52,9 @@ def fused_logprobs_unavailable() -> str | None:
     if not hasattr(trl_utils, "add_fused_lm_head"):
         return f"TRL {trl.__version__} has no fused LM head (TRL >= 1.15 has)"
     try:
-        import liger_core_trl  # noqa: F401
-    except ImportError:
-        return "liger-core-trl is not installed (pip install -e integrations/trl)"
+        import liger_core_trl.hook  # noqa: F401  (also needs liger-core-hf)
+    except ImportError as err:
+        return f"liger-core-trl cannot be imported ({err}; pip install -e integrations/trl)"
     return None
 
 
