@@ -96,6 +96,8 @@ class LigerCoreLogProbFunction:
 
 def liger_logprobs_unsupported(args: Any) -> str | None:
     """Why a trainer with these (TRL config) arguments must keep TRL's kernel, or None if it need not."""
+    if not hasattr(trl_utils, TRL_KERNEL_NAME):
+        return f"this TRL has no trl.trainer.utils.{TRL_KERNEL_NAME} to replace (tested: TRL 1.16)"
     if getattr(args, "entropy_coef", 0.0) or getattr(args, "use_adaptive_entropy", False):
         return (
             "the GRPO entropy bonus (entropy_coef / use_adaptive_entropy) backpropagates through the "
