@@ -1,0 +1,129 @@
+"""Shared pieces of the preference-loss tests: batches, the three ways (ours, eager, float64), TRL's oracle.
+
+Ground truth: TRL 1.16's own loss code (tests/losses/trl_pref_oracle.py, run with the Python of TRL's
+virtualenv) applied to the float64 reference per-token log-probs of the same (already rounded) inputs; its
+gradient with respect to those log-probs is pulled back through the float64 reference op to hidden and weight.
+"Eager" is the same pipeline in the input dtype: the reference op (logits in that dtype, log-softmax in fp32)
+and TRL's formula in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import SLACK, leaf, rel_err
+
+from liger_core import reference
+from liger_core.ops import fused_linear_logprobs
+from liger_core.ops.fused_linear_logprobs import OUTPUTS
+
+IGNORE = -100
+TRL_PYTHON = Path("/work/venvs/trl/bin/python")
+ORACLE = Path(__file__).with_name("trl_pref_oracle.py")
+SCALAR_FLOOR = 4 * 2.0**-24  # a scalar fp32 loss: a few units of its final rounding
+
+
+def batch(dtype, rows, t, h, v, *, prompt=2, empty_rows=(), bias=False):
+    """hidden (rows, T, H), weight, bias, target (rows, T): ``prompt`` leading ignored positions, random
+    right padding, and fully ignored rows ``empty_rows``."""
+    hidden = torch.randn(rows, t, h, dtype=torch.float64).to(dtype)
+    weight = (torch.randn(v, h, dtype=torch.float64) * 2 / h**0.5).to(dtype)
+    b = torch.randn(v, dtype=torch.float64).to(dtype) if bias else None
+    target = torch.randint(0, v, (rows, t))
+    target[:, :prompt] = IGNORE
+    for row in range(rows):
+        pad = int(torch.randint(0, t - prompt, ()))
+        if pad:
+            target[row, t - pad :] = IGNORE
+    for row in empty_rows:
+        target[row] = IGNORE
+    return hidden, weight, b, target
+
+
+class TokenLogprobs:
+    """Per-token log-probs (with their graph to hidden/weight) of the float64 reference and of eager."""
+
+    def __init__(self, hidden, weight, bias, target, **op_kwargs):
+        self.target = target
+        self.mask = target != IGNORE
+        self.ref = self._run(hidden, weight, bias, target, torch.float64, op_kwargs)
+        self.eager = self._run(hidden, weight, bias, target, hidden.dtype, op_kwargs)
+
+    @staticmethod
+    def _run(hidden, weight, bias, target, dtype, op_kwargs):
+        leaves = [leaf(hidden, dtype), leaf(weight, dtype)] + (
+            [leaf(bias, dtype)] if bias is not None else []
+        )
+        out = reference.fused_linear_logprobs(
+            *leaves[:2], target, leaves[2] if bias is not None else None, outputs=OUTPUTS, **op_kwargs
+        )
+        return leaves, out
+
+    def case(self, kind, **config):
+        """A case for the oracle from the ``kind`` ("ref" or "eager") log-probs."""
+        _, out = getattr(self, kind)
+        dtype = torch.float64 if kind == "ref" else torch.float32
+        stats = {name: getattr(out, name).detach() for name in OUTPUTS}
+        stats = {k: (v if k == "is_top1" else v.to(dtype)) for k, v in stats.items()}
+        return {**stats, "mask": self.mask, **config}
+
+    def pull_back(self, kind, grad_log_probs):
+        """d(loss)/d(hidden, weight[, bias]) from TRL's gradient with respect to the per-token log-probs."""
+        leaves, out = getattr(self, kind)
+        return torch.autograd.grad(
+            out.log_probs, leaves, grad_log_probs.to(out.log_probs.dtype), retain_graph=True
+        )
+
+
+def run_oracle(cases: list[dict]) -> list[dict]:
+    """TRL's loss, gradient with respect to log_probs and metrics for each case (skips without TRL's venv)."""
+    if not TRL_PYTHON.exists():
+        pytest.skip("TRL's virtualenv (/work/venvs/trl) is not here")
+    with tempfile.TemporaryDirectory() as tmp:
+        cases_path, results_path = Path(tmp, "cases.pt"), Path(tmp, "results.pt")
+        torch.save(cases, cases_path)
+        proc = subprocess.run(
+            [str(TRL_PYTHON), str(ORACLE), str(cases_path), str(results_path)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"TRL oracle failed:\n{proc.stderr[-4000:]}"
+        return torch.load(results_path)
+
+
+def assert_scalar_no_worse(name, ours, eager, ref64):
+    """A scalar's error is mostly its final rounding: at most SLACK x eager's plus a few fp32 ulps."""
+    e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
+    assert math.isfinite(e_ours), f"{name}: not finite"
+    assert e_ours <= SLACK * e_eager + SCALAR_FLOOR, (
+        f"{name}: rel. error {e_ours:.3e} vs eager's {e_eager:.3e}"
+    )
+
+
+def assert_metrics_match(ours: dict, trl: dict, *, skip=(), rtol=1e-4, atol=1e-5):
+    """Every metric TRL logs (but ``skip``) is in ours with the same value."""
+    for key, value in trl.items():
+        if key in skip:
+            continue
+        assert key in ours, f"metric {key!r} missing (have {sorted(ours)})"
+        got = float(ours[key])
+        assert math.isfinite(got), f"metric {key}: {got}"
+        assert abs(got - value) <= atol + rtol * abs(value), f"metric {key}: {got} vs TRL's {value}"
+
+
+def freeze_token_logprobs(monkeypatch, module, hidden, weight, bias, target, **op_kwargs):
+    """Run the fused op once and make ``module``'s loss functions reuse its outputs, ``log_probs`` a leaf:
+    each loss configuration then costs no interpreted kernel, and its gradient with respect to the per-token
+    log-probs can be compared with TRL's (the op's own backward is tested in tests/ops). Returns the leaf."""
+    with torch.no_grad():
+        out = fused_linear_logprobs(hidden, weight, target, bias, outputs=OUTPUTS, **op_kwargs)
+    log_probs = out.log_probs.clone().requires_grad_(True)
+    frozen = out._replace(log_probs=log_probs)
+    monkeypatch.setattr(module, "token_logprobs", lambda *args, outputs=(), **kwargs: frozen)
+    return log_probs
