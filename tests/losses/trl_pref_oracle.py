@@ -102,7 +102,7 @@ def kto(case, log_probs):
     trainer.undesirable_weight = case.get("undesirable_weight", 1.0)
     trainer._compute_kl_logps = lambda model, batch: case["kl_logps"] if trainer.calculate_KL else None
     inputs = _token_inputs(case["mask"])
-    inputs["label"] = case["labels"].tolist()
+    inputs["label"] = case["labels"]
     inputs["ref_logps"] = case["ref_logps"]
     inputs["ref_KL_logps"] = case["ref_kl_logps"]
     model = lambda **kwargs: _model_outputs(case, log_probs)  # noqa: E731
