@@ -102,6 +102,16 @@ def config_conflicts(data: dict[str, Any]) -> list[str]:
             "its own loss from per-token log-probs; remove them (liger_core patches the layers, and with "
             f"TRL >= 1.15 and liger-core-trl computes the log-probs of {', '.join(RL_FUSED_LOGPROBS)})"
         )
+    trl_flags = [key for key in ("dpo_use_liger_kernel",) if truthy(data.get(key))]
+    if isinstance(data.get("trl"), dict) and truthy(data["trl"].get("use_liger_loss")):
+        trl_flags.append("trl.use_liger_loss")
+    if trl_flags:
+        problems.append(
+            f"{', '.join(trl_flags)} turns on TRL's use_liger_kernel, which (TRL < 1.15, Axolotl 0.19) "
+            "computes the loss with the third-party liger-kernel and makes transformers patch the model with "
+            "liger-kernel over liger_core's kernels; remove it (where TRL has its fused LM head, the plugin "
+            "sets TRL's flag itself and liger_core serves it)"
+        )
     if truthy(data.get("liger_core_cross_entropy")) and truthy(
         data.get("liger_core_fused_linear_cross_entropy")
     ):

@@ -67,12 +67,9 @@ def rl_wiring(cfg: Any) -> tuple[bool, str]:
     reason = fused_logprobs_unavailable()
     if reason is None:
         return True, f"{layers}, and the per-token log-probs of TRL's fused LM head (liger_core_trl)"
-    third_party = ""
-    if truthy(cfg.get("dpo_use_liger_kernel")) or truthy((cfg.get("trl") or {}).get("use_liger_loss")):
-        third_party = " (dpo_use_liger_kernel / trl.use_liger_loss: TRL's loss from liger-kernel instead)"
     return False, (
-        f"{layers}; TRL computes the {rl} loss itself{third_party}: liger_core's fused log-probs need "
-        f"TRL's fused LM head, not available here: {reason}"
+        f"{layers}; TRL computes the {rl} loss itself: liger_core's fused log-probs need TRL's fused LM "
+        f"head, not available here: {reason}"
     )
 
 

@@ -103,6 +103,23 @@ def test_rl_rejects_sft_loss_kernels(tiny_llama, preference_data, tmp_path, plug
     assert f"{key} with `rl: dpo`: these are SFT losses" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "extra, name",
+    [
+        ({"dpo_use_liger_kernel": True}, "dpo_use_liger_kernel"),
+        ({"trl": {"use_liger_loss": True}}, "trl.use_liger_loss"),
+    ],
+)
+def test_rl_rejects_trl_liger_kernel_flags(
+    tiny_llama, preference_data, tmp_path, plugin_manager, extra, name
+):
+    config = dpo_config(tiny_llama, preference_data, tmp_path)
+    config.update(extra)
+    with pytest.raises(Exception, match="liger_core") as info:
+        _load_cfg(tmp_path, config)
+    assert f"{name} turns on TRL's use_liger_kernel" in str(info.value)
+
+
 def test_rl_conflict_rules():
     base = {"use_liger_kernel": True, "plugins": [PLUGIN]}
     for rl in ("dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo"):
@@ -111,6 +128,9 @@ def test_rl_conflict_rules():
     # another loss is no conflict under rl: liger_core puts no loss kernel in
     assert config_conflicts({**base, "rl": "dpo", "cut_cross_entropy": True}) == []
     assert config_conflicts({**base, "rl": "dpo", "liger_core_fused_linear_cross_entropy": False}) == []
+    assert config_conflicts({**base, "rl": "dpo", "dpo_use_liger_kernel": False, "trl": {"beta": 0.1}}) == []
+    # without liger_core on, Axolotl's own keys are not this plugin's business
+    assert config_conflicts({"rl": "dpo", "dpo_use_liger_kernel": True}) == []
 
 
 def test_rl_wiring_with_trl_fused_head(monkeypatch):
