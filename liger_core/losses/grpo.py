@@ -43,13 +43,16 @@ import math
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from liger_core.dispatch import (
+    INDEX_DTYPES,
     check_choice,
     check_same_device,
     check_shape,
     check_tensor,
 )
+from liger_core.ops.fused_linear_logprobs import fused_linear_logprobs
 
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
 # loss types with PPO-style clipping (and TRL's clip_ratio/* metrics)
@@ -518,3 +521,233 @@ def _nan_reduce(x: torch.Tensor, reduce) -> torch.Tensor:
     fill = math.inf if reduce is torch.min else -math.inf
     value = reduce(torch.where(is_nan, fill, x)) if x.numel() else x.new_tensor(math.nan)
     return torch.where(is_nan.all(), math.nan, value) if x.numel() else value
+
+
+def fused_linear_grpo_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    old_per_token_logps: torch.Tensor | None = None,
+    ref_per_token_logps: torch.Tensor | None = None,
+    ref_hidden: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None,
+    beta: float = 0.0,
+    epsilon_low: float = 0.2,
+    epsilon_high: float | None = None,
+    delta: float | None = None,
+    loss_type: str = "dapo",
+    importance_sampling_level: str = "token",
+    use_bias_correction_kl: bool = True,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    max_completion_length: int | None = None,
+    num_items_in_batch: torch.Tensor | int | float | None = None,
+    num_processes: int = 1,
+    gradient_accumulation_steps: int = 1,
+    steps_per_generation: int | None = None,
+    importance_sampling_ratio: torch.Tensor | None = None,
+    off_policy_mask_threshold: float | None = None,
+    sampling_per_token_logps: torch.Tensor | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    compute_entropy: bool = True,
+    ignore_index: int = -100,
+    chunk_size: int | None = None,
+    max_chunk_bytes: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO-family loss (module docstring) of a policy whose completion-token log-probs are
+    ``log_softmax(z)[target]``, ``z`` the lm_head logits of ``hidden`` (TRL's transform: logit_scale,
+    softcap, then 1 / temperature), computed chunk by chunk by ``liger_core.ops.fused_linear_logprobs``: the
+    ``(B, T, V)`` logits never exist. Returns ``(loss, metrics)`` as ``grpo_loss_from_logps``.
+
+    hidden ``(B, T, H)`` (the completion positions, already aligned with target), weight ``(V, H)``, bias
+    ``(V,)``, target ``(B, T)`` the completion token ids; tokens where completion_mask is 0 (or target is
+    ignore_index) are never scored. Reference log-probs: ``ref_per_token_logps``, or computed here without
+    gradient from ``ref_hidden`` with ``ref_weight``/``ref_bias`` (default: the policy's head, as for a PEFT
+    reference). ``compute_entropy`` adds TRL's "entropy" metric (mean entropy of the completion tokens).
+    Gradients flow to hidden, weight and bias; everything else is a constant.
+    """
+    check_tensor("hidden", hidden, ndim=3)
+    batch, length = hidden.shape[:2]
+    check_tensor("target", target, dtypes=INDEX_DTYPES, ndim=2)
+    check_shape("target", target, (batch, length), "one completion token per hidden state")
+    check_tensor("completion_mask", completion_mask, dtypes=None, ndim=2)
+    check_shape("completion_mask", completion_mask, (batch, length), "one weight per completion token")
+    check_same_device("hidden", hidden, target=target, completion_mask=completion_mask)
+    if beta != 0.0 and ref_per_token_logps is None and ref_hidden is None:
+        raise ValueError(
+            f"beta={beta} needs ref_per_token_logps or ref_hidden (the reference model's states)"
+        )
+    scored = target.masked_fill(completion_mask == 0, ignore_index)
+    head = {
+        "temperature": temperature,
+        "softcap": softcap,
+        "logit_scale": logit_scale,
+        "ignore_index": ignore_index,
+    }
+    chunking = {"chunk_size": chunk_size, "max_chunk_bytes": max_chunk_bytes}
+    policy = fused_linear_logprobs(
+        hidden,
+        weight,
+        scored,
+        bias,
+        outputs=("log_probs", "entropy") if compute_entropy else ("log_probs",),
+        **head,
+        **chunking,
+    )
+    if beta != 0.0 and ref_per_token_logps is None:
+        check_tensor("ref_hidden", ref_hidden, ndim=3)
+        check_shape(
+            "ref_hidden", ref_hidden, (batch, length, ref_hidden.shape[-1]), "one per completion token"
+        )
+        if ref_weight is None:
+            ref_weight, ref_bias = weight, bias
+        with torch.no_grad():
+            ref_per_token_logps = fused_linear_logprobs(
+                ref_hidden.detach(),
+                ref_weight.detach(),
+                scored,
+                ref_bias.detach() if ref_bias is not None else None,
+                **head,
+                **chunking,
+            ).log_probs
+    return grpo_loss_from_logps(
+        policy.log_probs,
+        old_per_token_logps,
+        ref_per_token_logps,
+        advantages,
+        completion_mask,
+        beta=beta,
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        delta=delta,
+        loss_type=loss_type,
+        importance_sampling_level=importance_sampling_level,
+        use_bias_correction_kl=use_bias_correction_kl,
+        max_completion_length=max_completion_length,
+        num_items_in_batch=num_items_in_batch,
+        num_processes=num_processes,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        steps_per_generation=steps_per_generation,
+        importance_sampling_ratio=importance_sampling_ratio,
+        off_policy_mask_threshold=off_policy_mask_threshold,
+        sampling_per_token_logps=sampling_per_token_logps,
+        entropies=policy.entropy,
+        sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+        vespo_k_pos=vespo_k_pos,
+        vespo_lambda_pos=vespo_lambda_pos,
+        vespo_k_neg=vespo_k_neg,
+        vespo_lambda_neg=vespo_lambda_neg,
+    )
+
+
+class LigerFusedLinearGRPOLoss(nn.Module):
+    """Module form of ``fused_linear_grpo_loss``: the hyper-parameters (TRL GRPOConfig names; see
+    ``grpo_loss_from_logps``) at construction, the batch in forward. No parameters of its own."""
+
+    def __init__(
+        self,
+        *,
+        beta: float = 0.0,
+        epsilon_low: float = 0.2,
+        epsilon_high: float | None = None,
+        delta: float | None = None,
+        loss_type: str = "dapo",
+        importance_sampling_level: str = "token",
+        use_bias_correction_kl: bool = True,
+        temperature: float = 1.0,
+        softcap: float | None = None,
+        logit_scale: float = 1.0,
+        max_completion_length: int | None = None,
+        num_processes: int = 1,
+        gradient_accumulation_steps: int = 1,
+        steps_per_generation: int | None = None,
+        off_policy_mask_threshold: float | None = None,
+        compute_entropy: bool = True,
+        ignore_index: int = -100,
+        chunk_size: int | None = None,
+        **options: float,
+    ) -> None:
+        super().__init__()
+        self.config = {
+            "beta": beta,
+            "epsilon_low": epsilon_low,
+            "epsilon_high": epsilon_high,
+            "delta": delta,
+            "loss_type": loss_type,
+            "importance_sampling_level": importance_sampling_level,
+            "use_bias_correction_kl": use_bias_correction_kl,
+            "max_completion_length": max_completion_length,
+            "num_processes": num_processes,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "steps_per_generation": steps_per_generation,
+            "off_policy_mask_threshold": off_policy_mask_threshold,
+            **options,  # sapo_temperature_pos/neg, vespo_k_pos, ...
+        }
+        grpo_options(**self.config)  # errors at construction, naming the argument
+        self.config.update(
+            temperature=temperature,
+            softcap=softcap,
+            logit_scale=logit_scale,
+            compute_entropy=compute_entropy,
+            ignore_index=ignore_index,
+            chunk_size=chunk_size,
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        advantages: torch.Tensor,
+        completion_mask: torch.Tensor,
+        old_per_token_logps: torch.Tensor | None = None,
+        ref_per_token_logps: torch.Tensor | None = None,
+        ref_hidden: torch.Tensor | None = None,
+        ref_weight: torch.Tensor | None = None,
+        ref_bias: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | float | None = None,
+        importance_sampling_ratio: torch.Tensor | None = None,
+        sampling_per_token_logps: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return fused_linear_grpo_loss(
+            hidden,
+            weight,
+            target,
+            bias,
+            advantages=advantages,
+            completion_mask=completion_mask,
+            old_per_token_logps=old_per_token_logps,
+            ref_per_token_logps=ref_per_token_logps,
+            ref_hidden=ref_hidden,
+            ref_weight=ref_weight,
+            ref_bias=ref_bias,
+            num_items_in_batch=num_items_in_batch,
+            importance_sampling_ratio=importance_sampling_ratio,
+            sampling_per_token_logps=sampling_per_token_logps,
+            **self.config,
+        )
+
+    def extra_repr(self) -> str:
+        shown = (
+            "loss_type",
+            "beta",
+            "epsilon_low",
+            "epsilon_high",
+            "importance_sampling_level",
+            "temperature",
+        )
+        return ", ".join(f"{name}={self.config[name]!r}" for name in shown)

@@ -14,7 +14,14 @@ import pytest
 import torch
 from helpers import assert_no_worse_than_eager, rel_err
 
-from liger_core.losses.grpo import CLIPPED_LOSS_TYPES, GRPO_LOSS_TYPES, grpo_loss_from_logps
+from liger_core.losses.grpo import (
+    CLIPPED_LOSS_TYPES,
+    GRPO_LOSS_TYPES,
+    LigerFusedLinearGRPOLoss,
+    fused_linear_grpo_loss,
+    grpo_loss_from_logps,
+)
+from liger_core.ops import fused_linear_logprobs
 
 TRL_PYTHON = Path("/work/venvs/trl/bin/python")
 REPO = Path(__file__).resolve().parents[2]
@@ -431,3 +438,231 @@ def test_against_trl_grpo_trainer(trl_results):
             trl_metrics = {k: v for k, v in trl["metrics"].items() if k in metrics or k != "entropy"}
             # TRL takes the clip ratios' means in fp32 (`.float()` of the boolean masks): one fp32 rounding
             assert_metrics_equal(metrics, trl_metrics, tol=2**-23)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Fused entry point: hidden states + lm_head -> log-probs (liger_core.ops.fused_linear_logprobs) -> formula
+# ------------------------------------------------------------------------------------------------------------
+
+H, V = 24, 37
+
+
+def make_fused_inputs(dtype, with_bias):
+    hidden = torch.randn(B, T, H, dtype=torch.float64).to(dtype)
+    weight = (torch.randn(V, H, dtype=torch.float64) * 2 / math.sqrt(H)).to(dtype)
+    bias = (torch.randn(V, dtype=torch.float64) * 0.1).to(dtype) if with_bias else None
+    target = torch.randint(0, V, (B, T))
+    return hidden, weight, bias, target
+
+
+def unfused(hidden, weight, bias, target, case, dtype, temperature):
+    """The composition the fused loss replaces, in ``dtype`` (TRL's eager path: logits in the model dtype,
+    log_softmax in fp32) or float64: ((loss, dh, dw[, db]), per-token log-probs, d loss / d log-probs)."""
+    h, w = hidden.to(dtype).requires_grad_(True), weight.to(dtype).requires_grad_(True)
+    b = bias.to(dtype).requires_grad_(True) if bias is not None else None
+    logits = torch.nn.functional.linear(h, w, b)  # the lm_head
+    logits = logits.to(torch.promote_types(dtype, torch.float32)) / temperature
+    logps = torch.log_softmax(logits, -1).gather(-1, target[..., None]).squeeze(-1)
+    math_dtype = logps.dtype
+    ref = case.get("ref_per_token_logps")
+    old = case.get("old_per_token_logps")
+    loss, _ = reference_grpo(
+        logps,
+        old.to(math_dtype) if old is not None else None,
+        ref.to(math_dtype) if ref is not None else None,
+        case["advantages"].to(math_dtype),
+        case["completion_mask"],
+        dict(case),
+    )
+    inputs = [t for t in (h, w, b) if t is not None]
+    grads = torch.autograd.grad(loss, [*inputs, logps])
+    return (loss, *grads[:-1]), logps.detach(), grads[-1]
+
+
+def assert_loss_no_worse_than_eager(loss, eager, ref):
+    """The scalar loss: its error may not exceed eager's own plus what eager's per-token log-prob errors can
+    move the loss (|g . dl| <= ||g|| ||dl||, g = d loss / d log-probs), times the usual slack.
+
+    One scalar is one draw of the rounding errors of the per-token log-probs it sums (here dominated by the
+    fp32/bf16 logits of either GEMM): two equally accurate computations give errors of the same size but
+    random ratio, so "ours <= 1.25 x eager's" would fail at random. The per-token log-probs are held to the
+    ratio rule by layer 1's tests; if ||dl_ours|| <= 1.25 ||dl_eager||, the bound below holds, and an error
+    in the formula or its normalisation (orders of magnitude larger) still fails it."""
+    (loss_eager, *_), logps_eager, _ = eager
+    (loss_ref, *_), logps_ref, grad_ref = ref
+    propagated = grad_ref.norm().item() * (logps_eager.double() - logps_ref).norm().item()
+    bound = 1.25 * (abs(loss_eager.item() - loss_ref.item()) + propagated) + 2**-24 * abs(loss_ref.item())
+    assert abs(loss.item() - loss_ref.item()) <= bound, (
+        f"loss error {abs(loss.item() - loss_ref.item())} > {bound}"
+    )
+
+
+def float64_grads_at(logps64, hidden, weight, bias, target, case):
+    """Float64 gradients (hidden, weight[, bias]) of the loss whose log-probs are the float64 ones of the
+    inputs but whose d loss / d log-probs is the float64 formula's at ``logps64``: the gradient a perfect
+    pipeline would give from those log-probs."""
+    at = logps64.detach().double().requires_grad_(True)
+    old, ref = case.get("old_per_token_logps"), case.get("ref_per_token_logps")
+    loss, _ = reference_grpo(at, old, ref, case["advantages"], case["completion_mask"], dict(case))
+    (g,) = torch.autograd.grad(loss, at)
+    inputs = [t.double().requires_grad_(True) for t in (hidden, weight, bias) if t is not None]
+    logits = torch.nn.functional.linear(*inputs)
+    logps = torch.log_softmax(logits, -1).gather(-1, target[..., None]).squeeze(-1)
+    return torch.autograd.grad(logps, inputs, g)
+
+
+FUSED_CASES = [
+    ("dapo", "token", 0.04, True),
+    ("grpo", "sequence", 0.0, False),
+    ("dr_grpo", "token", 0.0, True),
+    ("bnpo", "token", 0.04, False),
+    ("cispo", "token", 0.04, False),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("off_policy", [False, True], ids=["on_policy", "off_policy"])
+@pytest.mark.parametrize("loss_type,level,beta,with_bias", FUSED_CASES)
+def test_fused_matches_float64(loss_type, level, beta, with_bias, off_policy, dtype):
+    """B=3, T=7, H=24, V=37, chunks of 4 tokens, a fully masked completion: loss and gradients (hidden,
+    weight, bias) against float64, no worse than the unfused composition (logits -> log_softmax -> formula).
+
+    Temperature 1: the op and eager then round the same logits of the same GEMM, so their errors compare
+    draw for draw (the temperature is checked by the exact composition test below and by layer 1's tests).
+    Off-policy, d loss / d log-probs contains w = exp(l - l_old): each completion's gradient is scaled by its
+    own log-prob error (a few draws at this size, so a ratio of two runs' errors is noise). There the
+    gradient may also carry the error that the float64 formula itself passes on from the op's log-probs
+    (layer 1 holds those to the eager rule), and nothing more: a layer-2 error (composition, dtype,
+    normalisation) still fails."""
+    temperature = 1.0
+    hidden, weight, bias, target = make_fused_inputs(dtype, with_bias)
+    case = make_case(loss_type, level, beta, off_policy=False)
+    with torch.no_grad():
+        z = (hidden.double() @ weight.double().t() + (bias.double() if bias is not None else 0)) / temperature
+        own = torch.log_softmax(z, -1).gather(-1, target[..., None]).squeeze(-1)
+    case["per_token_logps"] = own
+    if off_policy:  # old / reference log-probs near the policy's own: ratios clip on both sides
+        case["old_per_token_logps"] = (own + 0.3 * torch.randn_like(own)).float().double()
+    if beta:
+        case["ref_per_token_logps"] = (own + 0.2 * torch.randn_like(own)).float().double()
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    b = bias.clone().requires_grad_(True) if bias is not None else None
+    old = case.get("old_per_token_logps")
+    loss, metrics = fused_linear_grpo_loss(
+        h,
+        w,
+        target,
+        b,
+        advantages=case["advantages"].float(),
+        completion_mask=case["completion_mask"],
+        old_per_token_logps=old.float() if old is not None else None,
+        ref_per_token_logps=case["ref_per_token_logps"].float() if beta else None,
+        beta=beta,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        temperature=temperature,
+        max_completion_length=MAX_COMPLETION_LENGTH,
+        chunk_size=4,
+    )
+    grads = torch.autograd.grad(loss, [t for t in (h, w, b) if t is not None])
+    assert loss.dtype == torch.float32 and all(g.dtype == dtype for g in grads)
+    assert "entropy" in metrics and torch.isfinite(metrics["entropy"])
+    eager = unfused(hidden, weight, bias, target, case, dtype, temperature)
+    ref = unfused(
+        hidden.double(),
+        weight.double(),
+        bias.double() if bias is not None else None,
+        target,
+        case,
+        torch.float64,
+        temperature,
+    )
+    assert_loss_no_worse_than_eager(loss, eager, ref)
+    names = ("grad_hidden", "grad_weight", "grad_bias")
+    if not off_policy:
+        for name, a, e, r in zip(names, grads, eager[0][1:], ref[0][1:]):
+            assert_no_worse_than_eager(name, a, e, r)
+    else:
+        scored = target.masked_fill(case["completion_mask"] == 0, -100)
+        op_logps = fused_linear_logprobs(hidden, weight, scored, bias, chunk_size=4).log_probs
+        passed_on = float64_grads_at(op_logps, hidden, weight, bias, target, case)
+        for name, a, e, r, p in zip(names, grads, eager[0][1:], ref[0][1:], passed_on):
+            allowed = rel_err(p, r)  # the formula's float64 gradient at the op's log-probs
+            e_ours, e_eager = rel_err(a, r), rel_err(e, r)
+            bound = 1.25 * (e_eager + allowed) + 0.1 * torch.finfo(dtype).eps
+            assert e_ours <= bound, f"{name}: {e_ours:.3e} > 1.25 x (eager {e_eager:.3e} + {allowed:.3e})"
+    masked = case["completion_mask"] == 0
+    assert (grads[0][masked] == 0).all()  # padding positions get no gradient
+
+
+def test_fused_equals_formula_on_op_logprobs_and_module():
+    """The fused loss is exactly the formula on fused_linear_logprobs's log-probs; the reference log-probs
+    from ref_hidden (policy head by default); the module forwards to the function."""
+    hidden, weight, bias, target = make_fused_inputs(torch.float32, True)
+    ref_hidden = hidden + 0.1 * torch.randn_like(hidden)
+    case = make_case("dapo", beta=0.04)
+    mask = case["completion_mask"]
+    kwargs = dict(advantages=case["advantages"].float(), completion_mask=mask, beta=0.04, temperature=1.3)
+    loss, metrics = fused_linear_grpo_loss(hidden, weight, target, bias, ref_hidden=ref_hidden, **kwargs)
+    scored = target.masked_fill(mask == 0, -100)
+    out = fused_linear_logprobs(
+        hidden, weight, scored, bias, temperature=1.3, outputs=("log_probs", "entropy")
+    )
+    ref = fused_linear_logprobs(ref_hidden, weight, scored, bias, temperature=1.3).log_probs
+    want, want_metrics = grpo_loss_from_logps(
+        out.log_probs, None, ref, kwargs["advantages"], mask, beta=0.04, entropies=out.entropy
+    )
+    assert torch.equal(loss, want)
+    assert_metrics_equal(metrics, want_metrics, tol=0.0)
+    # gradients: the op's backward with the formula's d loss / d log-probs as grad_output
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss, _ = fused_linear_grpo_loss(h, w, target, bias, ref_hidden=ref_hidden, **kwargs)
+    got = torch.autograd.grad(loss, (h, w))
+    h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    logps = fused_linear_logprobs(h2, w2, scored, bias, temperature=1.3).log_probs
+    logps_leaf = logps.detach().requires_grad_(True)
+    formula, _ = grpo_loss_from_logps(logps_leaf, None, ref, kwargs["advantages"], mask, beta=0.04)
+    (g,) = torch.autograd.grad(formula, logps_leaf)
+    want = torch.autograd.grad(logps, (h2, w2), g)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    module = LigerFusedLinearGRPOLoss(beta=0.04, temperature=1.3)
+    assert list(module.state_dict()) == [] and "dapo" in repr(module)
+    got, _ = module(
+        hidden,
+        weight,
+        target,
+        bias,
+        advantages=kwargs["advantages"],
+        completion_mask=mask,
+        ref_hidden=ref_hidden,
+    )
+    assert torch.equal(got, loss)
+    with pytest.raises(ValueError, match="loss_type"):
+        LigerFusedLinearGRPOLoss(loss_type="ppo")
+    with pytest.raises(ValueError, match="ref_hidden"):
+        fused_linear_grpo_loss(
+            hidden, weight, target, advantages=kwargs["advantages"], completion_mask=mask, beta=0.1
+        )
+    with pytest.raises(ValueError, match="target"):
+        fused_linear_grpo_loss(
+            hidden, weight, target[:, :-1], advantages=kwargs["advantages"], completion_mask=mask
+        )
+
+
+def test_fused_fully_masked_batch_no_nan():
+    hidden, weight, bias, target = make_fused_inputs(torch.bfloat16, True)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    for loss_type in GRPO_LOSS_TYPES:
+        loss, metrics = fused_linear_grpo_loss(
+            h,
+            w,
+            target,
+            bias,
+            advantages=torch.randn(B),
+            completion_mask=torch.zeros(B, T, dtype=torch.long),
+            loss_type=loss_type,
+            max_completion_length=MAX_COMPLETION_LENGTH,
+        )
+        dh, dw = torch.autograd.grad(loss, (h, w))
+        assert loss.item() == 0.0 and (dh == 0).all() and (dw == 0).all(), loss_type
+        assert metrics["entropy"].item() == 0.0
