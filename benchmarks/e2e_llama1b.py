@@ -115,9 +115,14 @@ def worker(mode: str, opts: dict) -> dict:
         import liger_core
         from liger_core.patching import forwards
 
-        # "liger_core@256": the fused linear cross-entropy's chunk of logits bounded by 256 MiB
+        # "liger_core@256": the fused linear cross-entropy's chunk of logits bounded by 256 MiB;
+        # "liger_core-unfused": the MLP's activation and down projection as two ops (not glu_down_proj)
         if "@" in mode:
             forwards.FLCE_MAX_CHUNK_BYTES = int(mode.split("@")[1]) * 2**20
+        if mode.endswith("-unfused"):
+            from liger_core.modules import mlp
+
+            mlp.FUSE_DOWN_PROJ = False
 
         result["report"] = str(liger_core.apply_liger_kernel(model))
         result["version"] = liger_core.__version__
@@ -160,6 +165,8 @@ def worker(mode: str, opts: dict) -> dict:
             losses.append(loss.item())
     sync()
     elapsed = time.perf_counter() - start
+    if opts.get("memtrace") and device.type == "cuda":
+        result["memory"] = _memory_at_peak(lambda: train_step(batches[0]))
     if opts.get("profile") and device.type == "cuda":
         result["kernels"] = _profile_step(lambda: train_step(batches[0]))
     tokens = opts["batch"] * opts["seq"] * opts["steps"]
@@ -215,9 +222,11 @@ def _environment() -> dict:
 
 
 def _mode(text: str) -> str:
-    name, _, mib = text.partition("@")
+    name, _, mib = text.removesuffix("-unfused").partition("@")
     if name not in MODES or (mib and not (name == "liger_core" and mib.isdigit())):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected one of {MODES} or liger_core@<MiB>")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected one of {MODES}, liger_core@<MiB> or liger_core[@<MiB>]-unfused"
+        )
     return text
 
 
@@ -233,6 +242,63 @@ def _profile_step(step) -> list[dict]:
     return [dict(name=e.key[:90], calls=e.count, ms=round(e.device_time_total / 1e3, 3)) for e in rows]
 
 
+def _memory_at_peak(step) -> dict:
+    """One training step under the CUDA caching allocator's history: the peak of allocated bytes within the
+    step, the phase it falls in, and the largest live allocations at that moment with the Python frame that
+    made each (the first frame in liger_core, liger_kernel, transformers or torch.nn / autograd code)."""
+    import torch
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    try:
+        # checkpoint's early stop raises an exception through the recomputed forward; the allocator's Python
+        # stack capture during that unwinding loses it (SystemError, torch 2.11): recompute in full here
+        with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            step()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    events = [e for trace in snapshot["device_traces"] for e in trace]
+    live: dict[int, dict] = {}
+    total = peak = peak_index = 0
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            total += e["size"]
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            total -= live.pop(e["addr"])["size"]
+        if total > peak:
+            peak, peak_index = total, i
+    live = {}
+    for e in events[: peak_index + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+
+    def where(e) -> str:
+        keep = ("liger_core", "liger_kernel", "transformers", "torch/nn", "torch/autograd", "torch/optim",
+                "torch/utils/checkpoint", "e2e_llama1b")  # fmt: skip
+        for f in e.get("frames", []):
+            if any(k in f["filename"] for k in keep):
+                return (
+                    f"{f['filename'].split('site-packages/')[-1].split('/main/')[-1]}:{f['line']} {f['name']}"
+                )
+        return "?"
+
+    groups: dict[str, list[int]] = {}
+    for e in live.values():
+        groups.setdefault(where(e), []).append(e["size"])
+    top = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:14]
+    return dict(
+        step_peak_gib=(base + peak) / 2**30,
+        base_gib=base / 2**30,
+        at_peak=[dict(where=k, n=len(v), gib=round(sum(v) / 2**30, 4)) for k, v in top],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -243,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         help="hf, liger_kernel, liger_core, or liger_core@MiB (fused-linear-CE chunk of logits bound)",
     )
     parser.add_argument("--profile", action="store_true", help="GPU kernels of one extra step per mode")
+    parser.add_argument("--memtrace", action="store_true", help="live allocations at one step's peak")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --tiny 2)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --tiny 1)")
     parser.add_argument("--batch", type=int, default=None)
@@ -287,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=args.warmup if args.warmup is not None else (3 if not args.tiny else 1),
         grad_ckpt=not args.no_grad_ckpt,
         profile=args.profile,
+        memtrace=args.memtrace,
     )
     timeout = args.timeout or (240 if cuda else 600)
     env = _environment()
@@ -305,11 +373,18 @@ def main(argv: list[str] | None = None) -> int:
         line = {
             k: (round(v, 4) if isinstance(v, float) else v)
             for k, v in result.items()
-            if k not in ("error", "kernels")
+            if k not in ("error", "kernels", "memory")
         }
         print(f"  {mode}: {line}", flush=True)
         if result.get("error"):
             print(f"    error: {result['error']}", flush=True)
+        memory = result.get("memory")
+        if memory:
+            print(
+                f"    step peak {memory['step_peak_gib']:.3f} GiB (before the step {memory['base_gib']:.3f})"
+            )
+            for m in memory["at_peak"]:
+                print(f"    {m['gib']:8.4f} GiB {m['n']:5d}x  {m['where']}", flush=True)
         for k in result.get("kernels", []):
             print(f"    {k['ms']:9.3f} ms {k['calls']:5d}x  {k['name']}", flush=True)
 

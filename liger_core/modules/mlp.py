@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from liger_core.ops.geglu import geglu
+from liger_core.ops.glu_down_proj import glu_down_proj
 from liger_core.ops.swiglu import swiglu
 
 # HF activation names (transformers.activations.ACT2FN) that each module computes exactly
@@ -80,7 +81,36 @@ class LigerSwiGLUMLP(_GatedMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # gate and up are ours alone (no other op saves or reads them): backward writes their grads over them
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), inplace_backward=True))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if fusable_down_proj(self.down_proj, gate, up):
+            return glu_down_proj(gate, up, self.down_proj.weight, self.down_proj.bias)
+        return self.down_proj(swiglu(gate, up, inplace_backward=True))
+
+
+# Benchmarks compare with and without the fused activation + down projection.
+FUSE_DOWN_PROJ = True
+
+
+def fusable_down_proj(down: nn.Module, gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """The down projection may be computed inside ``glu_down_proj`` (not through its module) only when
+    nothing else has to see it run: a plain ``nn.Linear`` (not LoRA / quantised / FSDP-wrapped), no forward
+    hooks on it or global ones (ZeRO-3 gathers parameters in such hooks), a local weight (no DTensor, no
+    ZeRO-3 partition) of the activations' dtype, and autocast either off or computing in that dtype."""
+    if not FUSE_DOWN_PROJ or type(down) is not nn.Linear or down._forward_hooks or down._forward_pre_hooks:
+        return False
+    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return False
+    weight = down.weight
+    if type(weight) not in (nn.Parameter, torch.Tensor) or getattr(weight, "ds_id", None) is not None:
+        return False
+    if not (gate.dtype == up.dtype == weight.dtype) or gate.shape != up.shape:
+        return False
+    if down.bias is not None and down.bias.dtype != weight.dtype:
+        return False
+    device_type = gate.device.type
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) != gate.dtype:
+        return False
+    return True
 
 
 def gelu_approximation(activation: str) -> str:
@@ -130,9 +160,12 @@ class LigerGEGLUMLP(_GatedMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # gate and up are ours alone (no other op saves or reads them): backward writes their grads over them
-        return self.down_proj(
-            geglu(self.gate_proj(x), self.up_proj(x), self.approximate, inplace_backward=True)
-        )
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if fusable_down_proj(self.down_proj, gate, up):
+            return glu_down_proj(
+                gate, up, self.down_proj.weight, self.down_proj.bias, "geglu", self.approximate
+            )
+        return self.down_proj(geglu(gate, up, self.approximate, inplace_backward=True))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, approximate={self.approximate!r}"

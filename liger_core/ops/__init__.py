@@ -13,6 +13,7 @@ from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from liger_core.ops.fused_linear_logprobs import FusedLogProbs, fused_linear_logprobs  # noqa: E402
 from liger_core.ops.geglu import geglu  # noqa: E402
+from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
@@ -27,6 +28,7 @@ __all__ = [
     "fused_linear_jsd",
     "fused_linear_logprobs",
     "geglu",
+    "glu_down_proj",
     "jsd",
     "kl_div",
     "layer_norm",

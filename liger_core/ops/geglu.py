@@ -116,8 +116,18 @@ def _geglu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_elements, TANH: tl.constexpr, BLOCK
 @fast_launch
 @triton.jit
 def _geglu_bwd_kernel(
-    dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_elements, TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr
+    dy_ptr,
+    a_ptr,
+    b_ptr,
+    da_ptr,
+    db_ptr,
+    y_ptr,
+    n_elements,
+    TANH: tl.constexpr,
+    STORE_Y: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
+    """da, db; with STORE_Y also the forward's y (same math), for ``glu_down_proj``."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -126,6 +136,8 @@ def _geglu_bwd_kernel(
     gelu, gelu_grad = _gelu_and_grad(a, TANH)
     tl.store(da_ptr + offsets, (dy * b * gelu_grad).to(da_ptr.dtype.element_ty), mask=mask)
     tl.store(db_ptr + offsets, (dy * gelu).to(db_ptr.dtype.element_ty), mask=mask)
+    if STORE_Y:
+        tl.store(y_ptr + offsets, (gelu * b).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _grid_settings(n: int) -> tuple[int, int, int]:
@@ -147,16 +159,23 @@ def _geglu_fwd_impl(a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch
 
 
 def _geglu_bwd_into(
-    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor, approximate: str
+    dy: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    da: torch.Tensor,
+    db: torch.Tensor,
+    approximate: str,
+    y: torch.Tensor | None = None,
 ) -> None:
-    """Writes da, db; ``da is a`` and ``db is b`` is allowed: each element is read before it is written, by
-    the same program."""
+    """Writes da, db (and y, the forward output, when given); ``da is a``, ``db is b`` and ``y is dy`` are
+    allowed: each element is read before it is written, by the same program."""
     n = a.numel()
     if n:
         grid, block, warps = _grid_settings(n)
         _geglu_bwd_kernel[(grid,)](
-            dy, a, b, da, db, n, TANH=approximate == "tanh", BLOCK_SIZE=block, num_warps=warps
-        )
+            dy, a, b, da, db, dy if y is None else y, n, TANH=approximate == "tanh", STORE_Y=y is not None,
+            BLOCK_SIZE=block, num_warps=warps,
+        )  # fmt: skip
 
 
 def _geglu_bwd_impl(

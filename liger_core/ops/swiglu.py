@@ -48,7 +48,11 @@ def _swiglu_fwd_kernel(a_ptr, b_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr
 
 @fast_launch
 @triton.jit
-def _swiglu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+def _swiglu_bwd_kernel(
+    dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, y_ptr, n_elements, STORE_Y: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
+    """da, db; with STORE_Y also the forward's y (bit-identical: same math), for ``glu_down_proj`` whose
+    backward needs y for the down projection's weight gradient instead of keeping it from the forward."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -61,6 +65,8 @@ def _swiglu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n_elements, BLOCK_S
     db = dy * silu
     tl.store(da_ptr + offsets, da.to(da_ptr.dtype.element_ty), mask=mask)
     tl.store(db_ptr + offsets, db.to(db_ptr.dtype.element_ty), mask=mask)
+    if STORE_Y:
+        tl.store(y_ptr + offsets, (silu * b).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _grid_settings(n: int) -> tuple[int, int, int]:
@@ -89,14 +95,22 @@ def _swiglu_bwd_impl(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tupl
 
 
 def _swiglu_bwd_inplace_impl(
-    dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor
+    dy: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    da: torch.Tensor,
+    db: torch.Tensor,
+    y: torch.Tensor | None = None,
 ) -> None:
-    """Writes da, db; ``da is a`` and ``db is b`` is allowed: each element is read before it is written, by
-    the same program."""
+    """Writes da, db (and y, the forward output, when given); ``da is a``, ``db is b`` and ``y is dy`` are
+    allowed: each element is read before it is written, by the same program."""
     n = a.numel()
     if n:
         grid, block, warps = _grid_settings(n)
-        _swiglu_bwd_kernel[(grid,)](dy, a, b, da, db, n, BLOCK_SIZE=block, num_warps=warps)
+        _swiglu_bwd_kernel[(grid,)](
+            dy, a, b, da, db, dy if y is None else y, n, STORE_Y=y is not None, BLOCK_SIZE=block,
+            num_warps=warps,
+        )  # fmt: skip
 
 
 _swiglu_fwd = torch.library.custom_op("liger_core::swiglu_fwd", _swiglu_fwd_impl, mutates_args=())

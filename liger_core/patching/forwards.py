@@ -84,11 +84,20 @@ def gated_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Te
         gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
     # gate and up are read by nothing but the activation (the projections save their input, not their
     # output), so the activation's backward may write their gradients over them
+    down = getattr(self, spec.down)
+    from liger_core.modules.mlp import fusable_down_proj  # imports Triton: not at patching's import
+
+    if fusable_down_proj(down, gate, up):
+        # the activation and a plain down projection as one op that does not keep act(gate) * up for
+        # backward: one intermediate-sized tensor less at the MLP backward's peak (ops/glu_down_proj.py)
+        return liger_core.ops.glu_down_proj(
+            gate, up, down.weight, down.bias, activation=spec.kind, approximate=spec.approximate
+        )
     if spec.kind == "swiglu":
         h = liger_core.ops.swiglu(gate, up, inplace_backward=True)
     else:
         h = liger_core.ops.geglu(gate, up, approximate=spec.approximate, inplace_backward=True)
-    return getattr(self, spec.down)(h)
+    return down(h)
 
 
 _ACT_PROBE_TOL = 1e-6

@@ -1,0 +1,160 @@
+"""Gated activation + down projection: ``y = (act(a) * b) @ W.T + bias`` without keeping ``act(a) * b``.
+
+The MLP of Llama-, Qwen-, Mistral- and Gemma-style models is ``down(act(gate(x)) * up(x))``. Run as three
+autograd nodes, it keeps four tensors of the intermediate size alive at the start of the MLP's backward: the
+activation's inputs ``a = gate(x)`` and ``b = up(x)``, the product ``h = act(a) * b`` (saved by the down
+projection for its weight gradient) and the incoming ``dh``. With gradient checkpointing that is the peak of
+the whole step (the backward of the first layer, every parameter gradient already allocated); without it,
+``h`` is one more intermediate-sized tensor saved per layer. This op saves ``a`` and ``b`` only and
+recomputes ``h`` inside the activation's backward kernel, which writes it over ``dh`` once ``dh`` is read::
+
+    forward:   h = act(a) * b          (kernel, temporary; a, b and W recorded for backward)
+               y = h @ W.T + bias      (cuBLAS, a second node that saves nothing); h freed
+    backward:  dh = dy @ W             (cuBLAS)
+               da, db, h = kernel(dh, a, b)     da over a, db over b, h over dh (read before written)
+               dW = dy.T @ h,  dbias = sum(dy)  (cuBLAS)
+
+Peak in the backward: three intermediate-sized tensors instead of four, for one extra write of ``h`` (a tenth
+of the MLP backward's bytes). ``h`` is recomputed with the forward kernel's math, so ``dW`` is what the
+unfused composition gives. ``a`` and ``b`` are overwritten with their gradients (the ``inplace_backward``
+contract of ``liger_core.ops.swiglu``): only for callers that own them, e.g. ``glu_down_proj(gate(x), up(x),
+down.weight)``; when they share storage (one fused gate_up projection) the gradients get their own memory.
+Under torch.compile the op is the plain composition (the compiler plans memory itself).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from liger_core import reference
+from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._activation_math import gradients_in_saved_inputs, use_inplace_backward
+from liger_core.ops.geglu import APPROXIMATIONS, _geglu_bwd_into, _geglu_fwd_impl, geglu
+from liger_core.ops.swiglu import _swiglu_bwd_inplace_impl, _swiglu_fwd_impl, swiglu
+
+ACTIVATIONS = ("swiglu", "geglu")
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, activation: str, approximate: str) -> torch.Tensor:
+    if activation == "swiglu":
+        return _swiglu_fwd_impl(a, b)
+    return _geglu_fwd_impl(a, b, approximate)
+
+
+def _backward_kernel(dh, a, b, da, db, activation: str, approximate: str) -> None:
+    """da, db from dh; the forward product written over dh."""
+    if activation == "swiglu":
+        _swiglu_bwd_inplace_impl(dh, a, b, da, db, y=dh)
+    else:
+        _geglu_bwd_into(dh, a, b, da, db, approximate, y=dh)
+
+
+class _GradientMailbox:
+    """Carries dy from the down projection's node to the activation's node (see GLUProductFunction)."""
+
+    __slots__ = ("dy",)
+
+    def __init__(self) -> None:
+        self.dy: torch.Tensor | None = None
+
+
+class GLUProductFunction(torch.autograd.Function):
+    """h = act(a) * b; saves a, b and the down projection's weight, and computes every gradient of the op.
+
+    Two nodes instead of one so that the saved tensors are recorded *before* the down projection's GEMM runs:
+    under non-reentrant activation checkpointing the recomputation stops at the last saved tensor of the
+    region, so the GEMM (whose output only the discarded recomputed forward would use) is skipped, as it is
+    for ``nn.Linear``, which records its saved inputs before computing."""
+
+    @staticmethod
+    def forward(ctx, a, b, weight, bias, mailbox, activation: str, approximate: str):
+        ctx.inplace = use_inplace_backward(True, a, b)
+        ctx.activation, ctx.approximate = activation, approximate
+        ctx.has_bias = bias is not None
+        ctx.mailbox = mailbox
+        ctx.save_for_backward(a, b, weight)
+        return _product(a, b, activation, approximate)
+
+    @staticmethod
+    def backward(ctx, _grad_h):
+        # _grad_h is the down projection node's placeholder; the real incoming gradient is its dy
+        dy2, ctx.mailbox.dy = ctx.mailbox.dy, None
+        if dy2 is None:  # the output was not used by the loss
+            return None, None, None, None, None, None, None
+        a, b, weight = ctx.saved_tensors
+        dh = torch.mm(dy2, weight)  # (tokens, intermediate), in the layout of a
+        if ctx.inplace:
+            da, db = a, b
+        else:
+            da, db = torch.empty_like(a), torch.empty_like(b)
+        _backward_kernel(dh, a, b, da, db, ctx.activation, ctx.approximate)
+        if ctx.inplace:
+            da, db = gradients_in_saved_inputs(a, b)
+        grad_weight = grad_bias = None
+        if ctx.needs_input_grad[2]:
+            grad_weight = torch.mm(dy2.t(), dh)  # dh now holds the product h
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            grad_bias = dy2.sum(0)
+        return da.view(a.shape), db.view(b.shape), grad_weight, grad_bias, None, None, None
+
+
+class DownProjFunction(torch.autograd.Function):
+    """y = h @ W.T + bias, saving nothing: its backward hands dy to GLUProductFunction's node (through the
+    mailbox) and returns a zero-strided placeholder gradient for h (no memory)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, mailbox):
+        ctx.mailbox = mailbox
+        ctx.h_shape = h.shape
+        return F.linear(h, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        ctx.mailbox.dy = dy2 if dy2.is_contiguous() else dy2.contiguous()
+        return dy.new_zeros(()).expand(ctx.h_shape), None, None, None
+
+
+def glu_down_proj(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "swiglu",
+    approximate: str = "none",
+) -> torch.Tensor:
+    """``F.linear(act(a) * b, weight, bias)`` with ``act`` silu (``activation="swiglu"``) or gelu
+    (``"geglu"``, ``approximate`` "tanh" or "none"), keeping only ``a`` and ``b`` for backward (see the
+    module docstring). ``a``, ``b``: (..., I), same dtype as ``weight`` (O, I) and ``bias`` (O,). After
+    backward ``a`` and ``b`` hold their gradients: pass tensors nothing else reads (the outputs of the gate
+    and up projections)."""
+    check_tensor("a", a, min_ndim=1)
+    check_tensor("b", b)
+    check_shape("b", b, tuple(a.shape), "b must match a")
+    check_tensor("weight", weight, ndim=2)
+    check_shape(
+        "weight", weight, (weight.shape[0], a.shape[-1]), "weight is (out, in) with in = a's last dim"
+    )
+    for name, t in (("b", b), ("weight", weight)):
+        if t.dtype != a.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but a has dtype {a.dtype}; they must match")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+        check_shape("bias", bias, (weight.shape[0],), "bias has one entry per output feature")
+        if bias.dtype != a.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype} but a has dtype {a.dtype}; they must match")
+    check_same_device("a", a, b=b, weight=weight, bias=bias)
+    check_choice("activation", activation, ACTIVATIONS)
+    check_choice("approximate", approximate, APPROXIMATIONS)
+    if not use_triton(a):
+        h = reference.swiglu(a, b) if activation == "swiglu" else reference.geglu(a, b, approximate)
+        return F.linear(h, weight, bias)
+    if torch.compiler.is_compiling():
+        h = swiglu(a, b) if activation == "swiglu" else geglu(a, b, approximate)
+        return F.linear(h, weight, bias)
+    a = a.contiguous()
+    b = b.contiguous()
+    mailbox = _GradientMailbox()
+    h = GLUProductFunction.apply(a, b, weight, bias, mailbox, activation, approximate)
+    return DownProjFunction.apply(h, weight, bias, mailbox)
