@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers import HAS_CUDA, assert_no_worse_than_eager, leaf, noncontiguous
+from helpers import FLOOR, HAS_CUDA, SLACK, assert_no_worse_than_eager, leaf, noncontiguous
 
 from liger_core import reference
 from liger_core.modules import LigerFusedLinearJSD
@@ -210,22 +210,51 @@ def test_fused_linear_jsd_bad_input():
 
 def float64_reference_in_chunks(sh, sw, th, tw, labels, beta, temperature, go, rows=256):
     """Loss and gradients of the float64 reference, row chunk by row chunk (float64 logits of 4096 x 128256
-    would take 4 GiB per model, with several temporaries each)."""
+    would take 4 GiB per model, with several temporaries each), and ``spread = ||e|| / n_kept``, e the
+    per-row losses of the eager composition (logits in the inputs' dtype, fp32 softmax and JSD) minus the
+    float64 ones: the standard deviation of eager's mean-loss error were its rows' errors independent."""
     w = sw.detach().double().requires_grad_(True)
     tw64 = tw.double()
     kept = labels != -100
     n_kept = max(int(kept.sum()), 1)
     loss, dh, dw = 0.0, torch.zeros_like(sh, dtype=torch.float64), torch.zeros_like(w)
+    eager_err_sq = 0.0
     for idx in torch.arange(sh.shape[0], device=sh.device).split(rows):
         h = leaf(sh[idx], torch.float64)
         x = torch.log_softmax(h @ w.t() / temperature, -1)
         y = torch.log_softmax(th[idx].double() @ tw64.t() / temperature, -1)
-        part = jsd_rows(x[kept[idx]], y[kept[idx]], beta).sum() / n_kept
+        ref_rows = jsd_rows(x[kept[idx]], y[kept[idx]], beta)
+        part = ref_rows.sum() / n_kept
         g_h, g_w = torch.autograd.grad(part, (h, w), go)
         loss += part.item()
         dh[idx] = g_h
         dw += g_w
-    return torch.tensor(loss, dtype=torch.float64), dh, dw
+        with torch.no_grad():
+            x_eager = torch.log_softmax((sh[idx] @ sw.t()).float() / temperature, -1)[kept[idx]]
+            y_eager = torch.log_softmax((th[idx] @ tw.t()).float() / temperature, -1)[kept[idx]]
+            row_err = jsd_rows(x_eager, y_eager, beta).double() - ref_rows.detach()
+            eager_err_sq += float((row_err**2).sum())
+    spread = math.sqrt(eager_err_sq) / n_kept
+    return (torch.tensor(loss, dtype=torch.float64), dh, dw), spread
+
+
+def assert_mean_no_worse_than_eager(name, ours, eager, ref64, spread, *, slack=SLACK):
+    """The rule for a 0-dim loss that is a mean over rows: |ours - ref| <= slack |eager - ref| + 4 spread.
+
+    A mean over n rows is one draw of the sum of the rows' rounding errors. For bf16 models those are
+    dominated by the bf16 logits, which the chunked kernel and eager both round, but from different GEMMs
+    (chunk rows vs all rows: cuBLAS may pick other tilings), so their errors are two draws of the same size
+    whose ratio is noise (H100, llama shapes, beta 0.5: 3.9e-6 vs eager's 3.1e-6, both a few 1e-7 absolute).
+    "No worse than eager" is then per row: if the kernel's per-row errors are no larger than eager's, its
+    mean's error is within eager's spread (4 standard deviations: a chance failure ~1e-4), and a systematic
+    error (a wrong term, a scale) of more than 4 spread / sqrt(n) per row, far below any real bug, fails."""
+    e_ours = abs(ours.item() - ref64.item())
+    e_eager = abs(eager.item() - ref64.item())
+    assert math.isfinite(e_ours), f"{name}: NaN/inf"
+    bound = slack * e_eager + 4.0 * spread + FLOOR[ours.dtype] * abs(ref64.item())
+    assert e_ours <= bound, (
+        f"{name}: error {e_ours:.3e} > {slack} x eager's {e_eager:.3e} + 4 x eager's spread {spread:.3e}"
+    )
 
 
 @pytest.mark.gpu
@@ -238,7 +267,7 @@ def test_fused_linear_jsd_llama_shapes_cuda(beta):
     n, hidden_s, hidden_t, vocab = 4096, 2048, 4096, 128256
     sh, sw, th, tw, labels = make_inputs(n, hidden_s, hidden_t, vocab, torch.bfloat16, "cuda")
     go = torch.tensor(0.75, dtype=torch.float64, device="cuda")
-    ref = float64_reference_in_chunks(sh, sw, th, tw, labels, beta, 1.0, go)
+    ref, spread = float64_reference_in_chunks(sh, sw, th, tw, labels, beta, 1.0, go)
     eager = run(reference.fused_linear_jsd, sh, sw, th, tw, labels, beta, 1.0, go)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -251,7 +280,6 @@ def test_fused_linear_jsd_llama_shapes_cuda(beta):
     chunk = flj_module.default_chunk_rows(n, vocab, 4)
     bound = chunk * vocab * 4 + vocab * hidden_s * (4 + 2) + n * hidden_s * (4 + 2) + 256 * 2**20
     assert peak_extra <= bound, f"peak extra memory {peak_extra / 2**30:.2f} GiB > {bound / 2**30:.2f} GiB"
-    for name, a, e, r in zip(
-        ("loss", "grad_student_hidden", "grad_student_weight"), (loss, dh, dw), eager, ref
-    ):
+    assert_mean_no_worse_than_eager("loss", loss, eager[0], ref[0], spread)
+    for name, a, e, r in zip(("grad_student_hidden", "grad_student_weight"), (dh, dw), eager[1:], ref[1:]):
         assert_no_worse_than_eager(name, a, e, r)
