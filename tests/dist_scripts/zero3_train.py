@@ -31,7 +31,14 @@ from fsdp2_train import LR, ROWS_PER_RANK, SEQ, STEPS, VOCAB, build_model
 import liger_core
 
 
+def skip_shm_collectives() -> None:
+    """DeepSpeed's CPU accelerator compiles its shared-memory collectives (C++, minutes on a loaded 2-core
+    machine) in every new process group; the plain gloo collectives it falls back to are enough here."""
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def main() -> int:
+    skip_shm_collectives()
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     tie = "--tie" in sys.argv
