@@ -14,7 +14,7 @@
 #   6. results : new files of benchmarks/results/ + logs -> $OUT (at most 8 files: results.tar.gz holds all),
 #                then the short table and the stage summary are printed last.
 # Environment knobs: STAGES (default "wheels env pytest check bench"), TOTAL_BUDGET_S (570), PYTEST_BUDGET_S
-# (200), PYTEST_CASE_TIMEOUT_S (300), CHECK_BUDGET_S (120), RUN_CHECK (0), PYTHON (python3),
+# (200), PYTEST_X ("-x"; empty: run on past failures), PYTEST_CASE_TIMEOUT_S (300), CHECK_BUDGET_S (120), RUN_CHECK (0), PYTHON (python3),
 # OUT (default benchmarks/results/run).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
@@ -77,7 +77,7 @@ if want pytest; then
   budget=${PYTEST_BUDGET_S:-200}
   timeout_flag=()
   if "$PY" -c "import pytest_timeout" 2>/dev/null; then timeout_flag=(--timeout "${PYTEST_CASE_TIMEOUT_S:-300}"); fi
-  timeout -k 10 "$budget" "$PY" -m pytest -m gpu tests -q -x "${timeout_flag[@]}" -p no:cacheprovider 2>&1 |
+  timeout -k 10 "$budget" "$PY" -m pytest -m gpu tests -q ${PYTEST_X--x} "${timeout_flag[@]}" -p no:cacheprovider 2>&1 |
     tee "$logs/pytest_gpu.log"
   rc=$?
   [ "$rc" -eq 124 ] && echo "pytest stopped after its budget of $budget s (PYTEST_BUDGET_S)"
