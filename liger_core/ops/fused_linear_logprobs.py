@@ -7,20 +7,24 @@ with TRL's logit transform (``trl.kernels.ChunkedLogProbFunction``; scale, softc
       = c' * tanh(x / c'),   x = (logit_scale / temperature) * (h @ W.T + b),   c' = softcap / temperature
 
     log_probs        = z_y - logsumexp(z)             (gradient to h, W, b)
-    entropy          = -sum_v p_v log p_v             p = softmax(z)      (detached statistics, as the rest)
+    entropy          = -sum_v p_v log p_v             p = softmax(z)      (gradient too, as TRL's)
+                                                      (the next three: detached statistics)
     log_sum_sq_probs = log sum_v p_v^2
     mean_logits      = mean_v z_v
     is_top1          = argmax_v z_v == y              (first maximum)
 
 ``log_probs`` is minus ``fused_linear_cross_entropy(reduction="none")`` of the rescaled logits ``x`` with
 softcap ``c'``, and is computed by its chunk loop: per chunk of ``C`` tokens the GEMM writes ``x`` (the factor
-``logit_scale / temperature`` applied in the GEMM's epilogue: one rounding, no pass over memory) into one
-reused ``(C, V)`` buffer, ``_logit_stats_kernel`` reads it once for the requested statistics, and the
-cross-entropy kernel gives the per-token losses. Forward computes no gradient (the per-token ``grad_output``
-is unknown then); backward runs the chunk loop again with ``-grad_output * logit_scale / temperature`` per
-token inside the CE kernel, whose in-place logits gradient feeds the dh/dW GEMMs (see
-``fused_linear_cross_entropy``). ``dW`` and ``dh`` accumulate in fp32 by default (as TRL's kernel does:
-bf16 accumulation per chunk biases training), ``accum_dtype=None`` keeps them in the weight's dtype.
+``logit_scale / temperature`` applied in the GEMM's epilogue for 16-bit logits: one rounding, no pass over
+memory; in place after the plain GEMM for fp32, see ``_scaling``) into one reused ``(C, V)`` buffer,
+``_logit_stats_kernel`` reads it once for the requested statistics, and the cross-entropy kernel gives the
+per-token losses. Forward computes no gradient (the per-token ``grad_output`` is unknown then); backward runs
+the chunk loop again with ``-grad_output * logit_scale / temperature`` per token inside the CE kernel, whose
+in-place logits gradient feeds the dh/dW GEMMs (see ``fused_linear_cross_entropy``). When the entropy has a
+gradient too (GRPO's entropy bonus), backward runs ``_logprob_entropy_grad_kernel`` instead, one pass per row
+from the forward's saved ``logsumexp(z)`` and entropy: ``dz_v = g_logp ([v == y] - p_v) - g_H p_v (log p_v +
+H)``. ``dW`` and ``dh`` accumulate in fp32 by default (as TRL's kernel does: bf16 accumulation per chunk
+biases training), ``accum_dtype=None`` keeps them in the weight's dtype.
 
 Statistics kernel, one program per token, streaming its row in column blocks once (online, rescaled as the
 running max ``m`` grows)::
@@ -59,7 +63,7 @@ from liger_core.ops.cross_entropy import (
     looped_row_settings,
     split_f64,
 )
-from liger_core.ops.fused_linear_cross_entropy import _chunk_loop, choose_chunk_tokens
+from liger_core.ops.fused_linear_cross_entropy import _chunk_loop, _mm_accumulate, choose_chunk_tokens
 from liger_core.reference.fused_linear_logprobs import OUTPUTS, FusedLogProbs
 
 __all__ = ["OUTPUTS", "FusedLogProbs", "fused_linear_logprobs"]
@@ -76,6 +80,7 @@ def _logit_stats_kernel(
     log_sum_sq_ptr,
     mean_ptr,
     top1_ptr,  # (N,) uint8 (a bool tensor's storage)
+    state_ptr,  # (N, 2) fp64: logsumexp(z) and the entropy unrounded, for the entropy's gradient
     n_cols,
     ignore_index,
     softcap_hi, softcap_lo,  # c' as an fp64 scalar (see cross_entropy._f64)
@@ -93,6 +98,8 @@ def _logit_stats_kernel(
     if y == ignore_index:
         if HAS_ENTROPY:
             tl.store(entropy_ptr + row, 0.0)
+            tl.store(state_ptr + 2 * row, 0.0)
+            tl.store(state_ptr + 2 * row + 1, 0.0)
         if HAS_LOG_SUM_SQ:
             tl.store(log_sum_sq_ptr + row, 0.0)
         if HAS_MEAN:
@@ -134,7 +141,10 @@ def _logit_stats_kernel(
         m = m_new
     log_d = tl.log(d)
     if HAS_ENTROPY:
-        tl.store(entropy_ptr + row, (log_d - s / d).to(tl.float32))
+        entropy = log_d - s / d
+        tl.store(entropy_ptr + row, entropy.to(tl.float32))
+        tl.store(state_ptr + 2 * row, (m + log_d).to(tl.float64))
+        tl.store(state_ptr + 2 * row + 1, entropy.to(tl.float64))
     if HAS_LOG_SUM_SQ:
         tl.store(log_sum_sq_ptr + row, (tl.log(q) - 2.0 * log_d).to(tl.float32))
     if HAS_MEAN:
@@ -143,8 +153,9 @@ def _logit_stats_kernel(
         tl.store(top1_ptr + row, (best_col == y).to(tl.uint8))
 
 
-def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, ignore_index, softcap):
-    """Run ``_logit_stats_kernel`` on one chunk (N, V) of logits (unit column stride); outputs may be None."""
+def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, state, ignore_index, softcap):
+    """Run ``_logit_stats_kernel`` on one chunk (N, V) of logits (unit column stride); outputs may be None
+    (``state`` goes with ``entropy``)."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
@@ -159,6 +170,7 @@ def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, ignore_index,
         log_sum_sq if log_sum_sq is not None else dummy,
         mean if mean is not None else dummy,
         top1.view(torch.uint8) if top1 is not None else dummy,
+        state if state is not None else dummy,
         n_cols,
         ignore_index,
         *split_f64(softcap if softcap is not None else 1.0),
@@ -171,6 +183,121 @@ def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, ignore_index,
         BLOCK_SIZE=block,
         num_warps=warps,
     )
+
+
+@triton.jit
+def _logprob_entropy_grad_kernel(
+    logits_ptr,  # (N, V) chunk of rescaled logits x, overwritten with d(loss)/dx
+    logits_row_stride,
+    target_ptr,
+    state_ptr,  # (N, 2) fp64 logsumexp(z) and entropy from the forward pass
+    grad_logp_ptr,  # (N,) fp32 d(loss)/d(log_probs) and d(loss)/d(entropy), times dz/dx's constant factor
+    grad_entropy_ptr,
+    n_cols,
+    ignore_index,
+    softcap_hi, softcap_lo,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_LOGP_GRAD: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """One program per token, one pass: with log p_v = z_v - lse,
+
+        dz_v = g_logp ([v == y] - p_v) - g_H p_v (log p_v + H),   dx_v = dz_v (1 - tanh^2(x_v / c'))
+
+    (the log-prob's and the entropy's gradients, d H / d z_v = -p_v (log p_v + H); the tanh factor with a
+    softcap only); 0 for ignored tokens."""
+    row = tl.program_id(0).to(tl.int64)
+    logits_row = logits_ptr + row * logits_row_stride
+    y = tl.load(target_ptr + row).to(tl.int64)
+    ignored = y == ignore_index
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    lse = tl.load(state_ptr + 2 * row).to(COMPUTE_DTYPE)
+    entropy = tl.load(state_ptr + 2 * row + 1).to(COMPUTE_DTYPE)
+    g_h = tl.load(grad_entropy_ptr + row).to(COMPUTE_DTYPE)
+    g_logp = tl.zeros([], COMPUTE_DTYPE)
+    if HAS_LOGP_GRAD:
+        g_logp = tl.load(grad_logp_ptr + row).to(COMPUTE_DTYPE)
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        z = tl.load(logits_row + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        if HAS_SOFTCAP:
+            z, sech2 = _softcap(z, softcap, COMPUTE_DTYPE)
+        log_p = z - lse
+        p = tl.exp(log_p)
+        dz = -g_h * p * (log_p + entropy) - g_logp * p
+        dz = tl.where(cols == y, dz + g_logp, dz)
+        if HAS_SOFTCAP:
+            dz = dz * sech2
+        dz = tl.where(ignored, 0.0, dz)
+        tl.store(logits_row + cols, dz.to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def _scaling(dtype: torch.dtype, scale: float) -> tuple[float, float | None]:
+    """(factor in the GEMM's epilogue, factor applied in place after it) for x = scale * (h W^T + b): 16-bit
+    logits get it in the epilogue (one rounding, no pass over memory); fp32 logits after the plain GEMM, whose
+    result is then the eager lm_head's bit for bit, plus one rounding where eager has two (scale, then
+    temperature): never less exact than eager (fp32 models are small, the extra pass is cheap there)."""
+    if scale == 1.0:
+        return 1.0, None
+    return (1.0, scale) if dtype == torch.float32 else (scale, None)
+
+
+def _entropy_backward_loop(
+    grad_log_probs, grad_entropy, hidden, weight, target, bias, state, ignore_index, scale, softcap,
+    need_hidden, need_weight, need_bias, accum_dtype, chunk_size,
+):  # fmt: skip
+    """The chunk loop of ``fused_linear_cross_entropy`` with ``_logprob_entropy_grad_kernel`` in place of the
+    CE kernel (the entropy's gradient is not a cross-entropy's): logits, in-place gradient, dh/dW/db GEMMs."""
+    n_tokens, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, hidden.dtype, device, chunk_size)
+    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
+    grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
+    grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
+    bias_accum = torch.float64 if hidden.dtype == torch.float32 else torch.float32
+    grad_bias = torch.zeros(vocab, dtype=bias_accum, device=device) if need_bias else None
+    if grad_weight is not None and n_tokens == 0:
+        grad_weight.zero_()
+    # dx = (logit_scale / temperature) dz: the factor folded into the per-token gradients
+    g_h = (grad_entropy.to(torch.float32) * scale).contiguous()
+    g_logp = (grad_log_probs.to(torch.float32) * scale).contiguous() if grad_log_probs is not None else None
+    fp64_math = hidden.dtype == torch.float32 and CE_FP32_MATH == "fp64"
+    block, warps = looped_row_settings(vocab, device, fp64_math)
+    logits_buffer = torch.empty(min(chunk, n_tokens), vocab, dtype=hidden.dtype, device=device)
+    weight_t = weight.t()
+    gemm_scale, post_scale = _scaling(hidden.dtype, scale)
+    for i, start in enumerate(range(0, n_tokens, chunk)):
+        end = min(start + chunk, n_tokens)
+        hidden_c = hidden[start:end]
+        logits = logits_buffer[: end - start]
+        if gemm_scale != 1.0:
+            if bias is None:
+                torch.addmm(logits, hidden_c, weight_t, beta=0, alpha=gemm_scale, out=logits)
+            else:
+                torch.addmm(bias, hidden_c, weight_t, beta=gemm_scale, alpha=gemm_scale, out=logits)
+        elif bias is None:
+            torch.mm(hidden_c, weight_t, out=logits)
+        else:
+            torch.addmm(bias, hidden_c, weight_t, out=logits)
+        if post_scale is not None:
+            logits.mul_(post_scale)
+        _logprob_entropy_grad_kernel[(end - start,)](
+            logits, logits.stride(0), target[start:end], state[start:end],
+            g_logp[start:end] if g_logp is not None else g_h, g_h[start:end], vocab, ignore_index,
+            *split_f64(softcap if softcap is not None else 1.0),
+            HAS_SOFTCAP=softcap is not None, HAS_LOGP_GRAD=g_logp is not None,
+            COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32, BLOCK_SIZE=block, num_warps=warps,
+        )  # fmt: skip
+        if need_hidden:
+            _mm_accumulate(grad_hidden[start:end], logits, weight, first=True)
+        if need_weight:
+            _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
+        if need_bias:
+            grad_bias += logits.sum(0, dtype=bias_accum)
+    return grad_hidden, grad_weight, grad_bias
 
 
 def _empty(like: torch.Tensor) -> torch.Tensor:
@@ -188,10 +315,12 @@ def _fwd_impl(
     stats_mask: int,
     chunk_size: int | None,
     check_targets: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1) for 2-D hidden; ``scale`` and ``softcap``
-    are those of the rescaled logits x (``logit_scale / temperature``, ``softcap / temperature``); bit i of
-    ``stats_mask`` requests statistic ``_STATS[i]``. Fields not requested are empty."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1, state) for 2-D hidden; ``scale`` and
+    ``softcap`` are those of the rescaled logits x (``logit_scale / temperature``, ``softcap /
+    temperature``); bit i of ``stats_mask`` requests statistic ``_STATS[i]``; ``state`` (N, 2) fp64
+    (logsumexp z and the entropy, for the entropy's gradient) comes with the entropy. Fields not requested
+    are empty."""
     n = hidden.shape[0]
     device = hidden.device
     stats = {
@@ -200,12 +329,21 @@ def _fwd_impl(
         else None
         for i, name in enumerate(_STATS)
     }
+    stats["state"] = (
+        torch.empty(n, 2, dtype=torch.float64, device=device) if stats["entropy"] is not None else None
+    )
+    gemm_scale, post_scale = _scaling(hidden.dtype, scale)
+    has_stats = any(v is not None for v in stats.values())
 
     def on_logits(start, end, logits):
+        if post_scale is not None:
+            logits.mul_(post_scale)
+        if not has_stats:
+            return
         _launch_stats(
             logits,
             target[start:end],
-            *(stats[name][start:end] if stats[name] is not None else None for name in _STATS),
+            *(v[start:end] if v is not None else None for v in stats.values()),
             ignore_index,
             softcap,
         )
@@ -228,11 +366,16 @@ def _fwd_impl(
             None,
             chunk_size,
             check_targets=check_targets,
-            logit_scale=scale,
-            on_logits=on_logits if any(v is not None for v in stats.values()) else None,
+            logit_scale=gemm_scale,
+            on_logits=on_logits if has_stats or post_scale is not None else None,
         )
     log_probs = loss_rows.neg().to(torch.float32)  # one rounding of the fp64 per-token loss
-    return (log_probs, *(v if v is not None else _empty(log_probs) for v in stats.values()))
+    state = stats.pop("state")
+    return (
+        log_probs,
+        *(v if v is not None else _empty(log_probs) for v in stats.values()),
+        state if state is not None else _empty(log_probs).double(),
+    )
 
 
 _fwd = torch.library.custom_op("liger_core::fused_linear_logprobs_fwd", _fwd_impl, mutates_args=())
@@ -250,11 +393,14 @@ def _(hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, ch
             else hidden.new_empty(0, dtype=torch.float32)
             for i, name in enumerate(_STATS)
         ),
+        hidden.new_empty((n, 2) if stats_mask & 1 else (0,), dtype=torch.float64),
     )
 
 
 def _bwd_impl(
     grad_log_probs: torch.Tensor,
+    grad_entropy: torch.Tensor,
+    state: torch.Tensor,
     hidden: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
@@ -269,8 +415,23 @@ def _bwd_impl(
     chunk_size: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chunk loop again, with d(-log_probs)/dx scaled per token by ``-grad * scale`` inside the CE kernel
-    (dx/d(hW + b) = scale); gradients in the dtypes of hidden, weight and bias (empty where not requested)."""
+    (dx/d(hW + b) = scale), or, when the entropy has a gradient (``grad_entropy`` not empty), with the
+    one-pass kernel of both gradients (``grad_log_probs`` may then be empty: no log-prob gradient); gradients
+    in the dtypes of hidden, weight and bias (empty where not requested)."""
+    if grad_entropy.numel():
+        with torch.autocast(hidden.device.type, enabled=False):
+            gh, gw, gb = _entropy_backward_loop(
+                grad_log_probs if grad_log_probs.numel() else None, grad_entropy, hidden, weight, target,
+                bias, state, ignore_index, scale, softcap, need_hidden, need_weight, need_bias,
+                accum_dtype, chunk_size,
+            )  # fmt: skip
+        return (
+            gh.to(hidden.dtype) if gh is not None else _empty(hidden),
+            gw.to(weight.dtype) if gw is not None else _empty(weight),
+            gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
+        )
     row_scale = grad_log_probs.to(torch.float64).mul(-scale).contiguous()
+    gemm_scale, post_scale = _scaling(hidden.dtype, scale)
     with torch.autocast(hidden.device.type, enabled=False):
         *_, gh, gw, gb = _chunk_loop(
             hidden,
@@ -289,7 +450,10 @@ def _bwd_impl(
             accum_dtype,
             chunk_size,
             row_scale=row_scale,
-            logit_scale=scale,
+            logit_scale=gemm_scale,
+            on_logits=(lambda start, end, logits: logits.mul_(post_scale))
+            if post_scale is not None
+            else None,
         )
     return (
         gh.to(hidden.dtype) if gh is not None else _empty(hidden),
@@ -304,6 +468,8 @@ _bwd = torch.library.custom_op("liger_core::fused_linear_logprobs_bwd", _bwd_imp
 @_bwd.register_fake
 def _(
     grad_log_probs,
+    grad_entropy,
+    state,
     hidden,
     weight,
     target,
@@ -335,21 +501,27 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
         ctx.options = (ignore_index, scale, softcap)
         ctx.accum = (accum_dtype, chunk_size)
         ctx.set_materialize_grads(False)
-        out = launcher(_fwd, _fwd_impl)(
+        *out, state = launcher(_fwd, _fwd_impl)(
             hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, chunk_size, check_targets
         )
-        ctx.save_for_backward(hidden, weight, target, bias)
-        ctx.mark_non_differentiable(*out[1:])
-        return out
+        log_probs, entropy, *stats = out
+        ctx.save_for_backward(hidden, weight, target, bias, state)
+        # log_probs and the entropy (when asked for) carry gradients; the other statistics do not
+        ctx.mark_non_differentiable(*stats, state, *([] if stats_mask & 1 else [entropy]))
+        return log_probs, entropy, *stats, state
 
     @staticmethod
-    def backward(ctx, grad_log_probs, *_grad_stats):
+    def backward(ctx, grad_log_probs, grad_entropy, *_grad_stats):
         need_hidden, need_weight, need_bias = ctx.needs
-        if grad_log_probs is None:  # only the (detached) statistics were used
+        hidden, weight, target, bias, state = ctx.saved_tensors
+        if not state.numel():
+            grad_entropy = None
+        if grad_log_probs is None and grad_entropy is None:  # only the detached statistics were used
             return (None,) * 11
-        hidden, weight, target, bias = ctx.saved_tensors
         gh, gw, gb = launcher(_bwd, _bwd_impl)(
-            grad_log_probs, hidden, weight, target, bias, *ctx.options, need_hidden, need_weight, need_bias,
+            grad_log_probs if grad_log_probs is not None else _empty(state).float(),
+            grad_entropy if grad_entropy is not None else _empty(state).float(),
+            state, hidden, weight, target, bias, *ctx.options, need_hidden, need_weight, need_bias,
             *ctx.accum,
         )  # fmt: skip
         return (
@@ -384,8 +556,9 @@ def fused_linear_logprobs(
     hidden ``(..., H)`` (any strides), weight ``(V, H)``, bias ``(V,)``, target ``(...)`` (class indices in
     [0, V) or ``ignore_index``). Returns ``FusedLogProbs(log_probs, entropy, log_sum_sq_probs, mean_logits,
     is_top1)``, each of target's shape: fp32 (``is_top1`` bool), 0 (False) where ``target == ignore_index``.
-    ``log_probs`` is always computed; the other fields are None unless named in ``outputs``. Only
-    ``log_probs`` carries a gradient (to hidden, weight and bias); the others are detached statistics.
+    ``log_probs`` is always computed; the other fields are None unless named in ``outputs``. ``log_probs`` and
+    ``entropy`` carry gradients (to hidden, weight and bias; as TRL's kernel), the others are detached
+    statistics.
 
     ``chunk_size``/``max_chunk_bytes``: tokens per chunk, or a bound on one chunk's logits (default as
     ``fused_linear_cross_entropy``). ``accum_dtype``: dtype of the dW/dh accumulators (default fp32, as TRL;
@@ -486,7 +659,7 @@ def fused_linear_logprobs(
         out = FusedLinearLogProbsFunction.apply(*args, accum_dtype, chunk_size, bool(check_targets))
     else:
         out = launcher(_fwd, _fwd_impl)(*args, chunk_size, bool(check_targets))
-    log_probs, *stats = out
+    log_probs, *stats, _state = out
     fields = [log_probs.view(out_shape)]
     for name, value in zip(_STATS, stats):
         fields.append(value.view(out_shape) if name in outputs else None)

@@ -8,7 +8,7 @@ before ``selective_log_softmax``), then the per-token statistics of ``softmax(z)
 float64 inputs):
 
     log_probs        = log_softmax(z)[target]         (gradient to hidden, weight, bias)
-    entropy          = -sum_v p_v log p_v             (detached)
+    entropy          = -sum_v p_v log p_v             (gradient to hidden, weight, bias, as TRL's kernel)
     log_sum_sq_probs = log sum_v p_v^2                (detached)
     mean_logits      = mean_v z_v                     (detached)
     is_top1          = argmax_v z_v == target         (first maximum, as torch.argmax; bool)
@@ -70,9 +70,9 @@ def fused_linear_logprobs(
     safe = target.masked_fill(~valid, 0).long()
     log_probs = log_p.gather(-1, safe.unsqueeze(-1)).squeeze(-1).masked_fill(~valid, 0.0)
     entropy = log_sum_sq_probs = mean_logits = is_top1 = None
+    if "entropy" in outputs:
+        entropy = -(log_p.exp() * log_p).sum(-1).masked_fill(~valid, 0.0)
     with torch.no_grad():
-        if "entropy" in outputs:
-            entropy = -(log_p.exp() * log_p).sum(-1).masked_fill(~valid, 0.0)
         if "log_sum_sq_probs" in outputs:
             log_sum_sq_probs = torch.logsumexp(2 * log_p, dim=-1).masked_fill(~valid, 0.0)
         if "mean_logits" in outputs:

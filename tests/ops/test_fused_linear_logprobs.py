@@ -99,6 +99,35 @@ def test_logprobs_match_float64(device, dtype, case, poison_empty):
     assert bool((g_ours[0][ignored] == 0).all()), "ignored tokens must get no hidden gradient"
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["scaled", "softcap"])
+@pytest.mark.parametrize("with_log_probs", [True, False], ids=["logp+entropy", "entropy"])
+def test_entropy_gradient_matches_float64(device, dtype, case, with_log_probs, poison_empty):
+    """The entropy carries a gradient (as TRL's kernel; GRPO's entropy bonus): d(<log_probs, g1> + <entropy,
+    g2>)/d(hidden, weight, bias), and the entropy's alone, against float64; no worse than eager."""
+    spec = CASES[case]
+    n, hidden_size, vocab = spec["shape"] if device == "cpu" else (2048, 4096, 128256)
+    hidden, weight, bias, target = _inputs(device, dtype, n, hidden_size, vocab, bias=spec["bias"])
+    g1, g2 = torch.randn(n, device=device), torch.randn(n, device=device)
+    results = []
+    for kind in ("ours", "eager", "ref64"):
+        dt = torch.float64 if kind == "ref64" else dtype
+        h, w, b = leaf(hidden, dt), leaf(weight, dt), leaf(bias, dt) if bias is not None else None
+        fn = fused_linear_logprobs if kind == "ours" else reference.fused_linear_logprobs
+        extra = dict(chunk_size=4 if device == "cpu" else 512) if kind == "ours" else {}
+        out = fn(h, w, target, b, outputs=("entropy",), **spec["opts"], **extra)
+        objective = (out.entropy * g2.to(out.entropy.dtype)).sum()
+        if with_log_probs:
+            objective = objective + (out.log_probs * g1.to(out.log_probs.dtype)).sum()
+        inputs = [h, w] + ([b] if b is not None else [])
+        results.append(torch.autograd.grad(objective, inputs))
+    for name, mine, theirs, ref64 in zip(("dhidden", "dweight", "dbias"), *results):
+        assert mine.dtype == dtype, name
+        assert_no_worse_than_eager(name, mine, theirs, ref64)
+    assert bool((results[0][0][target == IGNORE] == 0).all()), "ignored tokens must get no hidden gradient"
+
+
 def test_logprobs_noncontiguous_3d_and_no_grad(poison_empty):
     """(B, T, H) hidden with non-unit strides; the no-grad (evaluation) path gives the same values."""
     hidden, weight, bias, target = _inputs("cpu", torch.float32, 21, 24, 37, bias=True)
@@ -113,7 +142,8 @@ def test_logprobs_noncontiguous_3d_and_no_grad(poison_empty):
         assert a.shape == (3, 7) and torch.equal(a, b), name
         if name != "is_top1":
             torch.testing.assert_close(a.reshape(-1).double(), getattr(ref, name), rtol=1e-5, atol=1e-5)
-    assert trained.log_probs.requires_grad and not trained.entropy.requires_grad
+    assert trained.log_probs.requires_grad and trained.entropy.requires_grad
+    assert not trained.mean_logits.requires_grad and not trained.log_sum_sq_probs.requires_grad
 
 
 def test_logprobs_outputs_selection():
@@ -161,15 +191,15 @@ def test_logprobs_extreme_logits():
 
 def test_logprobs_only_stats_used():
     """A loss that uses log_probs while the statistics are requested (non-differentiable outputs) trains;
-    a backward that reaches only the statistics is refused by autograd (they carry no gradient)."""
+    a backward that reaches only the detached statistics is refused by autograd (they carry no gradient)."""
     hidden, weight, _, target = _inputs("cpu", torch.float32, 9, 24, 37)
     h = leaf(hidden)
     out = fused_linear_logprobs(h, weight, target, outputs=OUTPUTS)
-    (out.log_probs.sum() + out.entropy.sum().detach()).backward()
+    (out.log_probs.sum() + out.mean_logits.sum() + out.entropy.sum().detach()).backward()
     assert h.grad is not None and torch.isfinite(h.grad).all()
     with pytest.raises(RuntimeError):
         out2 = fused_linear_logprobs(leaf(hidden), weight, target, outputs=OUTPUTS)
-        out2.entropy.sum().backward()
+        (out2.log_sum_sq_probs.sum() + out2.mean_logits.sum()).backward()
 
 
 def test_logprobs_bf16_default_weight_accumulation():
@@ -202,12 +232,20 @@ def test_logprobs_matches_trl_kernel():
             assert torch.equal(mine, value)
         else:
             torch.testing.assert_close(mine, value, rtol=2e-5, atol=2e-5)
-    grad_out = torch.randn(int(valid.sum()))
-    full = torch.zeros(23).masked_scatter(valid, grad_out)
-    g_ours = torch.autograd.grad(ours.log_probs, [h1, w1, b1], full)
-    g_trl = torch.autograd.grad(theirs[0], [h2, w2, b2], grad_out)
-    for a, b in zip(g_ours, g_trl):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    g_logp, g_entropy = torch.randn(int(valid.sum())), torch.randn(int(valid.sum()))
+    full_logp = torch.zeros(23).masked_scatter(valid, g_logp)
+    full_entropy = torch.zeros(23).masked_scatter(valid, g_entropy)
+    # gradients of the log-probs, and of log-probs + entropy (TRL's entropy carries one: GRPO's bonus)
+    for with_entropy in (False, True):
+        objective_ours = (ours.log_probs * full_logp).sum()
+        objective_trl = (theirs[0] * g_logp).sum()
+        if with_entropy:
+            objective_ours = objective_ours + (ours.entropy * full_entropy).sum()
+            objective_trl = objective_trl + (theirs[1] * g_entropy).sum()
+        g_ours = torch.autograd.grad(objective_ours, [h1, w1, b1], retain_graph=True)
+        g_trl = torch.autograd.grad(objective_trl, [h2, w2, b2], retain_graph=True)
+        for a, b in zip(g_ours, g_trl):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_logprobs_bad_inputs():
