@@ -634,7 +634,11 @@ COLUMNS = (
 
 
 def fmt(value, spec: str) -> str:
-    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+    """``value`` formatted with ``spec``, or "-" padded to the spec's width when missing."""
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return format(value, spec)
+    width = spec.split(".")[0]
+    return format("-", f">{width}") if width else "-"
 
 
 def print_table(rows: list[dict]) -> None:
