@@ -279,3 +279,24 @@ def test_logprobs_bad_inputs():
         fused_linear_logprobs(hidden, weight, torch.tensor([0, 1, 37, 2, IGNORE]))
     with pytest.raises(ValueError, match="class index -1"):
         fused_linear_logprobs(hidden, weight, torch.tensor([0, 1, -1, 2, IGNORE]))
+
+
+@pytest.mark.slow
+def test_logprobs_torch_compile_fullgraph():
+    """Under torch.compile (fullgraph, aot_eager: the custom ops' fake implementations trace the graph) the
+    outputs and the log-prob + entropy gradients equal eager's."""
+    hidden, weight, _, target = _inputs("cpu", torch.float32, 11, 24, 37)
+
+    def fn(h, w):
+        out = fused_linear_logprobs(
+            h, w, target, temperature=0.7, outputs=("entropy", "mean_logits", "is_top1"), chunk_size=4
+        )
+        return out.log_probs.sum() + 0.1 * out.entropy.sum(), out.mean_logits, out.is_top1
+
+    results = []
+    for f in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        h, w = leaf(hidden), leaf(weight)
+        objective, mean_logits, top1 = f(h, w)
+        results.append((objective, mean_logits, top1, *torch.autograd.grad(objective, [h, w])))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager)
