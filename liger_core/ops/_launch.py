@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import triton
-
 # Largest row that one program keeps in registers; above it a kernel must loop over column blocks.
 MAX_FUSED_SIZE = 65536
 
 
 def row_settings(n_cols: int) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) for kernels that hold one whole row of ``n_cols`` elements in registers."""
-    block = triton.next_power_of_2(n_cols)
+    block = _next_power_of_2(n_cols)
     if block > MAX_FUSED_SIZE:
         raise ValueError(f"rows of {n_cols} elements exceed the fused limit of {MAX_FUSED_SIZE}")
     if block >= 32768:
@@ -28,7 +26,7 @@ def row_settings(n_cols: int) -> tuple[int, int]:
 
 def elementwise_settings(n_elements: int) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) for flat elementwise kernels."""
-    block = min(4096, max(128, triton.next_power_of_2(n_elements)))
+    block = min(4096, max(128, _next_power_of_2(n_elements)))
     return block, 8 if block >= 2048 else 4
 
 
@@ -82,6 +80,15 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+# Host-side launch arithmetic in plain ints (triton.cdiv / triton.next_power_of_2 are constexpr_function
+# wrappers since Triton 3.5: microseconds of host time per call, on every launch).
+next_power_of_2 = _next_power_of_2
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 class NormSettings(NamedTuple):
     block_m: int  # rows per tile
     block_n: int  # columns per tile: the whole (padded) row when single_pass, else a chunk
@@ -127,5 +134,5 @@ def norm_bwd_programs(device, n_tiles: int, layer_norm: bool = False) -> tuple[i
     NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM) programs per SM, each with a contiguous block of >= 1 tile."""
     per_sm = NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM if layer_norm else NORM_BWD_PROGRAMS_PER_SM
     target = num_sms(device) * per_sm
-    tiles_per_program = triton.cdiv(n_tiles, max(1, min(target, n_tiles)))
-    return triton.cdiv(n_tiles, tiles_per_program), tiles_per_program
+    tiles_per_program = cdiv(n_tiles, max(1, min(target, n_tiles)))
+    return cdiv(n_tiles, tiles_per_program), tiles_per_program

@@ -57,7 +57,7 @@ from liger_core.dispatch import (
     use_triton,
 )
 from liger_core.ops._fastlaunch import fast_launch
-from liger_core.ops._launch import num_sms
+from liger_core.ops._launch import cdiv, next_power_of_2, num_sms
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -430,7 +430,7 @@ def looped_row_settings(n_cols: int, device: torch.device, fp64_math: bool = Fal
     1031) cover both the one-block and the multi-block (online) paths.
     """
     cap = (CE_MAX_BLOCK_FP64_MATH if fp64_math else CE_MAX_BLOCK) if device.type == "cuda" else 512
-    block = min(cap, triton.next_power_of_2(max(n_cols, 1)))
+    block = min(cap, next_power_of_2(max(n_cols, 1)))
     warps = 32 if block >= 16384 else 16 if block >= 4096 else 8 if block >= 1024 else 4
     if fp64_math:
         warps = min(warps, 16)
@@ -576,7 +576,7 @@ def reduce_losses(
     if none and n_rows == 0:
         return loss, z
     block = 1024 if loss_rows.device.type == "cuda" else 64
-    _reduce_losses_kernel[(triton.cdiv(n_rows, block) if none else 1,)](
+    _reduce_losses_kernel[(cdiv(n_rows, block) if none else 1,)](
         loss_rows, z_rows, stats, loss, z, n_rows, MEAN=reduction == "mean", NONE=none, BLOCK_SIZE=block
     )
     return loss, z
@@ -594,8 +594,8 @@ def scale_rows_(x: torch.Tensor, scale: torch.Tensor) -> None:
     scale_row_stride = 0 if scale.numel() == 1 else 1
     if scale_row_stride:
         assert scale.numel() == n_rows and scale.is_contiguous()
-    block = min(4096, triton.next_power_of_2(n_cols))
-    n_tiles = n_rows * triton.cdiv(n_cols, block)
+    block = min(4096, next_power_of_2(n_cols))
+    n_tiles = n_rows * cdiv(n_cols, block)
     grid = (min(n_tiles, 8 * num_sms(x.device)),)
     _scale_rows_kernel[grid](
         x, x.stride(0), n_rows, n_cols, scale, scale_row_stride, BLOCK_SIZE=block,

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
-from liger_core.ops._launch import elementwise_settings
+from liger_core.ops._launch import cdiv, elementwise_settings
 from liger_core.ops.jsd import (
     as_rows,
     check_beta,
@@ -171,7 +171,7 @@ def _launch_scale(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor) -> 
     n = src.numel()
     block, warps = elementwise_settings(n)
     if n:
-        _scale_kernel[(triton.cdiv(n, block),)](src, dst, scale, n, BLOCK_SIZE=block, num_warps=warps)
+        _scale_kernel[(cdiv(n, block),)](src, dst, scale, n, BLOCK_SIZE=block, num_warps=warps)
 
 
 def _add_mm_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -43,7 +43,7 @@ from liger_core.ops._activation_math import (
     use_inplace_backward,
 )
 from liger_core.ops._fastlaunch import fast_launch
-from liger_core.ops._launch import elementwise_settings
+from liger_core.ops._launch import cdiv, elementwise_settings
 
 APPROXIMATIONS = ("tanh", "none")
 
@@ -142,7 +142,7 @@ def _geglu_bwd_kernel(
 
 def _grid_settings(n: int) -> tuple[int, int, int]:
     block, warps = elementwise_settings(n)
-    return triton.cdiv(n, block), block, warps
+    return cdiv(n, block), block, warps
 
 
 # Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched

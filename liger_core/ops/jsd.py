@@ -38,6 +38,7 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._launch import cdiv, next_power_of_2
 
 FORWARD_KL, REVERSE_KL, MIXTURE = 0, 1, 2
 
@@ -48,7 +49,7 @@ class RowTiles(NamedTuple):
     num_warps: int
 
     def grid(self, n_rows: int) -> tuple[int]:
-        return (triton.cdiv(n_rows, self.block_m),)
+        return (cdiv(n_rows, self.block_m),)
 
 
 def row_tiles(n_rows: int, n_cols: int, device: torch.device) -> RowTiles:
@@ -59,8 +60,8 @@ def row_tiles(n_rows: int, n_cols: int, device: torch.device) -> RowTiles:
     the CPU interpreter, whose cost is per interpreted operation, tiles are 4x larger.
     """
     tile = 4 * 4096 if device.type == "cpu" else 4096
-    block_n = min(tile, triton.next_power_of_2(max(n_cols, 1)))
-    block_m = max(1, min(tile // block_n, triton.next_power_of_2(max(n_rows, 1))))
+    block_n = min(tile, next_power_of_2(max(n_cols, 1)))
+    block_m = max(1, min(tile // block_n, next_power_of_2(max(n_rows, 1))))
     return RowTiles(block_m, block_n, 8 if block_m * block_n >= 2048 else 4)
 
 

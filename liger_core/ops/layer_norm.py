@@ -28,7 +28,7 @@ import triton.language as tl
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
 from liger_core.ops._fastlaunch import fast_launch
-from liger_core.ops._launch import norm_bwd_programs, norm_settings
+from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
 from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view, sum_partials, widen
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
 
@@ -241,7 +241,7 @@ def _layer_norm_fwd_impl(
     if n_rows == 0:
         return y, mean, rstd
     s = norm_settings(n_cols)
-    _layer_norm_fwd_kernel[(triton.cdiv(n_rows, s.block_m),)](
+    _layer_norm_fwd_kernel[(cdiv(n_rows, s.block_m),)](
         x, w, w if b is None else b, y, mean, rstd, n_rows, n_cols, x.stride(0), y.stride(0), eps,
         HAS_BIAS=b is not None, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
         PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
@@ -258,7 +258,7 @@ def _layer_norm_bwd_impl(
     if n_rows == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
     s = norm_settings(n_cols, backward=True)
-    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m), layer_norm=True)
+    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), layer_norm=True)
     precise = x.dtype == torch.float32
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
     partials = torch.empty((2 if has_bias else 1, programs, n_cols), dtype=partial_dtype, device=x.device)

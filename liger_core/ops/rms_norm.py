@@ -42,7 +42,7 @@ from liger_core.dispatch import (
     use_triton,
 )
 from liger_core.ops._fastlaunch import fast_launch
-from liger_core.ops._launch import norm_bwd_programs, norm_settings
+from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
 from liger_core.reference.rms_norm import CASTING_MODES
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
 
@@ -120,7 +120,7 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty((n_sums, n_cols), dtype=dtype, device=partials.device)
     block_n = 64
     block_p = 64 if partials.dtype == torch.float32 else 32
-    _sum_partials_kernel[(triton.cdiv(n_cols, block_n),)](
+    _sum_partials_kernel[(cdiv(n_cols, block_n),)](
         partials, out, n_partials, n_cols, n_sums, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
     )
     return out
@@ -314,7 +314,7 @@ def _rms_norm_fwd_impl(
     if n_rows == 0:
         return y, rstd
     s = norm_settings(n_cols)
-    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, s.block_m),)](
+    _rms_norm_fwd_kernel[(cdiv(n_rows, s.block_m),)](
         x, w, y, rstd, n_rows, n_cols, x.stride(0), y.stride(0), eps, offset,
         ROUND_BEFORE_WEIGHT=casting_mode == "llama", BLOCK_M=s.block_m, BLOCK_N=s.block_n,
         SINGLE_PASS=s.single_pass, PRECISE=x.dtype == torch.float32, num_warps=s.num_warps,
@@ -328,7 +328,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     if n_rows == 0:
         return torch.zeros_like(w)
     s = norm_settings(n_cols, backward=True)
-    programs, tiles_per_program = norm_bwd_programs(x.device, triton.cdiv(n_rows, s.block_m))
+    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m))
     precise = x.dtype == torch.float32
     # partial rows in fp64 only where the data is fp32 (bf16/fp16: fp32 partials, summed in fp32)
     partial_dtype = torch.float64 if precise else torch.float32
