@@ -788,6 +788,10 @@ def time_step(run: ProviderRun, mode: str, timing: Timing) -> tuple[float, float
 
     step = make_step(run, mode)
     restore = (lambda: _restore(run.restore_pairs)) if run.restore_pairs else None
+    # Time under the memory conditions of the peak-memory measurement: liger_core's fused linear CE sizes its
+    # default chunk from the headroom under the process's peak, which the float64 reference would inflate.
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     step()  # warm (compilation happened in the checked run; this builds any mode-specific state)
     torch.cuda.synchronize()
     est = _estimate_ms(step, restore)
