@@ -35,8 +35,8 @@ Providers (fwd+bwd to hidden and weight):
 
 Check first: every provider runs once; its loss and its gradients of hidden and weight are compared with a
 float64 reference of the same bf16 inputs (log-probs chunk by chunk in float64, the formula under autograd,
-the gradients by the analytic softmax backward in float64): loss |err| / |ref|, gradients
-max |err| / max |ref|.
+the gradients by the analytic softmax backward in float64): loss |err| / |ref| (GRPO: / the same reduction of
+|per-token terms|, as its terms cancel: sum A = 0), gradients max |err| / max |ref|.
 A provider outside TOL (3e-2, ~8 bf16 ulps) or out of memory is marked FAILED and not timed.
 Time: median of --reps (5) fwd+bwd runs after --warmup (2) runs, CUDA events around each; input .grad reset to
 None before each run. Memory: max_memory_allocated() during one fwd+bwd minus memory_allocated() before it
@@ -73,8 +73,9 @@ from liger_core.losses import fused_linear_dpo_loss, fused_linear_grpo_loss  # n
 
 IGNORE = -100
 TOL = 3e-2
-PROVIDERS = ("torch", "torch_compile", "liger_core", "liger_core_loss", "liger_kernel")
-SCENARIOS = ("dpo", "dpo_ref_head", "grpo")
+# the optional torch.compile last: its compile time is the least predictable term
+PROVIDERS = ("torch", "liger_core", "liger_core_loss", "liger_kernel", "torch_compile")
+SCENARIOS = ("dpo", "grpo", "dpo_ref_head")
 GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo")
 H100_BF16_TFLOPS = 800.0  # dense bf16 GEMM, what the other notes in benchmarks/NOTES.md use
 H100_HBM_TBS = 3.0
@@ -110,6 +111,7 @@ def grpo_loss(
     epsilon: float,
     loss_type: str,
     use_bias_correction_kl: bool = True,
+    absolute: bool = False,
 ) -> torch.Tensor:
     """TRL's GRPO loss of per-token log-probs (B, T): token-level importance sampling, epsilon_low =
     epsilon_high = epsilon, one process, no gradient accumulation (num_items_in_batch = this batch's
@@ -124,6 +126,10 @@ def grpo_loss(
         if use_bias_correction_kl:
             per_token_kl = per_token_kl * coef_1
         per_token_loss = per_token_loss + beta * per_token_kl
+    if (
+        absolute
+    ):  # the loss's scale: the same reduction of |per-token terms| (the terms cancel: sum_i A_i = 0)
+        per_token_loss = per_token_loss.abs()
     if loss_type == "grpo":
         return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     # dapo (num_items_in_batch = mask.sum() for a lone batch) and bnpo agree: one process, no accumulation
@@ -196,7 +202,7 @@ def reference_check(
     leaf = token_logps64.detach().requires_grad_(True)
     loss = loss_fn(leaf)
     (grad,) = torch.autograd.grad(loss, leaf)
-    return float(loss), grad
+    return float(loss.detach()), grad
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -292,12 +298,14 @@ def load_liger_kernel():
 def build_providers(scenario: str, data: dict, args: argparse.Namespace, liger_kernel) -> dict:
     """{name: (callable, reference key, note)}; reference key picks which float64 reference checks it."""
     h, w, t = data["hidden"], data["weight"], data["target"]
+    # liger-kernel's DPO marks the full target dynamic for dynamo; torch.compile gets its own copy
+    t_compile = t.clone()
     beta = args.dpo_beta if scenario.startswith("dpo") else args.grpo_beta
     out: dict = {}
     if scenario == "dpo":
         rc, rr = data["ref_chosen_logps"], data["ref_rejected_logps"]
         out["torch"] = (lambda: torch_dpo(h, w, t, rc, rr, beta=beta), "main", "")
-        out["torch_compile"] = (lambda: data["compiled"](h, w, t, rc, rr), "main", "")
+        out["torch_compile"] = (lambda: data["compiled"](h, w, t_compile, rc, rr), "main", "")
         out["liger_core"] = (
             lambda: fused_linear_dpo_loss(h, w, t, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=beta)[0],
             "main",
@@ -320,7 +328,7 @@ def build_providers(scenario: str, data: dict, args: argparse.Namespace, liger_k
     elif scenario == "dpo_ref_head":
         rh, rw = data["ref_hidden"], data["ref_weight"]
         out["torch"] = (lambda: torch_dpo(h, w, t, ref_hidden=rh, ref_weight=rw, beta=beta), "main", "")
-        out["torch_compile"] = (lambda: data["compiled"](h, w, t, None, None, rh, rw), "main", "")
+        out["torch_compile"] = (lambda: data["compiled"](h, w, t_compile, None, None, rh, rw), "main", "")
         out["liger_core"] = (
             lambda: fused_linear_dpo_loss(h, w, t, ref_hidden=rh, ref_weight=rw, beta=beta)[0],
             "main",
@@ -340,7 +348,7 @@ def build_providers(scenario: str, data: dict, args: argparse.Namespace, liger_k
         old, ref, adv, mask = data["old"], data["ref"], data["advantages"], data["mask"]
         kw = dict(beta=beta, epsilon=args.grpo_epsilon, loss_type=args.grpo_loss_type)
         out["torch"] = (lambda: torch_grpo(h, w, t, old, ref, adv, mask, **kw), "main", "")
-        out["torch_compile"] = (lambda: data["compiled"](h, w, t, old, ref, adv, mask), "main", "")
+        out["torch_compile"] = (lambda: data["compiled"](h, w, t_compile, old, ref, adv, mask), "main", "")
         fused_kw = dict(
             advantages=adv,
             completion_mask=mask,
@@ -417,14 +425,14 @@ def setup_scenario(scenario: str, args: argparse.Namespace, device: torch.device
             lambda x: dpo_sigmoid_loss(*seq(x).chunk(2), ref_c64, ref_r64, beta), token64
         )
         grads = [main_g]
-        references["main"] = dict(loss=main_loss)
+        references["main"] = dict(loss=main_loss, scale=abs(main_loss))
         if scenario == "dpo":
             zero = torch.zeros(pairs, dtype=torch.float64, device=device)
             free_loss, free_g = reference_check(
                 lambda x: dpo_sigmoid_loss(*seq(x).chunk(2), zero, zero, beta), token64
             )
             grads.append(free_g)
-            references["reference_free"] = dict(loss=free_loss)
+            references["reference_free"] = dict(loss=free_loss, scale=abs(free_loss))
         results = reference_grads(h.detach(), w64, t.clamp(min=0), scored, grads)
         for key, (dh, dw) in zip(references, results):
             references[key].update(dh=dh, dw=dw)
@@ -444,7 +452,8 @@ def setup_scenario(scenario: str, args: argparse.Namespace, device: torch.device
         old64, ref64 = data["old"].double(), data["ref"].double()
         loss64, g = reference_check(lambda x: grpo_loss(x, old64, ref64, adv.double(), mask, **kw), token64)
         ((dh, dw),) = reference_grads(h.detach(), w64, t, scored, [g])
-        references["main"] = dict(loss=loss64, dh=dh, dw=dw)
+        scale = float(grpo_loss(token64, old64, ref64, adv.double(), mask, absolute=True, **kw))
+        references["main"] = dict(loss=loss64, scale=scale, dh=dh, dw=dw)
         data["compiled"] = maybe_compile(lambda *a: torch_grpo(*a, **kw), args)
     del w64
     data["references"] = references
@@ -486,7 +495,7 @@ def errors(loss: torch.Tensor, leaves: list[torch.Tensor], ref: dict) -> dict:
     return dict(
         loss=value,
         ref_loss=ref["loss"],
-        loss_err=abs(value - ref["loss"]) / max(abs(ref["loss"]), 1e-6) if math.isfinite(value) else math.inf,
+        loss_err=abs(value - ref["loss"]) / max(ref["scale"], 1e-12) if math.isfinite(value) else math.inf,
         dh_err=grad_err(leaves[0].grad, ref["dh"]),
         dw_err=grad_err(leaves[1].grad, ref["dw"]),
     )
@@ -668,6 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="default 2 (--tiny: 1)")
     parser.add_argument("--reps", type=int, default=None, help="default 5 (--tiny: 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="providers not started within this many seconds are skipped (rows written so far are kept)",
+    )
     parser.add_argument("--dpo-beta", type=float, default=0.1)
     parser.add_argument("--grpo-beta", type=float, default=0.04)
     parser.add_argument("--grpo-epsilon", type=float, default=0.2)
@@ -708,6 +723,12 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         for scenario in args.scenarios:
             t0 = time.perf_counter()
+            if t0 - began > args.budget_s:
+                for name in args.providers:
+                    row = dict(scenario=scenario, provider=name, status="skipped (time budget spent)")
+                    rows.append(row)
+                    writer.writerow(row)
+                continue
             data = setup_scenario(scenario, args, device, shape)
             log(f"{scenario}: inputs + float64 reference in {time.perf_counter() - t0:.1f} s; reference loss "
                 f"{data['references']['main']['loss']:.6g}")  # fmt: skip
@@ -715,7 +736,9 @@ def main(argv: list[str] | None = None) -> int:
             leaves = [data["hidden"], data["weight"]]
             for name in args.providers:
                 row = dict(scenario=scenario, provider=name)
-                if name not in providers or (name == "torch_compile" and data["compiled"] is None):
+                if time.perf_counter() - began > args.budget_s:
+                    row.update(status=f"skipped (time budget {args.budget_s:.0f} s spent)")
+                elif name not in providers or (name == "torch_compile" and data["compiled"] is None):
                     reason = why_not if name == "liger_kernel" else "not available"
                     row.update(status=f"skipped ({reason})")
                 else:
