@@ -27,6 +27,11 @@ Providers (fwd+bwd to hidden and weight):
                     (which also compute TRL's logged token metrics: entropy, mean logits, top-1 accuracy).
   liger_core_loss   the same with the token metrics off (compute_metrics=False / compute_entropy=False): the
                     loss alone, like the torch provider.
+  liger_core_chunk  liger_core (metrics on) with chunk_size 2048 tokens (--chunk-tokens; 501 MiB of bf16
+                    logits): the chunk its default heuristic picks inside a training step, where the loss runs
+                    under the backward pass's high-water mark (up to 512 MiB of headroom); a fresh process
+                    (and every run here: the peak statistics are reset before each) gets the default, the
+                    hidden-state gradient's size (128 MiB, ~520 tokens for DPO).
   liger_kernel      liger_kernel.chunked_loss.LigerFusedLinearDPOLoss / LigerFusedLinearGRPOLoss (0.8.5, from
                     the wheel on PYTHONPATH; skipped with a note when not importable), defaults (chunk_size 1,
                     compiled=True on GPU). Its DPO takes no precomputed reference log-probs: in scenario "dpo"
@@ -39,9 +44,11 @@ the gradients by the analytic softmax backward in float64): loss |err| / |ref| (
 |per-token terms|, as its terms cancel: sum A = 0), gradients max |err| / max |ref|.
 A provider outside TOL (3e-2, ~8 bf16 ulps) or out of memory is marked FAILED and not timed.
 Time: median of --reps (5) fwd+bwd runs after --warmup (2) runs, CUDA events around each; input .grad reset to
-None before each run. Memory: max_memory_allocated() during one fwd+bwd minus memory_allocated() before it
-(after reset_peak_memory_stats): saved tensors, temporaries and the gradients dh, dW (~1.1 GiB bf16 here); not
-the inputs. Results: benchmarks/results/post_training_<gpu>.csv and .json (environment, shapes, floors).
+None and the peak memory statistics reset before each run (so liger_core's chunk heuristic sees the same
+state in every run, the check and memory runs included). Memory: max_memory_allocated() during one fwd+bwd
+minus memory_allocated() before it (after reset_peak_memory_stats): saved tensors, temporaries and the
+gradients dh, dW (~1.1 GiB bf16 here); not the inputs.
+Results: benchmarks/results/post_training_<gpu>.csv and .json (environment, shapes, floors).
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ from liger_core.losses import fused_linear_dpo_loss, fused_linear_grpo_loss  # n
 IGNORE = -100
 TOL = 3e-2
 # the optional torch.compile last: its compile time is the least predictable term
-PROVIDERS = ("torch", "liger_core", "liger_core_loss", "liger_kernel", "torch_compile")
+PROVIDERS = ("torch", "liger_core", "liger_core_loss", "liger_core_chunk", "liger_kernel", "torch_compile")
 SCENARIOS = ("dpo", "grpo", "dpo_ref_head")
 GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo")
 H100_BF16_TFLOPS = 800.0  # dense bf16 GEMM, what the other notes in benchmarks/NOTES.md use
@@ -300,6 +307,7 @@ def build_providers(scenario: str, data: dict, args: argparse.Namespace, liger_k
     h, w, t = data["hidden"], data["weight"], data["target"]
     # liger-kernel's DPO marks the full target dynamic for dynamo; torch.compile gets its own copy
     t_compile = t.clone()
+    chunk = args.chunk_tokens
     beta = args.dpo_beta if scenario.startswith("dpo") else args.grpo_beta
     out: dict = {}
     if scenario == "dpo":
@@ -317,6 +325,13 @@ def build_providers(scenario: str, data: dict, args: argparse.Namespace, liger_k
             )[0],
             "main",
             "loss only",
+        )
+        out["liger_core_chunk"] = (
+            lambda: fused_linear_dpo_loss(
+                h, w, t, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=beta, chunk_size=chunk
+            )[0],
+            "main",
+            f"chunk_size {chunk}, with metrics",
         )
         if liger_kernel is not None:
             module = liger_kernel[0](beta=beta, loss_type="sigmoid", use_ref_model=False, compiled=CUDA)
@@ -340,6 +355,13 @@ def build_providers(scenario: str, data: dict, args: argparse.Namespace, liger_k
             )[0],
             "main",
             "loss only",
+        )
+        out["liger_core_chunk"] = (
+            lambda: fused_linear_dpo_loss(h, w, t, ref_hidden=rh, ref_weight=rw, beta=beta, chunk_size=chunk)[
+                0
+            ],
+            "main",
+            f"chunk_size {chunk}, with metrics",
         )
         if liger_kernel is not None:
             module = liger_kernel[0](beta=beta, loss_type="sigmoid", use_ref_model=True, compiled=CUDA)
@@ -368,6 +390,11 @@ def build_providers(scenario: str, data: dict, args: argparse.Namespace, liger_k
             lambda: fused_linear_grpo_loss(h, w, t, compute_entropy=False, **fused_kw)[0],
             "main",
             "loss only",
+        )
+        out["liger_core_chunk"] = (
+            lambda: fused_linear_grpo_loss(h, w, t, chunk_size=chunk, **fused_kw)[0],
+            "main",
+            f"chunk_size {chunk}, with metrics",
         )
         if liger_kernel is not None:
             module = liger_kernel[1](
@@ -510,6 +537,8 @@ def free_memory() -> None:
 def measure(name: str, fn: Callable, ref: dict, leaves: list[torch.Tensor], args: argparse.Namespace) -> dict:
     row: dict = dict(status="ok")
     try:
+        if CUDA:
+            torch.cuda.reset_peak_memory_stats()
         loss = fwd_bwd(fn, leaves)  # first call: compiles, and is the first warm-up run
         row.update(errors(loss, leaves, ref))
     except torch.OutOfMemoryError:
@@ -529,6 +558,8 @@ def measure(name: str, fn: Callable, ref: dict, leaves: list[torch.Tensor], args
         return row
     try:
         for _ in range(max(0, args.warmup - 1)):
+            if CUDA:
+                torch.cuda.reset_peak_memory_stats()
             fwd_bwd(fn, leaves)
         for leaf in leaves:
             leaf.grad = None
@@ -544,6 +575,8 @@ def measure(name: str, fn: Callable, ref: dict, leaves: list[torch.Tensor], args
         for _ in range(args.reps):
             for leaf in leaves:
                 leaf.grad = None
+            if CUDA:  # host-side; liger_core's default chunk depends on the peak statistics
+                torch.cuda.reset_peak_memory_stats()
             if CUDA:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -678,6 +711,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="default 5 (--tiny: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--chunk-tokens", type=int, default=None, help="liger_core_chunk (default 2048; tiny 8)"
+    )
+    parser.add_argument(
         "--budget-s",
         type=float,
         default=480.0,
@@ -693,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup = 1 if args.tiny else 2
     if args.reps is None:
         args.reps = 1 if args.tiny else 5
+    if args.chunk_tokens is None:
+        args.chunk_tokens = 8 if args.tiny else 2048
     if args.no_compile and "torch_compile" in args.providers:
         args.providers.remove("torch_compile")
     if not CUDA and not args.tiny:
