@@ -127,3 +127,18 @@ def freeze_token_logprobs(monkeypatch, module, hidden, weight, bias, target, **o
     frozen = out._replace(log_probs=log_probs)
     monkeypatch.setattr(module, "token_logprobs", lambda *args, outputs=(), **kwargs: frozen)
     return log_probs
+
+
+def assert_token_grads_no_worse(name, grad, eager_grad, ref_grad, mask):
+    """d(loss)/d(per-token log-probs) on the completion tokens (elsewhere the op gives no gradient) against
+    TRL's float64 gradient. For sequence losses it is one value per sequence (a handful of fp32 numbers,
+    broadcast over their tokens) whose error is mostly their final rounding, so, like a scalar loss, it may
+    exceed SLACK x eager's error by a few fp32 ulps (SCALAR_FLOOR), no more."""
+    zero = torch.zeros((), dtype=torch.float64)
+    ours = grad * mask
+    eager = torch.where(mask, eager_grad.to(torch.float32), zero.float())
+    ref64 = torch.where(mask, ref_grad.to(torch.float64), zero)
+    e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
+    assert math.isfinite(e_ours), f"{name}: not finite"
+    bound = SLACK * e_eager + SCALAR_FLOOR
+    assert e_ours <= bound, f"{name}: rel. error {e_ours:.3e} vs eager's {e_eager:.3e}"
