@@ -42,7 +42,8 @@ Check first: every provider runs once; its loss and its gradients of hidden and 
 float64 reference of the same bf16 inputs (log-probs chunk by chunk in float64, the formula under autograd,
 the gradients by the analytic softmax backward in float64): loss |err| / |ref| (GRPO: / the same reduction of
 |per-token terms|, as its terms cancel: sum A = 0), gradients max |err| / max |ref|.
-A provider outside TOL (3e-2, ~8 bf16 ulps) or out of memory is marked FAILED and not timed.
+A provider outside TOL (3e-2, ~8 bf16 ulps) or 1.25x the torch provider's own error, whichever is larger,
+or out of memory, is marked FAILED and not timed.
 Time: median of --reps (5) fwd+bwd runs after --warmup (2) runs, CUDA events around each; input .grad reset to
 None and the peak memory statistics reset before each run (so liger_core's chunk heuristic sees the same
 state in every run, the check and memory runs included). Memory: max_memory_allocated() during one fwd+bwd
@@ -534,7 +535,14 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def measure(name: str, fn: Callable, ref: dict, leaves: list[torch.Tensor], args: argparse.Namespace) -> dict:
+def measure(
+    name: str,
+    fn: Callable,
+    ref: dict,
+    leaves: list[torch.Tensor],
+    args: argparse.Namespace,
+    tol: float = TOL,
+) -> dict:
     row: dict = dict(status="ok")
     try:
         if CUDA:
@@ -552,8 +560,8 @@ def measure(name: str, fn: Callable, ref: dict, leaves: list[torch.Tensor], args
         return row
     worst = max(row["loss_err"], row["dh_err"], row["dw_err"])
     row["max_rel_err"] = worst
-    if not worst <= TOL:
-        row["status"] = f"FAILED (max rel err {worst:.2e} > {TOL:.0e})"
+    if not worst <= tol:
+        row["status"] = f"FAILED (max rel err {worst:.2e} > {tol:.1e})"
         free_memory()
         return row
     try:
@@ -772,6 +780,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{data['references']['main']['loss']:.6g}")  # fmt: skip
             providers = build_providers(scenario, data, args, liger_kernel)
             leaves = [data["hidden"], data["weight"]]
+            # The tolerance is TOL or 1.25 x the torch provider's own error (the eager code liger_core
+            # replaces), whichever is larger: GRPO's clipped ratio is discontinuous, and bf16 rounding of the
+            # logits moves tokens across the clip boundary, so even eager is far from the float64 reference.
+            tol = TOL
             for name in args.providers:
                 row = dict(scenario=scenario, provider=name)
                 if time.perf_counter() - began > args.budget_s:
@@ -782,7 +794,13 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     fn, ref_key, note = providers[name]
                     t0 = time.perf_counter()
-                    row.update(measure(name, fn, data["references"][ref_key], leaves, args), note=note)
+                    ref = data["references"][ref_key]
+                    if name == "torch":
+                        row.update(measure(name, fn, ref, leaves, args, math.inf))
+                        tol = max(TOL, 1.25 * row.get("max_rel_err", 0.0))
+                        row.update(note=f"{note} baseline: its error sets the tolerance ({tol:.1e})".strip())
+                    else:
+                        row.update(measure(name, fn, ref, leaves, args, tol), note=note)
                     log(
                         f"{scenario:<13} {name:<16} {row['status']:<6} {fmt(row.get('ms'), '.2f')} ms  "
                         f"{fmt(row.get('peak_extra_gib'), '.2f')} GiB  loss {fmt(row.get('loss'), '.6g')}  "
