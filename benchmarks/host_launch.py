@@ -11,7 +11,6 @@ fwd+bwd at 16384x4096 (top functions by own time). GPU only.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,19 +33,6 @@ def _touch_kernel(x_ptr, n, stride, eps, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, x + eps * stride, mask=offs < n)
 
 
-def per_call_us(call, n: int = 2000) -> float:
-    call()
-    samples = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) / n * 1e6)
-    return sorted(samples)[2]
-
-
 def bare_launch() -> None:
     x = torch.zeros(64, device="cuda")
     fast = _fastlaunch.FastKernel(_touch_kernel)
@@ -56,7 +42,7 @@ def bare_launch() -> None:
     }
     vr.log("-- host µs of one bare launch (trivial kernel, 4 runtime args)")
     for name, call in calls.items():
-        vr.log(f"   {name:34s} {per_call_us(call):6.1f}")
+        vr.log(f"   {name:34s} {vr.per_call_us(call, 2000):6.1f}")
     torch.cuda.synchronize()
     assert torch.allclose(x, torch.zeros_like(x)), "trivial kernel changed x"
 

@@ -143,16 +143,21 @@ def raw_launch_host_time(n: int = 1000) -> None:
         calls["liger_kernel rope_forward"] = lambda: rope_forward(q, k, cos, sin)
     log(f"-- host time of one bare launch, RoPE {bench.OPS['rope'].label(shape)} (µs)")
     for name, call in calls.items():
-        call()
-        samples = []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            torch.cuda.synchronize()
-            samples.append((time.perf_counter() - t0) / n * 1e6)
-        log(f"   {name:34s} {sorted(samples)[2]:6.1f}")
+        log(f"   {name:34s} {per_call_us(call, n):6.1f}")
+
+
+def per_call_us(call: Callable[[], object], n: int = 1000) -> float:
+    """Host µs per call: median of 5 batches of n calls, synchronised around each batch."""
+    call()
+    samples = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    return sorted(samples)[2]
 
 
 def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]]) -> None:
