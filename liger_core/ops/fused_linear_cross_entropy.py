@@ -137,6 +137,155 @@ def _mm_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: b
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
 
 
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0)
+
+
+def _accum_dtype(accum_dtype: torch.dtype | None, weight: torch.Tensor) -> torch.dtype:
+    """dtype of the dW and dh accumulators: ``accum_dtype`` (default: the weight's), never below it."""
+    return torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
+
+
+def _grad_buffers(hidden, weight, need_hidden, need_weight, need_bias, accum_dtype):
+    """grad_hidden and grad_weight in the accumulation dtype (uninitialised: the first chunk writes them) and
+    a zeroed grad_bias, or None where not requested."""
+    n_tokens, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    accum = _accum_dtype(accum_dtype, weight)
+    grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
+    grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
+    # db sums every token's row: fp64 for fp32 logits, so it is not less exact than eager's one reduction
+    bias_accum = torch.float64 if hidden.dtype == torch.float32 else torch.float32
+    grad_bias = torch.zeros(vocab, dtype=bias_accum, device=device) if need_bias else None
+    if grad_weight is not None and n_tokens == 0:
+        grad_weight.zero_()
+    return grad_hidden, grad_weight, grad_bias
+
+
+def _chunk_logits(hidden, weight, bias, chunk, logit_scale=1.0):
+    """Yield ``(start, end, hidden_c, logits)`` for each chunk of ``chunk`` tokens, with ``logits =
+    logit_scale * (hidden_c @ weight.T + bias)`` in one reused (chunk, V) buffer of the input dtype (the
+    factor in the GEMM's epilogue: no extra rounding, no pass over memory)."""
+    n_tokens, vocab = hidden.shape[0], weight.shape[0]
+    logits_buffer = torch.empty(min(chunk, n_tokens), vocab, dtype=hidden.dtype, device=hidden.device)
+    weight_t = weight.t()
+    for start in range(0, n_tokens, chunk):
+        end = min(start + chunk, n_tokens)
+        hidden_c = hidden[start:end]
+        logits = logits_buffer[: end - start]
+        if logit_scale != 1.0:
+            if bias is None:  # beta=0: the (uninitialised) buffer is ignored, not read
+                torch.addmm(logits, hidden_c, weight_t, beta=0, alpha=logit_scale, out=logits)
+            else:
+                torch.addmm(bias, hidden_c, weight_t, beta=logit_scale, alpha=logit_scale, out=logits)
+        elif bias is None:
+            torch.mm(hidden_c, weight_t, out=logits)
+        else:
+            torch.addmm(bias, hidden_c, weight_t, out=logits)
+        yield start, end, hidden_c, logits
+
+
+def _accumulate_grads(dlogits, hidden_c, weight, start, end, grad_hidden, grad_weight, grad_bias):
+    """From one chunk's ``dlogits``: its rows of grad_hidden, and its terms of grad_weight and grad_bias
+    (each None when not requested)."""
+    if grad_hidden is not None:
+        _mm_accumulate(grad_hidden[start:end], dlogits, weight, first=True)
+    if grad_weight is not None:
+        _mm_accumulate(grad_weight, dlogits.t(), hidden_c, first=start == 0)
+    if grad_bias is not None:
+        grad_bias += dlogits.sum(0, dtype=grad_bias.dtype)
+
+
+def _grads_in_dtypes(grads, hidden, weight, bias):
+    """(grad_hidden, grad_weight, grad_bias) rounded to the dtypes of hidden, weight and bias; empty where
+    None."""
+    gh, gw, gb = grads
+    return (
+        gh.to(hidden.dtype) if gh is not None else _empty(hidden),
+        gw.to(weight.dtype) if gw is not None else _empty(weight),
+        gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
+    )
+
+
+def _fake_grads(hidden, weight, bias, need_hidden, need_weight, need_bias):
+    """Fake-tensor outputs of a backward custom op returning ``_grads_in_dtypes``."""
+    return (
+        torch.empty_like(hidden) if need_hidden else _empty(hidden),
+        torch.empty_like(weight) if need_weight else _empty(weight),
+        torch.empty_like(bias) if need_bias and bias is not None else _empty(weight),
+    )
+
+
+def check_linear_inputs(hidden, weight, target, bias) -> tuple[int, int]:
+    """The argument checks of a fused lm_head op (hidden ``(..., H)``, weight ``(V, H)``, target
+    ``hidden.shape[:-1]`` of class indices, bias ``(V,)``); returns ``(H, V)``."""
+    check_tensor("hidden", hidden, min_ndim=1)
+    check_tensor("weight", weight, ndim=2)
+    hidden_size = hidden.shape[-1]
+    vocab = weight.shape[0]
+    if weight.shape[1] != hidden_size:
+        raise ValueError(
+            f"weight has shape {tuple(weight.shape)}; expected (V, {hidden_size}) to match hidden"
+        )
+    if vocab == 0:
+        raise ValueError("weight has 0 rows (an empty vocabulary)")
+    check_tensor("target", target, dtypes=INDEX_DTYPES)
+    check_shape("target", target, tuple(hidden.shape[:-1]), "target must have the shape of hidden[..., 0]")
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (vocab,), "one bias per vocabulary row of weight")
+    return hidden_size, vocab
+
+
+def check_chunk_options(accum_dtype, chunk_size, max_chunk_bytes) -> None:
+    if accum_dtype is not None and accum_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"accum_dtype={accum_dtype} is not one of {FLOAT_DTYPES}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (or None)")
+    if max_chunk_bytes is not None and (not isinstance(max_chunk_bytes, int) or max_chunk_bytes < 1):
+        raise ValueError(f"max_chunk_bytes={max_chunk_bytes!r} must be a positive int (or None)")
+
+
+def autocast_linear_inputs(hidden, weight, bias):
+    """hidden, weight, bias cast to the autocast dtype where autocast is on (what F.linear does), then
+    checked to share hidden's dtype."""
+    if torch.is_autocast_enabled(hidden.device.type):
+        cast = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(cast), weight.to(cast)
+        bias = bias.to(cast) if bias is not None else None
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != hidden.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but hidden has dtype {hidden.dtype}; they must match"
+            )
+    return hidden, weight, bias
+
+
+def flatten_for_chunks(hidden, weight, target, chunk_size, max_chunk_bytes):
+    """(hidden2d with unit column stride, contiguous target1d, chunk_size: ``max_chunk_bytes`` turned into
+    tokens when no ``chunk_size`` is given)."""
+    hidden_size = hidden.shape[-1]
+    hidden2d = hidden.reshape(-1, hidden_size)
+    if chunk_size is None and max_chunk_bytes is not None:
+        chunk_size = choose_chunk_tokens(
+            hidden2d.shape[0],
+            hidden_size,
+            weight.shape[0],
+            hidden.dtype,
+            hidden.device,
+            max_chunk_bytes=max_chunk_bytes,
+        )
+    if hidden2d.stride(1) != 1:
+        hidden2d = hidden2d.contiguous()
+    return hidden2d, target.reshape(-1).contiguous(), chunk_size
+
+
+def wants_grad(hidden, weight, bias) -> bool:
+    """Whether autograd will need gradients of hidden, weight or bias."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+
+
 def _chunk_loop(
     hidden,
     weight,
@@ -173,7 +322,7 @@ def _chunk_loop(
     compute_grad = need_hidden or need_weight or need_bias
     # accum_dtype=fp32 keeps grad_hidden in fp32 too (BT x H: small), so that scaling by grad_output in
     # backward is followed by a single rounding to the input dtype
-    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
+    accum = _accum_dtype(accum_dtype, weight)
     grad_bytes = (need_hidden * n_tokens + need_weight * vocab) * hidden_size * accum.itemsize
     chunk = choose_chunk_tokens(
         n_tokens, hidden_size, vocab, hidden.dtype, hidden.device, chunk_size, reserved_bytes=grad_bytes
@@ -182,28 +331,8 @@ def _chunk_loop(
     device = hidden.device
     loss_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
     z_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
-    grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
-    grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
-    # db sums every token's row: fp64 for fp32 logits, so it is not less exact than eager's one reduction
-    bias_accum = torch.float64 if hidden.dtype == torch.float32 else torch.float32
-    grad_bias = torch.zeros(vocab, dtype=bias_accum, device=device) if need_bias else None
-    if grad_weight is not None and n_tokens == 0:
-        grad_weight.zero_()
-    logits_buffer = torch.empty(min(chunk, n_tokens), vocab, dtype=hidden.dtype, device=device)
-    weight_t = weight.t()
-    for i, start in enumerate(range(0, n_tokens, chunk)):
-        end = min(start + chunk, n_tokens)
-        hidden_c = hidden[start:end]
-        logits = logits_buffer[: end - start]
-        if logit_scale != 1.0:  # scaled in the GEMM's epilogue: no extra rounding, no pass over memory
-            if bias is None:  # beta=0: the (uninitialised) buffer is ignored, not read
-                torch.addmm(logits, hidden_c, weight_t, beta=0, alpha=logit_scale, out=logits)
-            else:
-                torch.addmm(bias, hidden_c, weight_t, beta=logit_scale, alpha=logit_scale, out=logits)
-        elif bias is None:
-            torch.mm(hidden_c, weight_t, out=logits)
-        else:
-            torch.addmm(bias, hidden_c, weight_t, out=logits)
+    grads = _grad_buffers(hidden, weight, need_hidden, need_weight, need_bias, accum_dtype)
+    for start, end, hidden_c, logits in _chunk_logits(hidden, weight, bias, chunk, logit_scale):
         if on_logits is not None:
             on_logits(start, end, logits)
         launch_cross_entropy(
@@ -222,21 +351,13 @@ def _chunk_loop(
             grad_scale=row_scale[start:end] if row_scale is not None else None,
         )
         # `logits` now holds dloss/dlogits for the chunk
-        if need_hidden:
-            _mm_accumulate(grad_hidden[start:end], logits, weight, first=True)
-        if need_weight:
-            _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
-        if need_bias:
-            grad_bias += logits.sum(0, dtype=bias_accum)
+        _accumulate_grads(logits, hidden_c, weight, start, end, *grads)
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
         finish_target_check(pending, ignore_index, vocab)
+    grad_hidden, grad_weight, grad_bias = grads
     if grad_bias is not None:
         grad_bias = grad_bias.float()
     return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
-
-
-def _empty(like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty(0)
 
 
 def _flce_fwd_impl(
@@ -315,7 +436,7 @@ def _(
 ):
     shape = (hidden.shape[0],) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
-    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
+    accum = _accum_dtype(accum_dtype, weight)
     return (
         hidden.new_empty(shape, **f32),
         hidden.new_empty(shape, **f32),
@@ -363,11 +484,7 @@ def _flce_bwd_rows_impl(
             chunk_size,
             row_scale=grad_rows.contiguous(),
         )
-    return (
-        gh.to(hidden.dtype) if gh is not None else _empty(hidden),
-        gw.to(weight.dtype) if gw is not None else _empty(weight),
-        gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
-    )
+    return _grads_in_dtypes((gh, gw, gb), hidden, weight, bias)
 
 
 _flce_bwd_rows = torch.library.custom_op(
@@ -393,11 +510,7 @@ def _(
     accum_dtype,
     chunk_size,
 ):
-    return (
-        torch.empty_like(hidden) if need_hidden else _empty(hidden),
-        torch.empty_like(weight) if need_weight else _empty(weight),
-        torch.empty_like(bias) if need_bias and bias is not None else _empty(weight),
-    )
+    return _fake_grads(hidden, weight, bias, need_hidden, need_weight, need_bias)
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
@@ -540,21 +653,7 @@ def fused_linear_cross_entropy(
         gathered = gather_weights("fused_linear_cross_entropy", inputs, {"weight": weight, "bias": bias})
         weight, bias = gathered["weight"], gathered["bias"]
     check_not_zero3_partitioned(weight=weight, bias=bias)
-    check_tensor("hidden", hidden, min_ndim=1)
-    check_tensor("weight", weight, ndim=2)
-    hidden_size = hidden.shape[-1]
-    vocab = weight.shape[0]
-    if weight.shape[1] != hidden_size:
-        raise ValueError(
-            f"weight has shape {tuple(weight.shape)}; expected (V, {hidden_size}) to match hidden"
-        )
-    if vocab == 0:
-        raise ValueError("weight has 0 rows (an empty vocabulary)")
-    check_tensor("target", target, dtypes=INDEX_DTYPES)
-    check_shape("target", target, tuple(hidden.shape[:-1]), "target must have the shape of hidden[..., 0]")
-    if bias is not None:
-        check_tensor("bias", bias)
-        check_shape("bias", bias, (vocab,), "one bias per vocabulary row of weight")
+    _, vocab = check_linear_inputs(hidden, weight, target, bias)
     if ce_weight is not None:
         check_tensor("ce_weight", ce_weight, dtypes=FLOAT_DTYPES + (torch.float64,))
         check_shape("ce_weight", ce_weight, (vocab,), "one class weight per vocabulary entry")
@@ -564,21 +663,8 @@ def fused_linear_cross_entropy(
         raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1]")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap={softcap} must be positive (or None)")
-    if accum_dtype is not None and accum_dtype not in FLOAT_DTYPES:
-        raise TypeError(f"accum_dtype={accum_dtype} is not one of {FLOAT_DTYPES}")
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (or None)")
-    if max_chunk_bytes is not None and (not isinstance(max_chunk_bytes, int) or max_chunk_bytes < 1):
-        raise ValueError(f"max_chunk_bytes={max_chunk_bytes!r} must be a positive int (or None)")
-    if torch.is_autocast_enabled(hidden.device.type):  # what F.linear does under autocast
-        cast = torch.get_autocast_dtype(hidden.device.type)
-        hidden, weight = hidden.to(cast), weight.to(cast)
-        bias = bias.to(cast) if bias is not None else None
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != hidden.dtype:
-            raise TypeError(
-                f"{name} has dtype {t.dtype} but hidden has dtype {hidden.dtype}; they must match"
-            )
+    check_chunk_options(accum_dtype, chunk_size, max_chunk_bytes)
+    hidden, weight, bias = autocast_linear_inputs(hidden, weight, bias)
     options = (
         ignore_index,
         reduction,
@@ -594,24 +680,9 @@ def fused_linear_cross_entropy(
         )
 
     out_shape = target.shape
-    hidden2d = hidden.reshape(-1, hidden_size)
-    if chunk_size is None and max_chunk_bytes is not None:
-        chunk_size = choose_chunk_tokens(
-            hidden2d.shape[0],
-            hidden_size,
-            vocab,
-            hidden.dtype,
-            hidden.device,
-            max_chunk_bytes=max_chunk_bytes,
-        )
-    if hidden2d.stride(1) != 1:
-        hidden2d = hidden2d.contiguous()
-    target1d = target.reshape(-1).contiguous()
+    hidden2d, target1d, chunk_size = flatten_for_chunks(hidden, weight, target, chunk_size, max_chunk_bytes)
     ce_weight = ce_weight.contiguous() if ce_weight is not None else None
-    wants_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden, weight, bias)
-    )
-    if wants_grad:
+    if wants_grad(hidden, weight, bias):
         loss, z = FusedLinearCrossEntropyFunction.apply(
             hidden2d,
             weight,

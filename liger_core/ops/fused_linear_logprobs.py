@@ -46,15 +46,7 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_same_device,
-    check_shape,
-    check_tensor,
-    launcher,
-    use_triton,
-)
+from liger_core.dispatch import check_same_device, launcher, use_triton
 from liger_core.ops.cross_entropy import (
     CE_FP32_MATH,
     _f64,
@@ -63,7 +55,21 @@ from liger_core.ops.cross_entropy import (
     looped_row_settings,
     split_f64,
 )
-from liger_core.ops.fused_linear_cross_entropy import _chunk_loop, _mm_accumulate, choose_chunk_tokens
+from liger_core.ops.fused_linear_cross_entropy import (
+    _accumulate_grads,
+    _chunk_logits,
+    _chunk_loop,
+    _empty,
+    _fake_grads,
+    _grad_buffers,
+    _grads_in_dtypes,
+    autocast_linear_inputs,
+    check_chunk_options,
+    check_linear_inputs,
+    choose_chunk_tokens,
+    flatten_for_chunks,
+    wants_grad,
+)
 from liger_core.reference.fused_linear_logprobs import OUTPUTS, FusedLogProbs
 
 __all__ = ["OUTPUTS", "FusedLogProbs", "fused_linear_logprobs"]
@@ -244,6 +250,17 @@ def _scaling(dtype: torch.dtype, scale: float) -> tuple[float, float | None]:
     return (1.0, scale) if dtype == torch.float32 else (scale, None)
 
 
+def _logprob_chunk_loop(
+    hidden, weight, target, bias, ignore_index, softcap, needs, accum_dtype, chunk_size, **hooks
+):
+    """``fused_linear_cross_entropy``'s chunk loop for -log_probs: per-token losses (reduction "none"), no
+    class weights, label smoothing or z-loss; ``needs``: (grad_hidden, grad_weight, grad_bias) requested."""
+    return _chunk_loop(
+        hidden, weight, target, bias, None, ignore_index, "none", 0.0, 0.0, softcap, *needs, accum_dtype,
+        chunk_size, **hooks,
+    )  # fmt: skip
+
+
 def _entropy_backward_loop(
     grad_log_probs, grad_entropy, hidden, weight, target, bias, state, ignore_index, scale, softcap,
     need_hidden, need_weight, need_bias, accum_dtype, chunk_size,
@@ -254,34 +271,14 @@ def _entropy_backward_loop(
     vocab = weight.shape[0]
     device = hidden.device
     chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, hidden.dtype, device, chunk_size)
-    accum = torch.promote_types(accum_dtype or weight.dtype, weight.dtype)
-    grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
-    grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
-    bias_accum = torch.float64 if hidden.dtype == torch.float32 else torch.float32
-    grad_bias = torch.zeros(vocab, dtype=bias_accum, device=device) if need_bias else None
-    if grad_weight is not None and n_tokens == 0:
-        grad_weight.zero_()
+    grads = _grad_buffers(hidden, weight, need_hidden, need_weight, need_bias, accum_dtype)
     # dx = (logit_scale / temperature) dz: the factor folded into the per-token gradients
     g_h = (grad_entropy.to(torch.float32) * scale).contiguous()
     g_logp = (grad_log_probs.to(torch.float32) * scale).contiguous() if grad_log_probs is not None else None
     fp64_math = hidden.dtype == torch.float32 and CE_FP32_MATH == "fp64"
     block, warps = looped_row_settings(vocab, device, fp64_math)
-    logits_buffer = torch.empty(min(chunk, n_tokens), vocab, dtype=hidden.dtype, device=device)
-    weight_t = weight.t()
     gemm_scale, post_scale = _scaling(hidden.dtype, scale)
-    for i, start in enumerate(range(0, n_tokens, chunk)):
-        end = min(start + chunk, n_tokens)
-        hidden_c = hidden[start:end]
-        logits = logits_buffer[: end - start]
-        if gemm_scale != 1.0:
-            if bias is None:
-                torch.addmm(logits, hidden_c, weight_t, beta=0, alpha=gemm_scale, out=logits)
-            else:
-                torch.addmm(bias, hidden_c, weight_t, beta=gemm_scale, alpha=gemm_scale, out=logits)
-        elif bias is None:
-            torch.mm(hidden_c, weight_t, out=logits)
-        else:
-            torch.addmm(bias, hidden_c, weight_t, out=logits)
+    for start, end, hidden_c, logits in _chunk_logits(hidden, weight, bias, chunk, gemm_scale):
         if post_scale is not None:
             logits.mul_(post_scale)
         _logprob_entropy_grad_kernel[(end - start,)](
@@ -291,17 +288,8 @@ def _entropy_backward_loop(
             HAS_SOFTCAP=softcap is not None, HAS_LOGP_GRAD=g_logp is not None,
             COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32, BLOCK_SIZE=block, num_warps=warps,
         )  # fmt: skip
-        if need_hidden:
-            _mm_accumulate(grad_hidden[start:end], logits, weight, first=True)
-        if need_weight:
-            _mm_accumulate(grad_weight, logits.t(), hidden_c, first=i == 0)
-        if need_bias:
-            grad_bias += logits.sum(0, dtype=bias_accum)
-    return grad_hidden, grad_weight, grad_bias
-
-
-def _empty(like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty(0)
+        _accumulate_grads(logits, hidden_c, weight, start, end, *grads)
+    return grads
 
 
 def _fwd_impl(
@@ -349,20 +337,14 @@ def _fwd_impl(
         )
 
     with torch.autocast(device.type, enabled=False):
-        loss_rows, *_ = _chunk_loop(
+        loss_rows, *_ = _logprob_chunk_loop(
             hidden,
             weight,
             target,
             bias,
-            None,
             ignore_index,
-            "none",
-            0.0,
-            0.0,
             softcap,
-            False,
-            False,
-            False,
+            (False, False, False),
             None,
             chunk_size,
             check_targets=check_targets,
@@ -420,33 +402,23 @@ def _bwd_impl(
     in the dtypes of hidden, weight and bias (empty where not requested)."""
     if grad_entropy.numel():
         with torch.autocast(hidden.device.type, enabled=False):
-            gh, gw, gb = _entropy_backward_loop(
+            grads = _entropy_backward_loop(
                 grad_log_probs if grad_log_probs.numel() else None, grad_entropy, hidden, weight, target,
                 bias, state, ignore_index, scale, softcap, need_hidden, need_weight, need_bias,
                 accum_dtype, chunk_size,
             )  # fmt: skip
-        return (
-            gh.to(hidden.dtype) if gh is not None else _empty(hidden),
-            gw.to(weight.dtype) if gw is not None else _empty(weight),
-            gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
-        )
+        return _grads_in_dtypes(grads, hidden, weight, bias)
     row_scale = grad_log_probs.to(torch.float64).mul(-scale).contiguous()
     gemm_scale, post_scale = _scaling(hidden.dtype, scale)
     with torch.autocast(hidden.device.type, enabled=False):
-        *_, gh, gw, gb = _chunk_loop(
+        *_, gh, gw, gb = _logprob_chunk_loop(
             hidden,
             weight,
             target,
             bias,
-            None,
             ignore_index,
-            "none",
-            0.0,
-            0.0,
             softcap,
-            need_hidden,
-            need_weight,
-            need_bias,
+            (need_hidden, need_weight, need_bias),
             accum_dtype,
             chunk_size,
             row_scale=row_scale,
@@ -455,11 +427,7 @@ def _bwd_impl(
             if post_scale is not None
             else None,
         )
-    return (
-        gh.to(hidden.dtype) if gh is not None else _empty(hidden),
-        gw.to(weight.dtype) if gw is not None else _empty(weight),
-        gb.to(bias.dtype) if gb is not None and bias is not None else _empty(weight),
-    )
+    return _grads_in_dtypes((gh, gw, gb), hidden, weight, bias)
 
 
 _bwd = torch.library.custom_op("liger_core::fused_linear_logprobs_bwd", _bwd_impl, mutates_args=())
@@ -483,11 +451,7 @@ def _(
     accum_dtype,
     chunk_size,
 ):
-    return (
-        torch.empty_like(hidden) if need_hidden else _empty(hidden),
-        torch.empty_like(weight) if need_weight else _empty(weight),
-        torch.empty_like(bias) if need_bias and bias is not None else _empty(weight),
-    )
+    return _fake_grads(hidden, weight, bias, need_hidden, need_weight, need_bias)
 
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):
@@ -566,21 +530,7 @@ def fused_linear_logprobs(
     outside [0, V) (one host sync after the kernels are queued). Under autocast, hidden/weight/bias are cast
     to the autocast dtype first, as ``F.linear`` would be.
     """
-    check_tensor("hidden", hidden, min_ndim=1)
-    check_tensor("weight", weight, ndim=2)
-    hidden_size = hidden.shape[-1]
-    vocab = weight.shape[0]
-    if weight.shape[1] != hidden_size:
-        raise ValueError(
-            f"weight has shape {tuple(weight.shape)}; expected (V, {hidden_size}) to match hidden"
-        )
-    if vocab == 0:
-        raise ValueError("weight has 0 rows (an empty vocabulary)")
-    check_tensor("target", target, dtypes=INDEX_DTYPES)
-    check_shape("target", target, tuple(hidden.shape[:-1]), "target must have the shape of hidden[..., 0]")
-    if bias is not None:
-        check_tensor("bias", bias)
-        check_shape("bias", bias, (vocab,), "one bias per vocabulary row of weight")
+    _, vocab = check_linear_inputs(hidden, weight, target, bias)
     check_same_device("hidden", hidden, weight=weight, target=target, bias=bias)
     if not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
@@ -598,21 +548,8 @@ def fused_linear_logprobs(
     unknown = [name for name in outputs if name not in OUTPUTS]
     if unknown:
         raise ValueError(f"outputs has unknown field(s) {unknown}; choose among {OUTPUTS}")
-    if accum_dtype is not None and accum_dtype not in FLOAT_DTYPES:
-        raise TypeError(f"accum_dtype={accum_dtype} is not one of {FLOAT_DTYPES}")
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (or None)")
-    if max_chunk_bytes is not None and (not isinstance(max_chunk_bytes, int) or max_chunk_bytes < 1):
-        raise ValueError(f"max_chunk_bytes={max_chunk_bytes!r} must be a positive int (or None)")
-    if torch.is_autocast_enabled(hidden.device.type):  # what F.linear does under autocast
-        cast = torch.get_autocast_dtype(hidden.device.type)
-        hidden, weight = hidden.to(cast), weight.to(cast)
-        bias = bias.to(cast) if bias is not None else None
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != hidden.dtype:
-            raise TypeError(
-                f"{name} has dtype {t.dtype} but hidden has dtype {hidden.dtype}; they must match"
-            )
+    check_chunk_options(accum_dtype, chunk_size, max_chunk_bytes)
+    hidden, weight, bias = autocast_linear_inputs(hidden, weight, bias)
     temperature, logit_scale = float(temperature), float(logit_scale)
     softcap = float(softcap) if softcap is not None else None
     outputs = [name for name in _STATS if name in outputs]  # canonical order (a custom op's list argument)
@@ -633,29 +570,14 @@ def fused_linear_logprobs(
         )
 
     out_shape = target.shape
-    hidden2d = hidden.reshape(-1, hidden_size)
-    if hidden2d.stride(1) != 1:
-        hidden2d = hidden2d.contiguous()
-    if chunk_size is None and max_chunk_bytes is not None:
-        chunk_size = choose_chunk_tokens(
-            hidden2d.shape[0],
-            hidden_size,
-            vocab,
-            hidden.dtype,
-            hidden.device,
-            max_chunk_bytes=max_chunk_bytes,
-        )
-    target1d = target.reshape(-1).contiguous()
+    hidden2d, target1d, chunk_size = flatten_for_chunks(hidden, weight, target, chunk_size, max_chunk_bytes)
     # the rescaled logits x = (logit_scale / temperature) * (h W^T + b) and softcap c' = softcap / temperature
     # give z = c' tanh(x / c') = softcap * tanh(logit_scale * (h W^T + b) / softcap) / temperature
     scale = logit_scale / temperature
     softcap_x = softcap / temperature if softcap is not None else None
     stats_mask = sum(1 << i for i, name in enumerate(_STATS) if name in outputs)
     args = (hidden2d, weight, target1d, bias, ignore_index, scale, softcap_x, stats_mask)
-    wants_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden, weight, bias)
-    )
-    if wants_grad:
+    if wants_grad(hidden, weight, bias):
         out = FusedLinearLogProbsFunction.apply(*args, accum_dtype, chunk_size, bool(check_targets))
     else:
         out = launcher(_fwd, _fwd_impl)(*args, chunk_size, bool(check_targets))
