@@ -43,6 +43,23 @@ def check_sequence_logps(name: str, logps: torch.Tensor | None, rows: int, devic
         raise ValueError(f"{name} is on {logps.device} but hidden is on {device}; move them to one device")
 
 
+def layer1_options(
+    temperature: float,
+    softcap: float | None,
+    logit_scale: float,
+    chunk_size: int | None,
+    accum_dtype: torch.dtype | None,
+) -> dict:
+    """The loss's layer-1 keywords (logit transform and chunking), passed on to every log-prob pass."""
+    return dict(
+        temperature=temperature,
+        softcap=softcap,
+        logit_scale=logit_scale,
+        chunk_size=chunk_size,
+        accum_dtype=accum_dtype,
+    )
+
+
 def token_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -68,11 +85,13 @@ def reference_token_logprobs(
     ref_bias: torch.Tensor | None,
     *,
     ignore_index: int,
+    shape_hint: str = "(rows, T, H_ref)",
     **op_kwargs,
 ) -> torch.Tensor:
-    """The reference model's per-token log-probs: the same op, under no_grad (no graph, no gradient GEMMs)."""
+    """The reference model's per-token log-probs: the same op, under no_grad (no graph, no gradient GEMMs);
+    ``ref_hidden`` must be ``(rows, T, H_ref)`` for ``target (rows, T)`` (``shape_hint``: in the error)."""
     check_tensor("ref_hidden", ref_hidden, ndim=3)
-    check_shape("ref_hidden", ref_hidden, tuple(target.shape) + (ref_hidden.shape[-1],), "(rows, T, H_ref)")
+    check_shape("ref_hidden", ref_hidden, tuple(target.shape) + (ref_hidden.shape[-1],), shape_hint)
     if ref_weight is None:
         raise ValueError("ref_hidden needs ref_weight (the reference model's lm_head weight)")
     with torch.no_grad():

@@ -52,6 +52,7 @@ from liger_core.dispatch import (
     check_shape,
     check_tensor,
 )
+from liger_core.losses._logps import LOGPS_DTYPES, reference_token_logprobs
 from liger_core.ops.fused_linear_logprobs import fused_linear_logprobs
 
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
@@ -62,8 +63,6 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 _VESPO_LOG_W_MIN = math.log(1e-8)
 _VESPO_LOG_W_MAX = 20.0
 _LOG_RATIO_CLAMP = 20.0
-# log-probs may be float64 (references, tests); the math runs in fp32 at least
-LOGPS_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 class GRPOOptions(NamedTuple):
@@ -87,6 +86,15 @@ class GRPOOptions(NamedTuple):
     vespo_lambda_pos: float
     vespo_k_neg: float
     vespo_lambda_neg: float
+
+
+# fused_linear_grpo_loss's keywords that grpo_loss_from_logps takes unchanged
+_FORWARDED_KEYWORDS = (
+    *GRPOOptions._fields,
+    "num_items_in_batch",
+    "importance_sampling_ratio",
+    "sampling_per_token_logps",
+)
 
 
 def _finite_float(
@@ -290,26 +298,8 @@ def grpo_loss_from_logps(
     the gradient are the float64 values rounded once; the loss and the detached metrics are fp32 (float64 for
     float64 log-probs).
     """
-    options = grpo_options(
-        beta=beta,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        delta=delta,
-        loss_type=loss_type,
-        importance_sampling_level=importance_sampling_level,
-        use_bias_correction_kl=use_bias_correction_kl,
-        max_completion_length=max_completion_length,
-        num_processes=num_processes,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        steps_per_generation=steps_per_generation,
-        off_policy_mask_threshold=off_policy_mask_threshold,
-        sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
-        vespo_k_pos=vespo_k_pos,
-        vespo_lambda_pos=vespo_lambda_pos,
-        vespo_k_neg=vespo_k_neg,
-        vespo_lambda_neg=vespo_lambda_neg,
-    )
+    # the keywords named as GRPOOptions' fields, read before any other local exists
+    options = grpo_options(**{name: value for name, value in locals().items() if name in GRPOOptions._fields})
     _check_logps_inputs(
         per_token_logps,
         old_per_token_logps,
@@ -577,6 +567,8 @@ def fused_linear_grpo_loss(
     reference). ``compute_entropy`` adds TRL's "entropy" metric (mean entropy of the completion tokens).
     Gradients flow to hidden, weight and bias; everything else is a constant.
     """
+    # grpo_loss_from_logps's hyper-parameters, passed on as given (read before any other local exists)
+    loss_keywords = {name: value for name, value in locals().items() if name in _FORWARDED_KEYWORDS}
     check_tensor("hidden", hidden, ndim=3)
     batch, length = hidden.shape[:2]
     check_tensor("target", target, dtypes=INDEX_DTYPES, ndim=2)
@@ -606,49 +598,25 @@ def fused_linear_grpo_loss(
         **chunking,
     )
     if beta != 0.0 and ref_per_token_logps is None:
-        check_tensor("ref_hidden", ref_hidden, ndim=3)
-        check_shape(
-            "ref_hidden", ref_hidden, (batch, length, ref_hidden.shape[-1]), "one per completion token"
-        )
-        if ref_weight is None:
+        if ref_weight is None:  # the policy's head (a PEFT reference)
             ref_weight, ref_bias = weight, bias
-        with torch.no_grad():
-            ref_per_token_logps = fused_linear_logprobs(
-                ref_hidden.detach(),
-                ref_weight.detach(),
-                scored,
-                ref_bias.detach() if ref_bias is not None else None,
-                **head,
-                **chunking,
-            ).log_probs
+        ref_per_token_logps = reference_token_logprobs(
+            ref_hidden,
+            ref_weight,
+            scored,
+            ref_bias,
+            shape_hint="one per completion token",
+            **head,
+            **chunking,
+        )
     return grpo_loss_from_logps(
         policy.log_probs,
         old_per_token_logps,
         ref_per_token_logps,
         advantages,
         completion_mask,
-        beta=beta,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        delta=delta,
-        loss_type=loss_type,
-        importance_sampling_level=importance_sampling_level,
-        use_bias_correction_kl=use_bias_correction_kl,
-        max_completion_length=max_completion_length,
-        num_items_in_batch=num_items_in_batch,
-        num_processes=num_processes,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        steps_per_generation=steps_per_generation,
-        importance_sampling_ratio=importance_sampling_ratio,
-        off_policy_mask_threshold=off_policy_mask_threshold,
-        sampling_per_token_logps=sampling_per_token_logps,
         entropies=policy.entropy,
-        sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
-        vespo_k_pos=vespo_k_pos,
-        vespo_lambda_pos=vespo_lambda_pos,
-        vespo_k_neg=vespo_k_neg,
-        vespo_lambda_neg=vespo_lambda_neg,
+        **loss_keywords,
     )
 
 

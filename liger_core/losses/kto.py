@@ -28,6 +28,7 @@ from liger_core.dispatch import check_choice, check_shape, check_tensor
 from liger_core.losses._logps import (
     check_batch,
     check_sequence_logps,
+    layer1_options,
     masked_mean,
     reference_token_logprobs,
     sequence_logps,
@@ -109,13 +110,7 @@ def fused_linear_kto_loss(
     check_tensor("labels", labels, dtypes=None, ndim=1)
     check_shape("labels", labels, (rows,), "one preference label per completion")
     labels = labels.to(device=hidden.device, dtype=torch.bool)
-    op_kwargs = dict(
-        temperature=temperature,
-        softcap=softcap,
-        logit_scale=logit_scale,
-        chunk_size=chunk_size,
-        accum_dtype=accum_dtype,
-    )
+    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
     outputs = ("entropy", "mean_logits") if compute_metrics else ()
     stats = token_logprobs(
         hidden, weight, target, bias, ignore_index=ignore_index, outputs=outputs, **op_kwargs

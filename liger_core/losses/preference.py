@@ -68,6 +68,7 @@ from liger_core.losses._logps import (
     check_batch,
     check_sequence_logps,
     detached_mean,
+    layer1_options,
     reference_token_logprobs,
     sequence_logps,
     token_logprobs,
@@ -266,16 +267,6 @@ def _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwa
     return rows // 2, stats, mask
 
 
-def _op_kwargs(temperature, softcap, logit_scale, chunk_size, accum_dtype):
-    return dict(
-        temperature=temperature,
-        softcap=softcap,
-        logit_scale=logit_scale,
-        chunk_size=chunk_size,
-        accum_dtype=accum_dtype,
-    )
-
-
 def fused_linear_dpo_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -320,7 +311,7 @@ def fused_linear_dpo_loss(
         ):
             raise ValueError("use_weighting (WPO) is not defined for the sorted 'aot' losses")
         outputs = outputs + ("log_sum_sq_probs",)
-    op_kwargs = _op_kwargs(temperature, softcap, logit_scale, chunk_size, accum_dtype)
+    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
     n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs)
     logps = sequence_logps(stats.log_probs, mask)
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
@@ -457,7 +448,7 @@ def fused_linear_orpo_loss(
     (trl.experimental's ORPOTrainer takes the NLL over prompt + completion: a second pass over the chosen
     rows), default: the same completion targets. Returns ``(loss, metrics)``."""
     outputs = ("mean_logits",) if compute_metrics else ()
-    op_kwargs = _op_kwargs(temperature, softcap, logit_scale, chunk_size, accum_dtype)
+    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
     n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs)
     logps = sequence_logps(stats.log_probs, mask, average=True)
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
@@ -532,7 +523,7 @@ def fused_linear_cpo_loss(
     ``alpha``) on ``hidden (2B, T, H)`` (chosen rows first) and shifted ``target (2B, T)``: mean over pairs +
     ``cpo_alpha`` x the chosen completions' mean token NLL. Returns ``(loss, metrics)``."""
     outputs = ("mean_logits",) if compute_metrics else ()
-    op_kwargs = _op_kwargs(temperature, softcap, logit_scale, chunk_size, accum_dtype)
+    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
     n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs)
     logps = sequence_logps(stats.log_probs, mask, average=loss_type in ("ipo", "simpo"))
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
