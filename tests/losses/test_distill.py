@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, leaf, noncontiguous
+from helpers import SLACK, assert_no_worse_than_eager, leaf, noncontiguous, rel_err
 
 from liger_core.losses.distill import LigerFusedLinearDistillLoss, fused_linear_distill_loss
 from liger_core.ops import fused_linear_jsd
@@ -74,9 +74,11 @@ def test_distill_matches_float64(loss, beta, dtype, poison_empty):
     b = 0.5 if beta is None else beta
     eager = reference_loss(sh, sw, th, tw, target, loss, b, 0.7, dtype)
     ref = reference_loss(sh, sw, th, tw, target, loss, b, 0.7, torch.float64)
-    for name, a, e, r in zip(
-        ("loss", "grad_student_hidden", "grad_student_weight"), (got, dh, dw), eager, ref
-    ):
+    # the scalar loss: SLACK x eager's error plus 4 fp32 ulps (one draw of eager's scalar error is noise at
+    # the ulp level: CI saw 7.5e-8 against 1.25 x eager + 0.1 eps = 3.2e-8); gradients: the tensor rule
+    e_loss, e_eager = rel_err(got, ref[0]), rel_err(eager[0], ref[0])
+    assert e_loss <= SLACK * e_eager + 4 * 2.0**-23, f"loss: rel. error {e_loss:.3e} vs eager's {e_eager:.3e}"
+    for name, a, e, r in zip(("grad_student_hidden", "grad_student_weight"), (dh, dw), eager[1:], ref[1:]):
         assert_no_worse_than_eager(name, a, e, r)
     assert (dh[target == -100] == 0).all()
 
