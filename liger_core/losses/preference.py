@@ -74,6 +74,8 @@ from liger_core.losses._logps import (
     token_logprobs,
     token_metrics,
 )
+from liger_core.ops.fused_linear_cross_entropy import choose_chunk_tokens, wants_grad
+from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss
 
 DPO_LOSS_TYPES = (
     "sigmoid",
@@ -258,6 +260,45 @@ def preference_metrics(
     }
 
 
+# One group of the gradient-in-forward path (fused_linear_logprob_loss) holds at least one pair's logits:
+# up to this size by default (2 x 2048 tokens x 128256 x bf16 = 1 GiB; Liger-Kernel's chunked losses hold
+# one pair's logits in fp32); longer pairs take the recomputing path (fused_linear_logprobs)
+GROUP_LOGITS_MAX_BYTES = 2**30
+
+
+def _pair_groups(n_pairs, hidden, weight, bias, chunk_size):
+    """Row ranges of the gradient-in-forward path's groups (a few whole pairs: chosen rows i..j, rejected rows
+    B+i..B+j), or None for the recomputing path: no gradient wanted, or one pair's logits above
+    ``chunk_size`` tokens (or, by default, above GROUP_LOGITS_MAX_BYTES)."""
+    if n_pairs == 0 or not wants_grad(hidden, weight, bias):
+        return None
+    pair_tokens = 2 * hidden.shape[1]
+    if chunk_size is not None:
+        per_group = chunk_size // max(pair_tokens, 1)
+    else:
+        vocab, hidden_size = weight.shape
+        if pair_tokens * vocab * hidden.element_size() > GROUP_LOGITS_MAX_BYTES:
+            return None
+        tokens = choose_chunk_tokens(
+            2 * n_pairs * hidden.shape[1], hidden_size, vocab, hidden.dtype, hidden.device
+        )
+        per_group = max(1, tokens // max(pair_tokens, 1))
+    if per_group < 1:
+        return None
+    return [
+        [
+            (first, min(first + per_group, n_pairs)),
+            (n_pairs + first, n_pairs + min(first + per_group, n_pairs)),
+        ]
+        for first in range(0, n_pairs, per_group)
+    ]
+
+
+def _transform(op_kwargs: dict) -> dict:
+    """The logit-transform keywords of layer1_options (fused_linear_logprob_loss chunks by groups)."""
+    return {key: op_kwargs[key] for key in ("temperature", "softcap", "logit_scale")}
+
+
 def _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs):
     rows = check_batch(hidden, target, paired=True)
     stats = token_logprobs(
@@ -312,43 +353,68 @@ def fused_linear_dpo_loss(
             raise ValueError("use_weighting (WPO) is not defined for the sorted 'aot' losses")
         outputs = outputs + ("log_sum_sq_probs",)
     op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
-    n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs)
-    logps = sequence_logps(stats.log_probs, mask)
-    chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
-    ref_chosen, ref_rejected = _reference_pair_logps(
-        n_pairs, logps, target, mask, ref_chosen_logps, ref_rejected_logps, ref_hidden, ref_weight, ref_bias,
-        reference_free, ignore_index, op_kwargs, average=False,
-    )  # fmt: skip
+    n_pairs = check_batch(hidden, target, paired=True) // 2
+    mask = target != ignore_index
     counts = mask.sum(-1)
     names = [loss_type] if isinstance(loss_type, str) else list(loss_type)
-    sft_loss = None
-    if "sft" in names:
-        sft_loss = -sequence_logps(stats.log_probs[:n_pairs], mask[:n_pairs]).sum() / counts[
-            :n_pairs
-        ].sum().clamp(min=1)
-    pair_weights = None
-    if use_weighting:
-        with torch.no_grad():
-            aligned = sequence_logps(stats.log_probs - stats.log_sum_sq_probs, mask, average=True)
-            seq_weights = aligned.exp()
-            pair_weights = seq_weights[:n_pairs] * seq_weights[n_pairs:]
-    loss = dpo_loss_from_logps(
-        chosen_logps,
-        rejected_logps,
-        ref_chosen,
-        ref_rejected,
-        beta=beta,
-        loss_type=loss_type,
-        loss_weights=loss_weights,
-        label_smoothing=label_smoothing,
-        chosen_lengths=counts[:n_pairs],
-        rejected_lengths=counts[n_pairs:],
-        pair_weights=pair_weights,
-        sft_loss=sft_loss,
-        f_divergence_type=f_divergence_type,
-        f_alpha_divergence_coef=f_alpha_divergence_coef,
-        discopop_tau=discopop_tau,
-    )
+    placeholder = hidden.new_zeros(n_pairs, dtype=torch.float32)
+    ref_chosen, ref_rejected = _reference_pair_logps(
+        n_pairs, placeholder, target, mask, ref_chosen_logps, ref_rejected_logps, ref_hidden, ref_weight,
+        ref_bias, reference_free, ignore_index, op_kwargs, average=False,
+    )  # fmt: skip
+    n_chosen_tokens = counts[:n_pairs].sum().clamp(min=1)
+
+    def loss_of(log_probs, log_sum_sq_probs, first, last):
+        """The loss terms of pairs [first, last) (their chosen rows, then their rejected rows), as a share of
+        the batch's mean over pairs."""
+        share = (last - first) / max(n_pairs, 1)
+        rows_mask = torch.cat([mask[first:last], mask[n_pairs + first : n_pairs + last]])
+        seq = sequence_logps(log_probs, rows_mask)
+        pairs = last - first
+        sft_loss = None
+        if "sft" in names:  # the mean over every chosen token of the batch, as a share of this group
+            sft_loss = -seq[:pairs].sum() / n_chosen_tokens / share
+        pair_weights = None
+        if use_weighting:
+            with torch.no_grad():
+                aligned = sequence_logps(log_probs.detach() - log_sum_sq_probs, rows_mask, average=True)
+                seq_weights = aligned.exp()
+                pair_weights = seq_weights[:pairs] * seq_weights[pairs:]
+        loss = dpo_loss_from_logps(
+            seq[:pairs],
+            seq[pairs:],
+            ref_chosen[first:last],
+            ref_rejected[first:last],
+            beta=beta,
+            loss_type=loss_type,
+            loss_weights=loss_weights,
+            label_smoothing=label_smoothing,
+            chosen_lengths=counts[first:last],
+            rejected_lengths=counts[n_pairs + first : n_pairs + last],
+            pair_weights=pair_weights,
+            sft_loss=sft_loss,
+            f_divergence_type=f_divergence_type,
+            f_alpha_divergence_coef=f_alpha_divergence_coef,
+            discopop_tau=discopop_tau,
+        )
+        return loss * share
+
+    separable = not {"aot", "aot_unpaired"} & set(names)
+    groups = _pair_groups(n_pairs, hidden, weight, bias, chunk_size) if separable else None
+    if groups is not None:
+        loss, stats = fused_linear_logprob_loss(
+            hidden, weight, target, bias, groups=groups,
+            group_loss=lambda g, st: loss_of(st.log_probs, st.log_sum_sq_probs, *groups[g][0]),
+            ignore_index=ignore_index, outputs=outputs, accum_dtype=accum_dtype,
+            **_transform(op_kwargs),
+        )  # fmt: skip
+    else:
+        stats = token_logprobs(
+            hidden, weight, target, bias, ignore_index=ignore_index, outputs=outputs, **op_kwargs
+        )
+        loss = loss_of(stats.log_probs, stats.log_sum_sq_probs, 0, n_pairs)
+    logps = sequence_logps(stats.log_probs, mask)
+    chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
     metrics = preference_metrics(
         chosen_logps,
         rejected_logps,

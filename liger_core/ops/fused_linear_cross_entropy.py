@@ -169,21 +169,27 @@ def _chunk_logits(hidden, weight, bias, chunk, logit_scale=1.0):
     factor in the GEMM's epilogue: no extra rounding, no pass over memory)."""
     n_tokens, vocab = hidden.shape[0], weight.shape[0]
     logits_buffer = torch.empty(min(chunk, n_tokens), vocab, dtype=hidden.dtype, device=hidden.device)
-    weight_t = weight.t()
     for start in range(0, n_tokens, chunk):
         end = min(start + chunk, n_tokens)
         hidden_c = hidden[start:end]
         logits = logits_buffer[: end - start]
-        if logit_scale != 1.0:
-            if bias is None:  # beta=0: the (uninitialised) buffer is ignored, not read
-                torch.addmm(logits, hidden_c, weight_t, beta=0, alpha=logit_scale, out=logits)
-            else:
-                torch.addmm(bias, hidden_c, weight_t, beta=logit_scale, alpha=logit_scale, out=logits)
-        elif bias is None:
-            torch.mm(hidden_c, weight_t, out=logits)
-        else:
-            torch.addmm(bias, hidden_c, weight_t, out=logits)
+        linear_into(logits, hidden_c, weight, bias, logit_scale)
         yield start, end, hidden_c, logits
+
+
+def linear_into(logits, hidden_c, weight, bias, logit_scale=1.0) -> None:
+    """``logits = logit_scale * (hidden_c @ weight.T + bias)`` into the given buffer (one GEMM, the factor in
+    its epilogue)."""
+    weight_t = weight.t()
+    if logit_scale != 1.0:
+        if bias is None:  # beta=0: the (uninitialised) buffer is ignored, not read
+            torch.addmm(logits, hidden_c, weight_t, beta=0, alpha=logit_scale, out=logits)
+        else:
+            torch.addmm(bias, hidden_c, weight_t, beta=logit_scale, alpha=logit_scale, out=logits)
+    elif bias is None:
+        torch.mm(hidden_c, weight_t, out=logits)
+    else:
+        torch.addmm(bias, hidden_c, weight_t, out=logits)
 
 
 def _accumulate_grads(dlogits, hidden_c, weight, start, end, grad_hidden, grad_weight, grad_bias):

@@ -124,6 +124,28 @@ def test_dpo_matches_trl(dtype, monkeypatch):
             ref_chosen_logps=ref_c, ref_rejected_logps=ref_r, beta=0.1, chunk_size=CHUNK, **DPO_CONFIGS[i],
         )  # fmt: skip
         _check(str(DPO_CONFIGS[i]), ours, results[2 * i + 1], results[2 * i], tokens, dtype)
+    # the gradient-in-forward path (groups of whole pairs: chunk_size >= one pair's 2T tokens, or the default)
+    grouped = []
+    real = preference.fused_linear_logprob_loss
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            preference, "fused_linear_logprob_loss", lambda *a, **k: grouped.append(1) or real(*a, **k)
+        )
+        for i, chunk in ((0, 2 * T), (2, None), (15, 4 * T), (18, 2 * T)):
+            ours = _ours(
+                fused_linear_dpo_loss, hidden, weight, bias, target,
+                ref_chosen_logps=ref_c, ref_rejected_logps=ref_r, beta=0.1, chunk_size=chunk,
+                **DPO_CONFIGS[i],
+            )  # fmt: skip
+            _check(f"grouped {DPO_CONFIGS[i]}", ours, results[2 * i + 1], results[2 * i], tokens, dtype)
+        assert len(grouped) == 4
+        # the sorted aot losses couple the pairs: the recomputing path
+        ours = _ours(
+            fused_linear_dpo_loss, hidden, weight, bias, target,
+            ref_chosen_logps=ref_c, ref_rejected_logps=ref_r, beta=0.1, chunk_size=2 * T, **DPO_CONFIGS[8],
+        )  # fmt: skip
+        _check(str(DPO_CONFIGS[8]), ours, results[17], results[16], tokens, dtype)
+        assert len(grouped) == 4
     # every configuration on the op's per-token log-probs computed once (gradients per token)
     log_probs = freeze_token_logprobs(monkeypatch, preference, hidden, weight, bias, target, chunk_size=CHUNK)
     for i, config in enumerate(DPO_CONFIGS):

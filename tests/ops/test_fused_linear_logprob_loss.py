@@ -1,0 +1,175 @@
+"""fused_linear_logprob_loss: a loss summed over groups of rows with its gradients made in the forward pass,
+against float64 and the eager composition (reference log-probs + the same formula under autograd); the
+compensated bf16 dW accumulator against an exactly rounded sum."""
+
+import pytest
+import torch
+from helpers import assert_no_worse_than_eager, devices, leaf, rel_err
+
+from liger_core import reference
+from liger_core.ops.fused_linear_logprob_loss import (
+    _compensated_add_kernel,
+    _WeightGradAccumulator,
+    fused_linear_logprob_loss,
+)
+
+IGNORE = -100
+
+
+def _batch(device, dtype, rows, t, h, v, bias):
+    hidden = torch.randn(rows, t, h, dtype=torch.float64, device=device).to(dtype)
+    weight = (torch.randn(v, h, dtype=torch.float64, device=device) * 1.5 / h**0.5).to(dtype)
+    b = torch.randn(v, dtype=torch.float64, device=device).to(dtype) if bias else None
+    target = torch.randint(0, v, (rows, t), device=device)
+    target[:, :2] = IGNORE
+    target[1] = IGNORE  # a fully ignored row
+    target[-1, -3:] = IGNORE
+    return hidden, weight, b, target
+
+
+def _formula(coef, entropy_coef):
+    """A nonlinear per-group loss of sequence log-probs (and the entropy); ``coef (rows,)`` detached."""
+
+    def group_loss(rows, stats):
+        seq = stats.log_probs.sum(-1)
+        loss = torch.nn.functional.softplus(-(seq * coef[rows])).sum() / 3.0
+        if entropy_coef:
+            loss = loss - entropy_coef * stats.entropy.mean()
+        return loss
+
+    return group_loss
+
+
+GROUPINGS = {
+    "pairs": lambda r: [[(i, i + 1), (r // 2 + i, r // 2 + i + 1)] for i in range(r // 2)],
+    "blocks": lambda r: [[(0, 3)], [(3, r)]],
+}
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(grouping="pairs", opts={}, bias=True, entropy=0.0, shape=(6, 9, 24, 131)),
+        dict(
+            grouping="blocks",
+            opts=dict(temperature=0.7, logit_scale=1.3),
+            bias=False,
+            entropy=0.0,
+            shape=(5, 7, 40, 1031),
+        ),
+        dict(
+            grouping="pairs",
+            opts=dict(softcap=3.0, temperature=1.4),
+            bias=True,
+            entropy=0.05,
+            shape=(4, 11, 16, 67),
+        ),
+    ],  # fmt: skip
+)
+def test_matches_float64(device, dtype, case, poison_empty):
+    """Loss and d(hidden, weight, bias), several groups, against float64; error no larger than eager's."""
+    rows, t, h, v = case["shape"] if device == "cpu" else (8, 1024, 4096, 32000)
+    hidden, weight, bias, target = _batch(device, dtype, rows, t, h, v, case["bias"])
+    groups = GROUPINGS[case["grouping"]](rows)
+    coef = torch.rand(rows, dtype=torch.float64, device=device) + 0.5
+    results = []
+    for kind in ("ours", "eager", "ref64"):
+        cast = torch.float64 if kind == "ref64" else dtype
+        leaves = [leaf(hidden, cast), leaf(weight, cast)] + ([leaf(bias, cast)] if bias is not None else [])
+        group_loss = _formula(coef.to(torch.float64 if kind == "ref64" else torch.float32), case["entropy"])
+
+        def by_rows(g, stats, group_loss=group_loss):
+            idx = torch.cat([torch.arange(a, b, device=device) for a, b in groups[g]])
+            return group_loss(idx, stats)
+
+        if kind == "ours":
+            loss, stats = fused_linear_logprob_loss(
+                leaves[0], leaves[1], target, leaves[2] if bias is not None else None, groups=groups,
+                group_loss=by_rows, outputs=("entropy", "mean_logits"), entropy_grad=bool(case["entropy"]),
+                **case["opts"],
+            )  # fmt: skip
+            assert loss.dtype == torch.float32 and loss.dim() == 0
+            assert stats.log_probs.shape == target.shape and not stats.log_probs.requires_grad
+        else:
+            full = reference.fused_linear_logprobs(
+                leaves[0], leaves[1], target, leaves[2] if bias is not None else None,
+                outputs=("log_probs", "entropy"), **case["opts"],
+            )  # fmt: skip
+            loss = sum(
+                by_rows(g, type(full)(*(torch.cat([v[a:b] for a, b in seg]) if v is not None else None
+                                        for v in full)))
+                for g, seg in enumerate(groups)
+            )  # fmt: skip
+            stats = full
+        grad_out = torch.tensor(1.7, dtype=loss.dtype, device=device)
+        results.append((loss, stats, torch.autograd.grad(loss, leaves, grad_out)))
+    (loss, stats, ours), (e_loss, e_stats, eager), (r_loss, r_stats, ref) = results
+    # a scalar: its error is its last roundings, held to 1.25 x eager's plus 4 fp32 ulps
+    assert rel_err(loss, r_loss) <= 1.25 * rel_err(e_loss, r_loss) + 4 * 2.0**-23
+    assert_no_worse_than_eager("log_probs", stats.log_probs, e_stats.log_probs, r_stats.log_probs.detach())
+    assert_no_worse_than_eager("entropy", stats.entropy, e_stats.entropy.detach(), r_stats.entropy.detach())
+    for name, mine, theirs, ref64 in zip(("dhidden", "dweight", "dbias"), ours, eager, ref):
+        assert mine.dtype == dtype and mine.shape == ref64.shape
+        assert_no_worse_than_eager(name, mine, theirs, ref64)
+
+
+def test_compensated_accumulator_rounds_once():
+    """bf16 hi + int8 residual over many terms: each term adds at most 1/256 of a last place of the running
+    sum, so the result is the exactly rounded sum up to terms x ulp(largest partial sum) / 256, far closer
+    than a bf16 running sum (Liger-Kernel's), and the grad_output scaling rounds once."""
+    weight = torch.empty(37, 29, dtype=torch.bfloat16)
+    acc = _WeightGradAccumulator(weight, torch.float32)
+    assert acc.compensated
+    terms = []
+    for _ in range(24):
+        dlogits = torch.randn(5, 37, dtype=torch.float64).to(torch.bfloat16)
+        hidden_g = (torch.randn(5, 29, dtype=torch.float64) * 10 ** torch.randint(-3, 4, ())).to(
+            torch.bfloat16
+        )
+        acc.add(dlogits, hidden_g)
+        terms.append(dlogits.double().t() @ hidden_g.double())
+    partial = torch.stack(terms).cumsum(0)
+    want = partial[-1] * 0.37
+    got = acc.finish(torch.tensor(0.37), weight).double()
+    eps = torch.finfo(torch.bfloat16).eps  # ulp(x) <= eps |x|
+    bound = 0.5 * eps * want.abs() + len(terms) / 256 * eps * 0.37 * partial.abs().amax(0) * 1.01 + 1e-30
+    assert bool(((got - want).abs() <= bound).all())
+    naive = torch.zeros_like(weight)
+    for term in terms:
+        naive = (naive.double() + term).to(torch.bfloat16)
+    assert rel_err(got, want) < 0.5 * rel_err(naive.double() * 0.37, want)
+
+
+def test_compensated_add_kernel_residual_range():
+    """The residual stays within +-64 units and the pair (hi, r) represents s to 1/256 of hi's last place."""
+    s = torch.randn(4096, dtype=torch.float64) * 10.0 ** torch.randint(-20, 20, (4096,))
+    hi = torch.empty(4096, dtype=torch.bfloat16)
+    lo = torch.empty(4096, dtype=torch.int8)
+    term = s.float()
+    _compensated_add_kernel[(4,)](hi, lo, term, 4096, FIRST=True, BLOCK=1024)
+    assert int(lo.abs().max()) <= 64
+    exponent = torch.frexp(hi.float())[1].double()
+    ulp = torch.ldexp(torch.ones(()), (exponent - 8).to(torch.int32)).double()
+    rebuilt = hi.double() + lo.double() * ulp / 128
+    assert bool(((rebuilt - term.double()).abs() <= ulp / 256 * 1.0001).all())
+
+
+def test_bad_groups_and_losses():
+    hidden, weight, _, target = _batch("cpu", torch.float32, 4, 5, 8, 11, False)
+    hidden = hidden.requires_grad_()
+
+    def loss(g, stats):
+        return stats.log_probs.sum()
+
+    with pytest.raises(ValueError, match="exactly once"):
+        fused_linear_logprob_loss(hidden, weight, target, groups=[[(0, 2)], [(1, 4)]], group_loss=loss)
+    with pytest.raises(ValueError, match="outside"):
+        fused_linear_logprob_loss(hidden, weight, target, groups=[[(0, 5)]], group_loss=loss)
+    with pytest.raises(ValueError, match="0-dim"):
+        fused_linear_logprob_loss(
+            hidden, weight, target, groups=[[(0, 4)]], group_loss=lambda g, s: s.log_probs.sum(-1)
+        )
+    with pytest.raises(ValueError, match="hidden must be"):
+        fused_linear_logprob_loss(hidden[0], weight, target[0], groups=[[(0, 1)]], group_loss=loss)
