@@ -20,8 +20,10 @@ import torch  # noqa: E402
 @pytest.fixture(autouse=True)
 def _fresh_seed():
     """Fresh random inputs every run (the seed is printed on failure so a case can be replayed)."""
-    seed = int.from_bytes(os.urandom(4), "little") if "LIGER_TEST_SEED" not in os.environ else int(
-        os.environ["LIGER_TEST_SEED"]
+    seed = (
+        int.from_bytes(os.urandom(4), "little")
+        if "LIGER_TEST_SEED" not in os.environ
+        else int(os.environ["LIGER_TEST_SEED"])
     )
     torch.manual_seed(seed)
     yield seed

@@ -357,10 +357,15 @@ def fused_linear_dpo_loss(
     mask = target != ignore_index
     counts = mask.sum(-1)
     names = [loss_type] if isinstance(loss_type, str) else list(loss_type)
+    separable = not {"aot", "aot_unpaired"} & set(names)
+    groups = _pair_groups(n_pairs, hidden, weight, bias, chunk_size) if separable else None
+    ref_kwargs = op_kwargs
+    if groups is not None and chunk_size is None:  # the reference's chunks as large as a group's logits
+        ref_kwargs = dict(op_kwargs, chunk_size=2 * (groups[0][0][1] - groups[0][0][0]) * hidden.shape[1])
     placeholder = hidden.new_zeros(n_pairs, dtype=torch.float32)
     ref_chosen, ref_rejected = _reference_pair_logps(
         n_pairs, placeholder, target, mask, ref_chosen_logps, ref_rejected_logps, ref_hidden, ref_weight,
-        ref_bias, reference_free, ignore_index, op_kwargs, average=False,
+        ref_bias, reference_free, ignore_index, ref_kwargs, average=False,
     )  # fmt: skip
     n_chosen_tokens = counts[:n_pairs].sum().clamp(min=1)
 
@@ -399,8 +404,6 @@ def fused_linear_dpo_loss(
         )
         return loss * share
 
-    separable = not {"aot", "aot_unpaired"} & set(names)
-    groups = _pair_groups(n_pairs, hidden, weight, bias, chunk_size) if separable else None
     if groups is not None:
         loss, stats = fused_linear_logprob_loss(
             hidden, weight, target, bias, groups=groups,

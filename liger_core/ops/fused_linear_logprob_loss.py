@@ -11,8 +11,7 @@ the gradient of ``loss_g`` with respect to its token log-probs is known as soon 
 per group, with ``fused_linear_logprobs``'s transform ``z = c' tanh(x / c')``, ``x = scale (h W^T + b)``::
 
     x_g      = scale (h_g @ W.T + b)           cuBLAS, into one reused (|g| T, V) buffer
-    lse, ... = _logit_stats_kernel(x_g)         logsumexp and entropy (+ the metrics' statistics)
-    logp_g   = cross-entropy kernel             per-token log-probs (no gradient)
+    logp_g   = _logit_stats_kernel(x_g)         z_y - logsumexp, entropy (+ the metrics' statistics): one read
     g        = d loss_g / d (logp_g, H_g)       autograd through the caller's formula on a few small tensors
     dx_g     = _logprob_entropy_grad_kernel     in place over x_g: g_logp ([v == y] - p_v) (+ entropy term)
     dh_g     = dx_g @ W                         one GEMM over the whole vocabulary, into its rows of dh
@@ -48,12 +47,12 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_same_device, use_triton
+from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv
 from liger_core.ops.cross_entropy import (
     CE_FP32_MATH,
     check_targets_host,
     finish_target_check,
-    launch_cross_entropy,
     looped_row_settings,
     split_f64,
     start_target_check,
@@ -64,6 +63,8 @@ from liger_core.ops.fused_linear_cross_entropy import (
     _mm_accumulate,
     autocast_linear_inputs,
     check_linear_inputs,
+    hidden_accum_dtype,
+    hidden_grad_into,
     linear_into,
 )
 from liger_core.ops.fused_linear_logprobs import (
@@ -77,9 +78,8 @@ from liger_core.ops.fused_linear_logprobs import (
 __all__ = ["fused_linear_logprob_loss"]
 
 # fp32 buffer for one vocabulary slice of a group's dW term (the compensated accumulation): small enough to
-# stay in the H100's 50 MB L2 between the GEMM that writes it and the kernel that reads it
-COMPENSATION_SLICE_BYTES = 32 * 2**20
-_RESIDUAL_UNITS = 128.0  # residual r in units of ulp(hi) / 128: |r| <= 64 fits int8
+# stay in the H100's 50 MB L2, beside the GEMM's operand tiles, between the GEMM and the kernel that reads it
+COMPENSATION_SLICE_BYTES = 16 * 2**20
 
 
 @triton.jit
@@ -102,6 +102,7 @@ def _round_to_bf16(x):
     return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
 
 
+@fast_launch
 @triton.jit
 def _compensated_add_kernel(
     hi_ptr,  # (n,) bf16 running sum, rounded
@@ -128,6 +129,7 @@ def _compensated_add_kernel(
     tl.store(lo_ptr + offs, r_new.to(tl.int8), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _compensated_finish_kernel(hi_ptr, lo_ptr, scale_ptr, n, BLOCK: tl.constexpr):
     """hi = bf16(scale * (hi + r ulp(hi) / 128)) in place: the gradient times grad_output, one rounding."""
@@ -159,10 +161,9 @@ class _WeightGradAccumulator:
             rows = max(1, min(vocab, COMPENSATION_SLICE_BYTES // (4 * max(hidden_size, 1))))
             self.term = torch.empty(rows, hidden_size, dtype=torch.float32, device=weight.device)
             self.block = 1024 if weight.device.type == "cuda" else 256
-        else:
-            self.acc = torch.empty(
-                weight.shape, dtype=_accum_dtype(accum_dtype, weight), device=weight.device
-            )
+        else:  # fp32 weights: fp64 (their one GEMM rounds once; fp32 sums of per-group GEMMs would not)
+            dtype = torch.float64 if weight.dtype == torch.float32 else _accum_dtype(accum_dtype, weight)
+            self.acc = torch.empty(weight.shape, dtype=dtype, device=weight.device)
 
     def add(self, dlogits: torch.Tensor, hidden_g: torch.Tensor) -> None:
         if not self.compensated:
@@ -258,9 +259,8 @@ def _loss_loop(hidden, weight, bias, target, seq_len, groups, group_loss, opts, 
         )
         for name in ("log_probs", *outputs)
     }
-    stats_all = target_stats(target, None, ignore_index, vocab)
-    pending = start_target_check(stats_all) if check_targets else None
-    accum = _accum_dtype(accum_dtype, weight)
+    pending = start_target_check(target_stats(target, None, ignore_index, vocab)) if check_targets else None
+    accum = hidden_accum_dtype(hidden, weight, accum_dtype)  # fp32 inputs: fp64 (see hidden_grad_into)
     grad_hidden = torch.empty(n_tokens, hidden_size, dtype=accum, device=device) if need_hidden else None
     grad_weight = _WeightGradAccumulator(weight, accum_dtype) if need_weight else None
     bias_accum = torch.float64 if hidden.dtype == torch.float32 else torch.float32
@@ -283,19 +283,14 @@ def _loss_loop(hidden, weight, bias, target, seq_len, groups, group_loss, opts, 
         tok = {name: torch.empty(n_g, dtype=torch.bool if name == "is_top1" else torch.float32, device=device)
                for name in _STATS if name in outputs or name == "entropy"}  # fmt: skip
         state = torch.empty(n_g, 2, dtype=torch.float64, device=device)
+        log_probs = torch.empty(n_g, dtype=torch.float32, device=device)
         _launch_stats(
             logits, target_g, tok["entropy"], tok.get("log_sum_sq_probs"), tok.get("mean_logits"),
-            tok.get("is_top1"), state, ignore_index, softcap,
-        )  # fmt: skip
-        loss_rows = torch.empty(n_g, dtype=torch.float64, device=device)
-        z_rows = torch.empty_like(loss_rows)
-        launch_cross_entropy(
-            logits, target_g, None, None, loss_rows, z_rows, stats_all, ignore_index=ignore_index, mean=False,
-            label_smoothing=0.0, lse_square_scale=0.0, softcap=softcap,
+            tok.get("is_top1"), state, ignore_index, softcap, log_probs,
         )  # fmt: skip
         k = n_g // seq_len
         group_stats = FusedLogProbs(
-            loss_rows.neg().to(torch.float32).view(k, seq_len),
+            log_probs.view(k, seq_len),
             *(tok[name].view(k, seq_len) if name in tok else None for name in _STATS),
         )
         for name, value in group_stats._asdict().items():
@@ -321,7 +316,7 @@ def _loss_loop(hidden, weight, bias, target, seq_len, groups, group_loss, opts, 
             offset = 0
             for start, stop in token_segments:
                 rows = stop - start
-                _mm_accumulate(grad_hidden[start:stop], logits[offset : offset + rows], weight, first=True)
+                hidden_grad_into(grad_hidden[start:stop], logits[offset : offset + rows], weight)
                 offset += rows
         if grad_weight is not None:
             grad_weight.add(logits, hidden_g)

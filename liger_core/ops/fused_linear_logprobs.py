@@ -87,6 +87,7 @@ def _logit_stats_kernel(
     mean_ptr,
     top1_ptr,  # (N,) uint8 (a bool tensor's storage)
     state_ptr,  # (N, 2) fp64: logsumexp(z) and the entropy unrounded, for the entropy's gradient
+    logp_ptr,  # (N,) fp32 log-probabilities of the targets (fused_linear_logprob_loss)
     n_cols,
     ignore_index,
     softcap_hi, softcap_lo,  # c' as an fp64 scalar (see cross_entropy._f64)
@@ -95,10 +96,12 @@ def _logit_stats_kernel(
     HAS_LOG_SUM_SQ: tl.constexpr,
     HAS_MEAN: tl.constexpr,
     HAS_TOP1: tl.constexpr,
+    HAS_LOGP: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
-    """One program per token: the statistics of softmax(z) of its row (see the module doc)."""
+    """One program per token: the statistics of softmax(z) of its row (see the module doc), and with HAS_LOGP
+    its target's log-probability z_y - logsumexp(z)."""
     row = tl.program_id(0).to(tl.int64)
     y = tl.load(target_ptr + row).to(tl.int64)
     if y == ignore_index:
@@ -112,6 +115,8 @@ def _logit_stats_kernel(
             tl.store(mean_ptr + row, 0.0)
         if HAS_TOP1:
             tl.store(top1_ptr + row, tl.zeros([], tl.uint8))
+        if HAS_LOGP:
+            tl.store(logp_ptr + row, 0.0)
         return
     logits_row = logits_ptr + row * logits_row_stride
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
@@ -122,6 +127,7 @@ def _logit_stats_kernel(
     t = tl.zeros([], COMPUTE_DTYPE)
     best = tl.full([], -float("inf"), COMPUTE_DTYPE)
     best_col = tl.full([], 0, tl.int64)
+    z_y = tl.zeros([], COMPUTE_DTYPE)
     for start in range(0, n_cols, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
         mask = cols < n_cols
@@ -140,6 +146,8 @@ def _logit_stats_kernel(
         q = q * rescale * rescale + tl.sum(e * e, 0)
         d = d * rescale + tl.sum(e, 0)
         t += tl.sum(tl.where(mask, z, 0.0), 0)
+        if HAS_LOGP:
+            z_y += tl.sum(tl.where(cols == y, z, 0.0), 0)
         if HAS_TOP1:  # first column of the block's max; a later block must beat the max strictly
             block_col = tl.min(tl.where(z_masked == block_max, cols, n_cols), 0).to(tl.int64)
             best_col = tl.where(block_max > best, block_col, best_col)
@@ -157,9 +165,13 @@ def _logit_stats_kernel(
         tl.store(mean_ptr + row, (t / n_cols).to(tl.float32))
     if HAS_TOP1:
         tl.store(top1_ptr + row, (best_col == y).to(tl.uint8))
+    if HAS_LOGP:
+        tl.store(logp_ptr + row, ((z_y - m) - log_d).to(tl.float32))
 
 
-def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, state, ignore_index, softcap):
+def _launch_stats(
+    logits, target, entropy, log_sum_sq, mean, top1, state, ignore_index, softcap, log_probs=None
+):
     """Run ``_logit_stats_kernel`` on one chunk (N, V) of logits (unit column stride); outputs may be None
     (``state`` goes with ``entropy``)."""
     n_rows, n_cols = logits.shape
@@ -177,6 +189,7 @@ def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, state, ignore
         mean if mean is not None else dummy,
         top1.view(torch.uint8) if top1 is not None else dummy,
         state if state is not None else dummy,
+        log_probs if log_probs is not None else dummy,
         n_cols,
         ignore_index,
         *split_f64(softcap if softcap is not None else 1.0),
@@ -185,6 +198,7 @@ def _launch_stats(logits, target, entropy, log_sum_sq, mean, top1, state, ignore
         HAS_LOG_SUM_SQ=log_sum_sq is not None,
         HAS_MEAN=mean is not None,
         HAS_TOP1=top1 is not None,
+        HAS_LOGP=log_probs is not None,
         COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32,
         BLOCK_SIZE=block,
         num_warps=warps,

@@ -84,9 +84,10 @@ def main() -> int:
         labels[:, :2] = -100  # as many ignored targets in every row: the per-slice means average exactly
         # reference: one process, unpatched, the mean of the per-rank losses
         ref_opt.zero_grad(set_to_none=True)
-        ref_loss = sum(
-            reference(input_ids=ids[r::world], labels=labels[r::world]).loss for r in range(world)
-        ) / world
+        ref_loss = (
+            sum(reference(input_ids=ids[r::world], labels=labels[r::world]).loss for r in range(world))
+            / world
+        )
         ref_loss.backward()
 
         opt.zero_grad(set_to_none=True)

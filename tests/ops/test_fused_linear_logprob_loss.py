@@ -103,22 +103,34 @@ def test_matches_float64(device, dtype, case, poison_empty):
                 for g, seg in enumerate(groups)
             )  # fmt: skip
             stats = full
+            if kind == "ref64":  # d loss / d log_probs, for the scalar rule below
+                (g_tokens,) = torch.autograd.grad(loss, full.log_probs, retain_graph=True)
         grad_out = torch.tensor(1.7, dtype=loss.dtype, device=device)
         results.append((loss, stats, torch.autograd.grad(loss, leaves, grad_out)))
     (loss, stats, ours), (e_loss, e_stats, eager), (r_loss, r_stats, ref) = results
-    # a scalar: its error is its last roundings, held to 1.25 x eager's plus 4 fp32 ulps
-    assert rel_err(loss, r_loss) <= 1.25 * rel_err(e_loss, r_loss) + 4 * 2.0**-23
+    # a scalar made of many log-probs: its error is sum_t g_t (error of log_prob_t) + its last roundings. One
+    # draw of eager's scalar error is noise (its token errors may cancel); the bound is eager's token errors
+    # added without cancellation, sum_t |g_t| |err_t|, the per-token errors themselves being held to eager's
+    # just below
+    e_tokens = (e_stats.log_probs.detach().double() - r_stats.log_probs.detach()).abs()
+    spread = float((g_tokens.abs() * e_tokens).sum()) / abs(float(r_loss))
+    assert rel_err(loss, r_loss) <= 1.25 * max(rel_err(e_loss, r_loss), spread) + 4 * 2.0**-23
     assert_no_worse_than_eager("log_probs", stats.log_probs, e_stats.log_probs, r_stats.log_probs.detach())
     assert_no_worse_than_eager("entropy", stats.entropy, e_stats.entropy.detach(), r_stats.entropy.detach())
     for name, mine, theirs, ref64 in zip(("dhidden", "dweight", "dbias"), ours, eager, ref):
         assert mine.dtype == dtype and mine.shape == ref64.shape
-        assert_no_worse_than_eager(name, mine, theirs, ref64)
+        if (
+            name == "dbias"
+        ):  # each entry a sum over every token: scalar-like, its last roundings (4 fp32 ulps)
+            assert rel_err(mine, ref64) <= 1.25 * rel_err(theirs, ref64) + 4 * 2.0**-23
+        else:
+            assert_no_worse_than_eager(name, mine, theirs, ref64)
 
 
 def test_compensated_accumulator_rounds_once():
     """bf16 hi + int8 residual over many terms: each term adds at most 1/256 of a last place of the running
-    sum, so the result is the exactly rounded sum up to terms x ulp(largest partial sum) / 256, far closer
-    than a bf16 running sum (Liger-Kernel's), and the grad_output scaling rounds once."""
+    sum, so the result is the exactly rounded sum up to terms x ulp(largest partial sum) / 256, closer than a
+    bf16 running sum (Liger-Kernel's), and the grad_output scaling rounds once."""
     weight = torch.empty(37, 29, dtype=torch.bfloat16)
     acc = _WeightGradAccumulator(weight, torch.float32)
     assert acc.compensated
@@ -136,10 +148,13 @@ def test_compensated_accumulator_rounds_once():
     eps = torch.finfo(torch.bfloat16).eps  # ulp(x) <= eps |x|
     bound = 0.5 * eps * want.abs() + len(terms) / 256 * eps * 0.37 * partial.abs().amax(0) * 1.01 + 1e-30
     assert bool(((got - want).abs() <= bound).all())
+    # as a whole: the correctly rounded sum's error (40 seeds: within 1.002 x), below a bf16 running sum's
+    exactly_rounded = rel_err(want.to(torch.bfloat16), want)
+    assert rel_err(got, want) <= 1.01 * exactly_rounded
     naive = torch.zeros_like(weight)
     for term in terms:
         naive = (naive.double() + term).to(torch.bfloat16)
-    assert rel_err(got, want) < 0.5 * rel_err(naive.double() * 0.37, want)
+    assert rel_err(got, want) < rel_err(naive.double() * 0.37, want)
 
 
 def test_compensated_add_kernel_residual_range():

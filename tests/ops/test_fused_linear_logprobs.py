@@ -11,12 +11,14 @@ IGNORE = -100
 STATS = OUTPUTS[1:]
 FLOAT_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits")
 
-# option mixes (kept few: the interpreter is slow); V=1031 spans several 512-column blocks of the kernels
+# option mixes (kept few: the interpreter is slow); V=1031 spans several 512-column blocks of the kernels;
+# >= 37 tokens each: a norm-wise error over fewer tokens is too noisy a sample for the 1.25 x eager rule (11
+# tokens: the softcap case's log_probs failed 1 run in 6 on the CPU at 1.3 x)
 CASES = {
     "plain": dict(opts={}, bias=False, shape=(37, 67, 131)),
     "scaled": dict(opts=dict(temperature=0.7, logit_scale=1.3), bias=True, shape=(37, 67, 131)),
     "softcap": dict(
-        opts=dict(temperature=1.6, softcap=4.0, logit_scale=0.8), bias=True, shape=(11, 24, 1031)
+        opts=dict(temperature=1.6, softcap=4.0, logit_scale=0.8), bias=True, shape=(41, 24, 1031)
     ),
 }
 
