@@ -64,6 +64,12 @@ BWD_VARIANTS = {  # name -> _launch knobs
         "NORM_BWD_PREFETCH": False,
     },
     "P2 E4 pf": {"NORM_BWD_ELEMENTS_PER_THREAD": 4},
+    # long rows (hidden 16384, the sweep's losers): one pass over a register-resident row (spilling) against
+    # the chunked two-pass loop, and wider column chunks
+    "fused16384": {"NORM_BWD_FUSED_MAX_COLS": 16384},
+    "fused16384 E32": {"NORM_BWD_FUSED_MAX_COLS": 16384, "NORM_BWD_ELEMENTS_PER_THREAD": 32},
+    "chunk8192": {"NORM_CHUNK_COLS": 8192},
+    "chunk2048": {"NORM_CHUNK_COLS": 2048},
 }
 FWD_VARIANTS = {
     "E16 tile4096 (current)": {},
@@ -71,6 +77,8 @@ FWD_VARIANTS = {
     "E32 tile4096": {"NORM_FWD_ELEMENTS_PER_THREAD": 32},
     "E16 tile8192": {"NORM_TILE_ELEMENTS": 8192},
     "E8 tile8192": {"NORM_TILE_ELEMENTS": 8192, "NORM_FWD_ELEMENTS_PER_THREAD": 8},
+    "fwd chunked above 8192": {"NORM_FUSED_MAX_COLS": 8192},
+    "fwd E32": {"NORM_FWD_ELEMENTS_PER_THREAD": 32},
 }
 
 
@@ -227,12 +235,15 @@ def main() -> int:
     parser.add_argument("--only", default="kernels,regs,ops")
     parser.add_argument("--graph", action="store_true", help="kernels: CUDA-graph replay timing (GPU time)")
     parser.add_argument("--variants", default="", help="kernels: comma-separated variant name prefixes")
+    parser.add_argument("--shapes", default="", help="kernels: e.g. 16384x16384,4093x16384 (rows x hidden)")
     args = parser.parse_args()
     global GRAPH
     GRAPH = args.graph
     ONLY_VARIANTS.extend(v for v in args.variants.split(",") if v)
     sections = set(args.only.split(","))
     shapes = [(16384, 4096), (4096, 4096), (16384, 8192)] if DEVICE.type == "cuda" else [(5, 257)]
+    if args.shapes and DEVICE.type == "cuda":
+        shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
     if "kernels" in sections:
         kernels(shapes, args.quick)
     if "regs" in sections and DEVICE.type == "cuda":

@@ -51,10 +51,12 @@ def num_sms(device) -> int:
 # ----------------------------------------------------------------------------------------------------------
 
 # Rows up to this many columns stay in registers (forward: one read of x; backward: one read of dy and x).
-# Longer rows loop over column chunks of NORM_CHUNK_COLS, re-reading the row (from L2) once per pass. The
-# backward holds ~11 registers per element (dy, x, w, dW accumulator, temporaries), so its limit is lower.
+# Longer rows loop over column chunks of NORM_CHUNK_COLS, re-reading the row once per pass. The backward
+# holds ~11 registers per element (dy, x, w, dW accumulator, temporaries) and spills at 16384 columns, yet
+# one spilling pass beats the two-pass loop there (H100, bf16 RMSNorm bwd, benchmarks/variants_norm.py
+# --shapes: 16384x16384 0.729 vs 1.489 ms, 4093x16384 0.207 vs 0.382; the shape sweep's losers).
 NORM_FUSED_MAX_COLS = 16384
-NORM_BWD_FUSED_MAX_COLS = 8192
+NORM_BWD_FUSED_MAX_COLS = 16384
 NORM_CHUNK_COLS = 4096
 # Elements per tile for short rows: several rows per program so that small hidden sizes still move
 # enough bytes per program.
