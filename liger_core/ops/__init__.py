@@ -11,6 +11,7 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  # noqa: E402
 from liger_core.ops.fused_linear_logprobs import FusedLogProbs, fused_linear_logprobs  # noqa: E402
 from liger_core.ops.geglu import geglu  # noqa: E402
 from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
@@ -26,6 +27,7 @@ __all__ = [
     "fused_linear_cross_entropy",
     "FusedLogProbs",
     "fused_linear_jsd",
+    "fused_linear_logprob_loss",
     "fused_linear_logprobs",
     "geglu",
     "glu_down_proj",
