@@ -50,6 +50,14 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
+def half_ulp(value: float, dtype: torch.dtype) -> float:
+    """Half the spacing of ``dtype``'s numbers at ``value``: the largest error of rounding it to ``dtype``."""
+    if value == 0:
+        return 0.0
+    eps = torch.finfo(dtype).eps  # spacing at 1.0
+    return 0.5 * eps * 2.0 ** math.floor(math.log2(abs(value)))
+
+
 def assert_no_worse_than_eager(
     name: str, ours: torch.Tensor, eager: torch.Tensor, ref64: torch.Tensor, *, slack: float = SLACK
 ) -> tuple[float, float]:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers import FLOOR, HAS_CUDA, SLACK, assert_no_worse_than_eager, leaf, noncontiguous
+from helpers import HAS_CUDA, SLACK, assert_no_worse_than_eager, half_ulp, leaf, noncontiguous
 
 from liger_core import reference
 from liger_core.modules import LigerFusedLinearJSD
@@ -53,7 +53,11 @@ def test_fused_linear_jsd_matches_float64(dtype, beta, poison_empty):
     ref = run(reference.fused_linear_jsd, sh, sw, th, tw, labels, beta, 0.7, go, dtype=torch.float64)
     assert ours[0].dtype == torch.float32 and ours[0].shape == ()
     assert ours[1].dtype == dtype and ours[2].dtype == dtype
-    for name, a, e, r in zip(("loss", "grad_student_hidden", "grad_student_weight"), ours, eager, ref):
+    _, spread = float64_reference_in_chunks(sh, sw, th, tw, labels, beta, 0.7, go)
+    # the loss is one mean over rows: the mean rule (fresh-clone CI: 6.4e-8 vs a lucky eager 3.2e-9, i.e. one
+    # fp32 ulp of a loss of 1.97 against eager's 1/20 ulp)
+    assert_mean_no_worse_than_eager("loss", ours[0], eager[0], ref[0], spread)
+    for name, a, e, r in zip(("grad_student_hidden", "grad_student_weight"), ours[1:], eager[1:], ref[1:]):
         assert_no_worse_than_eager(name, a, e, r)
     assert (ours[1][labels == -100] == 0).all()
 
@@ -247,11 +251,13 @@ def assert_mean_no_worse_than_eager(name, ours, eager, ref64, spread, *, slack=S
     whose ratio is noise (H100, llama shapes, beta 0.5: 3.9e-6 vs eager's 3.1e-6, both a few 1e-7 absolute).
     "No worse than eager" is then per row: if the kernel's per-row errors are no larger than eager's, its
     mean's error is within eager's spread (4 standard deviations: a chance failure ~1e-4), and a systematic
-    error (a wrong term, a scale) of more than 4 spread / sqrt(n) per row, far below any real bug, fails."""
+    error (a wrong term, a scale) of more than 4 spread / sqrt(n) per row, far below any real bug, fails.
+    Plus the output's own final rounding (half an ulp of the value in the output dtype), which no
+    computation avoids and eager's draw may happen to dodge."""
     e_ours = abs(ours.item() - ref64.item())
     e_eager = abs(eager.item() - ref64.item())
     assert math.isfinite(e_ours), f"{name}: NaN/inf"
-    bound = slack * e_eager + 4.0 * spread + FLOOR[ours.dtype] * abs(ref64.item())
+    bound = slack * e_eager + 4.0 * spread + half_ulp(ref64.item(), ours.dtype)
     assert e_ours <= bound, (
         f"{name}: error {e_ours:.3e} > {slack} x eager's {e_eager:.3e} + 4 x eager's spread {spread:.3e}"
     )
