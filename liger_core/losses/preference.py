@@ -335,6 +335,7 @@ def fused_linear_dpo_loss(
     logit_scale: float = 1.0,
     chunk_size: int | None = None,
     accum_dtype: torch.dtype | None = torch.float32,
+    per_pair: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPO (module doc) on ``hidden (2B, T, H)`` (chosen rows first, then rejected), lm_head ``weight (V,
     H)``, shifted ``target (2B, T)``; returns ``(loss, metrics)``.
@@ -342,7 +343,9 @@ def fused_linear_dpo_loss(
     Reference: ``ref_hidden (2B, T, H_ref)`` with ``ref_weight``/``ref_bias`` (scored with the same op under
     no_grad), or ``ref_chosen_logps``/``ref_rejected_logps`` ``(B,)`` precomputed, or ``reference_free``.
     ``compute_metrics=False`` skips the per-token statistics (one read of each chunk of logits less) and
-    returns the reward and log-prob metrics only. ``temperature``, ``softcap``, ``logit_scale``,
+    returns the reward and log-prob metrics only. ``per_pair``: the metrics also hold the ``(B,)`` tensors
+    ``chosen_logps``, ``rejected_logps``, ``chosen_rewards``, ``rejected_rewards`` (detached; for trainers
+    that gather them across processes before averaging). ``temperature``, ``softcap``, ``logit_scale``,
     ``chunk_size``, ``accum_dtype``: layer-1 options, also used for the reference."""
     outputs = ("entropy", "mean_logits", "is_top1") if compute_metrics else ()
     if use_weighting:
@@ -418,13 +421,17 @@ def fused_linear_dpo_loss(
         loss = loss_of(stats.log_probs, stats.log_sum_sq_probs, 0, n_pairs)
     logps = sequence_logps(stats.log_probs, mask)
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
-    metrics = preference_metrics(
-        chosen_logps,
-        rejected_logps,
-        beta * (chosen_logps - ref_chosen).detach(),
-        beta * (rejected_logps - ref_rejected).detach(),
-    )
+    chosen_rewards = beta * (chosen_logps - ref_chosen).detach()
+    rejected_rewards = beta * (rejected_logps - ref_rejected).detach()
+    metrics = preference_metrics(chosen_logps, rejected_logps, chosen_rewards, rejected_rewards)
     metrics.update(token_metrics(stats, mask, n_pairs))
+    if per_pair:
+        metrics.update(
+            chosen_logps=chosen_logps.detach(),
+            rejected_logps=rejected_logps.detach(),
+            chosen_rewards=chosen_rewards,
+            rejected_rewards=rejected_rewards,
+        )
     return loss, metrics
 
 

@@ -9,12 +9,14 @@
 - ``post_model_build(cfg, model)``: if the built model is not patched (no recipe, or class-level undone),
   patch the instance (``liger_core.apply_liger_kernel``; structural patching for unknown architectures). Then
   log the kernels the model runs. Runs before adapters, so LoRA wraps the patched layers.
-- ``rl:`` runs (``rl_wiring``): the layer kernels as above (policy and reference models), and, for the rl
-  types whose TRL trainer has TRL's fused LM head when TRL >= 1.15 and liger-core-trl are installed,
-  ``liger_core_trl.install()`` (in ``pre_model_load``) plus ``use_liger_kernel`` in the trainer's arguments
-  (``get_training_args``): TRL's trainer then computes its per-token log-probs with liger_core, and its
-  losses and metrics from them. Otherwise (Axolotl 0.19 pins TRL 1.9) TRL computes the loss from the
-  logits; ``register`` logs which case applies.
+- ``rl:`` runs (``rl_wiring``): the layer kernels as above (policy and reference models), and
+  - for the rl types whose TRL trainer has TRL's fused LM head when TRL >= 1.15 and liger-core-trl are
+    installed, ``liger_core_trl.install()`` (in ``pre_model_load``) plus ``use_liger_kernel`` in the
+    trainer's arguments (``get_training_args``): TRL's trainer then computes its per-token log-probs with
+    liger_core, and its losses and metrics from them;
+  - for ``rl: dpo`` / ``ipo`` on older TRL (Axolotl 0.19 pins TRL 1.9), ``post_trainer_create`` points the
+    DPO trainer's fused-loss path at liger_core's fused DPO loss (``trl_dpo``; the logits never exist);
+  - otherwise TRL computes the loss from the logits. ``register`` logs which case applies.
 
 Log lines go to the ``axolotl.integrations.liger_core`` logger: Axolotl's console shows INFO only for
 ``axolotl.*`` loggers.
@@ -58,16 +60,26 @@ def fused_logprobs_unavailable() -> str | None:
     return None
 
 
-def rl_wiring(cfg: Any) -> tuple[bool, str]:
-    """For an ``rl:`` config with liger_core on: (whether TRL's log-probs come from liger_core, what runs)."""
+# Axolotl rl types built on TRL's DPOTrainer, whose pre-1.15 fused-loss path liger_core serves (trl_dpo)
+RL_TRL_DPO = ("dpo", "ipo")
+
+
+def rl_wiring(cfg: Any) -> tuple[str | None, str]:
+    """For an ``rl:`` config with liger_core on: (how the loss uses liger_core: "fused_head" for TRL's fused
+    LM head, "dpo_loss" for liger_core's DPO loss in TRL's DPO trainer, None: not at all; what runs)."""
     rl = rl_type(cfg)
     layers = f"rl: {rl}: liger_core runs its layer kernels in the models Axolotl loads"
     if rl not in RL_FUSED_LOGPROBS:
-        return False, f"{layers}; the {rl} trainer computes its loss from the full logits"
+        return None, f"{layers}; the {rl} trainer computes its loss from the full logits"
     reason = fused_logprobs_unavailable()
     if reason is None:
-        return True, f"{layers}, and the per-token log-probs of TRL's fused LM head (liger_core_trl)"
-    return False, (
+        return "fused_head", f"{layers}, and the per-token log-probs of TRL's fused LM head (liger_core_trl)"
+    if rl in RL_TRL_DPO:
+        return "dpo_loss", (
+            f"{layers}, and TRL's DPO loss with liger_core's fused linear DPO loss (TRL's fused-loss path; "
+            f"no fused LM head here: {reason})"
+        )
+    return None, (
         f"{layers}; TRL computes the {rl} loss itself: liger_core's fused log-probs need TRL's fused LM "
         f"head, not available here: {reason}"
     )
@@ -118,7 +130,7 @@ class LigerCorePlugin(BasePlugin):
     def get_training_args(self, cfg: Any) -> dict[str, Any] | None:
         """RL with TRL's fused LM head: the TRL trainer's own flag, served by liger_core_trl, with the layer
         kernels chosen here (the model is already patched: applying them again at train() adds nothing)."""
-        if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0]):
+        if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0] == "fused_head"):
             return None
         flags = liger_core_flags(cfg)
         layers = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm")
@@ -127,7 +139,7 @@ class LigerCorePlugin(BasePlugin):
     def pre_model_load(self, cfg: Any) -> None:
         if not cfg.use_liger_kernel:
             return
-        if rl_type(cfg) is not None and rl_wiring(cfg)[0]:
+        if rl_type(cfg) is not None and rl_wiring(cfg)[0] == "fused_head":
             import liger_core_trl
 
             liger_core_trl.install()
@@ -152,6 +164,21 @@ class LigerCorePlugin(BasePlugin):
             return
         self.class_patched = model_type
         LOG.info("%s", report)
+
+    def post_trainer_create(self, cfg: Any, trainer: Any) -> None:
+        if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0] == "dpo_loss"):
+            return
+        from liger_core_axolotl import trl_dpo
+
+        reason = trl_dpo.install(trainer)
+        if reason is None:
+            LOG.info(
+                "liger_core: %s computes its DPO loss with liger_core (fused lm_head)", type(trainer).__name__
+            )
+        else:
+            LOG.warning(
+                "liger_core: %s keeps TRL's DPO loss from the full logits: %s", type(trainer).__name__, reason
+            )
 
     def post_model_build(self, cfg: Any, model: Any) -> None:
         if not cfg.use_liger_kernel:

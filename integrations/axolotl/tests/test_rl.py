@@ -81,11 +81,12 @@ def test_rl_config_loads_with_layer_kernels_and_no_sft_loss(
     import trl
     import trl.trainer.utils as trl_utils
 
-    fused, message = rl_wiring(cfg)
+    mode, message = rl_wiring(cfg)
     if hasattr(trl_utils, "add_fused_lm_head"):
         pytest.skip(f"TRL {trl.__version__} has the fused LM head: covered by the 2-step run")
-    assert not fused and f"TRL {trl.__version__} has no fused LM head" in message
-    assert LigerCorePlugin().get_training_args(cfg) is None  # TRL 1.9 keeps its own flag handling
+    assert mode == "dpo_loss" and f"TRL {trl.__version__} has no fused LM head" in message
+    assert "liger_core's fused linear DPO loss" in message
+    assert LigerCorePlugin().get_training_args(cfg) is None  # TRL's flag stays off (no liger-kernel patching)
     log = logging.getLogger("axolotl.integrations.liger_core")
     log.addHandler(caplog.handler)  # Axolotl's logging config (set up by load_cfg) stops propagation
     try:
@@ -141,8 +142,8 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
 
     monkeypatch.setattr(plugin_module, "fused_logprobs_unavailable", lambda: None)
     cfg = DictDefault({"use_liger_kernel": True, "rl": "kto", "liger_core_layer_norm": False})
-    fused, message = plugin_module.rl_wiring(cfg)
-    assert fused and "per-token log-probs of TRL's fused LM head" in message
+    mode, message = plugin_module.rl_wiring(cfg)
+    assert mode == "fused_head" and "per-token log-probs of TRL's fused LM head" in message
     assert plugin_module.LigerCorePlugin().get_training_args(cfg) == {
         "use_liger_kernel": True,
         "liger_kernel_config": {
@@ -154,8 +155,8 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
         },
     }
     for rl in ("orpo", "simpo"):  # TRL's experimental ORPO/CPO trainers have no fused head
-        fused, message = plugin_module.rl_wiring(DictDefault({"use_liger_kernel": True, "rl": rl}))
-        assert not fused and "computes its loss from the full logits" in message
+        mode, message = plugin_module.rl_wiring(DictDefault({"use_liger_kernel": True, "rl": rl}))
+        assert mode is None and "computes its loss from the full logits" in message
     sft = DictDefault({"use_liger_kernel": True})
     assert plugin_module.LigerCorePlugin().get_training_args(sft) is None
 
@@ -179,8 +180,9 @@ def _logged(output: str, key: str) -> list[float]:
 
 
 def test_dpo_two_steps_with_and_without_liger_core(tiny_llama, preference_data, tmp_path):
-    """Axolotl's RL trainer builder -> its DPO trainer (TRL), 2 fp32 steps: the same losses and rewards with
-    liger_core's layer kernels (Triton interpreter) as without the plugin (rel 1e-4)."""
+    """Axolotl's RL trainer builder -> its DPO trainer (TRL), 2 fp32 steps: the same losses, gradient norms
+    and logged metrics with liger_core (layer kernels and, on TRL without a fused LM head, its fused DPO loss;
+    Triton interpreter) as without the plugin (rel 1e-4)."""
     runs = {}
     for name, extra in (("off", {"plugins": [], "use_liger_kernel": None}), ("on", {})):
         workdir = tmp_path / name
@@ -194,7 +196,12 @@ def test_dpo_two_steps_with_and_without_liger_core(tiny_llama, preference_data, 
     assert active and "rms_norm" in active[0] and "fused_linear_cross_entropy" not in active[0], active
     assert "rl: dpo: liger_core runs its layer kernels" in runs["on"]
     assert "liger_core" not in runs["off"]
-    for key in ("loss", "grad_norm", "rewards/chosen", "rewards/margins", "logps/rejected"):
+    import trl.trainer.utils as trl_utils
+
+    if not hasattr(trl_utils, "add_fused_lm_head"):
+        assert "AxolotlDPOTrainer computes its DPO loss with liger_core" in runs["on"], runs["on"][-4000:]
+    keys = ("loss", "grad_norm", "rewards/chosen", "rewards/margins", "logps/rejected", "logits/chosen")
+    for key in keys + ("entropy", "mean_token_accuracy"):
         off, on = _logged(runs["off"], key), _logged(runs["on"], key)
         assert len(off) == 2, (key, runs["off"][-3000:])
         assert on == pytest.approx(off, rel=1e-4, abs=1e-6), key

@@ -1,0 +1,95 @@
+"""``trl_dpo``: TRL's own DPOTrainer (the version Axolotl pins) with its fused-loss path served by liger_core
+gives the loss, the gradients and every logged metric of TRL's unfused path, for several loss settings."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")
+
+import pytest
+import torch
+from liger_core_axolotl import trl_dpo
+
+trl = pytest.importorskip("trl")
+PAIRS = [
+    ("red fox", " runs fast", " sleeps"),
+    ("blue sky", " glows", " falls down hard"),
+    ("tiny model", " learns", " forgets it all"),
+    ("fast kernels", " fuse", " wait"),
+]
+
+SETTINGS = {
+    "sigmoid": dict(loss_type=["sigmoid"]),
+    "sigmoid+sft": dict(loss_type=["sigmoid", "sft"], loss_weights=[1.0, 0.5]),
+    "ipo": dict(loss_type=["ipo"]),
+    "robust+wpo": dict(loss_type=["robust"], label_smoothing=0.1, use_weighting=True),
+    "sigmoid_norm": dict(loss_type=["sigmoid_norm"]),
+    "sigmoid+alpha": dict(loss_type=["sigmoid"], f_divergence_type="alpha_divergence"),
+    "apo_zero+discopop": dict(loss_type=["apo_zero", "discopop"], loss_weights=[0.3, 1.0]),
+}
+
+
+def _trainer(tiny_llama, tmp_path, **options):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    with torch.no_grad():  # a policy away from the reference: nonzero rewards and margins
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    data = Dataset.from_list([{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS])
+    args = trl.DPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, beta=0.5, max_length=32,
+        report_to=[], use_cpu=True, bf16=False, **options,  # bf16 would autocast the reference model only
+    )  # fmt: skip
+    return trl.DPOTrainer(
+        model=model, ref_model=ref, args=args, train_dataset=data, processing_class=tokenizer
+    )
+
+
+def _step(trainer, batch):
+    """(loss, gradients of the policy's parameters, the metrics logged) of one compute_loss."""
+    trainer._metrics["train"].clear()
+    trainer._total_train_tokens = 0
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    metrics = {k: list(v) for k, v in trainer._metrics["train"].items()}
+    return loss.detach(), grads, metrics
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_liger_core_loss_equals_trl_unfused(tiny_llama, tmp_path, setting):
+    trainer = _trainer(tiny_llama, tmp_path, **SETTINGS[setting])
+    trainer.model.train()
+    batch = next(iter(trainer.get_train_dataloader()))
+    off = _step(trainer, batch)
+    assert trl_dpo.install(trainer) is None
+    assert isinstance(trainer.liger_loss, trl_dpo.TRLDPOLoss) and not trainer.args.use_liger_kernel
+    on = _step(trainer, batch)
+    assert on[0].item() == pytest.approx(off[0].item(), rel=1e-5, abs=1e-7)
+    assert on[1].keys() == off[1].keys()
+    for name, g in off[1].items():  # fp32 roundings of two computations (norm-wise; a wiring error is O(1))
+        assert (on[1][name] - g).norm() <= 1e-4 * g.norm(), name
+    assert set(on[2]) == set(off[2]), (sorted(on[2]), sorted(off[2]))
+    for key, values in off[2].items():
+        assert on[2][key] == pytest.approx(values, rel=1e-5, abs=1e-6), key
+
+
+def test_unsupported_settings_keep_trls_path(tiny_llama, tmp_path):
+    trainer = _trainer(tiny_llama, tmp_path, ld_alpha=0.5)
+    assert "ld_alpha" in trl_dpo.install(trainer)
+    assert not trainer.use_liger_kernel
+    trainer = _trainer(tiny_llama, tmp_path, precompute_ref_log_probs=True)
+    assert "precompute_ref_log_probs" in trl_dpo.unsupported(trainer)
+    # an option TRL takes and liger_core refuses: the reason is liger_core's own error
+    trainer = _trainer(tiny_llama, tmp_path, loss_type=["apo_zero"], f_divergence_type="js_divergence")
+    assert "f_divergence_type" in trl_dpo.unsupported(trainer)
+    # TRL 1.9 drops f'(t)'s constant, which does not cancel in a length-normalised loss
+    trainer = _trainer(tiny_llama, tmp_path, loss_type=["sigmoid_norm"], f_divergence_type="alpha_divergence")
+    assert "drops the f-divergence's constant" in trl_dpo.unsupported(trainer)
