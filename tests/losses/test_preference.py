@@ -286,6 +286,23 @@ def test_dpo_gradient_in_forward_path(dtype, monkeypatch):
     assert len(grouped) == len(configs)  # the grouped runs went the grouped way, and only they
 
 
+def test_dpo_per_pair_metrics():
+    """per_pair=True adds the (B,) tensors whose means are the logged metrics; rewards = beta (logps - ref)."""
+    hidden, weight, _, target = batch(torch.float32, 2 * B, T, H, V, empty_rows=(1,))
+    ref_c, ref_r = torch.randn(B) - 20, torch.randn(B) - 20
+    kwargs = dict(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r, beta=0.3, chunk_size=CHUNK)
+    _, plain = fused_linear_dpo_loss(hidden, weight, target, **kwargs)
+    _, metrics = fused_linear_dpo_loss(hidden, weight, target, per_pair=True, **kwargs)
+    assert set(metrics) - set(plain) == {"chosen_logps", "rejected_logps", "chosen_rewards", "rejected_rewards"}
+    for name, ref in (("chosen", ref_c), ("rejected", ref_r)):
+        logps, rewards = metrics[f"{name}_logps"], metrics[f"{name}_rewards"]
+        assert logps.shape == rewards.shape == (B,) and not logps.requires_grad
+        torch.testing.assert_close(rewards, 0.3 * (logps - ref))
+        torch.testing.assert_close(logps.mean(), metrics[f"logps/{name}"])
+        torch.testing.assert_close(rewards.mean(), metrics[f"rewards/{name}"])
+    assert metrics["chosen_logps"][1] == 0  # the fully ignored chosen row
+
+
 def test_sigmoid_label_smoothing_is_conservative_dpo():
     """sigmoid with label_smoothing: -(1 - eps) log sig(beta d) - eps log sig(-beta d) (float64 formula)."""
     hidden, weight, _, target = batch(torch.float32, 2 * B, T, H, V)
