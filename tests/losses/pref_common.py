@@ -122,13 +122,31 @@ def assert_metrics_match(ours: dict, trl: dict, *, skip=(), rtol=1e-4, atol=1e-5
 def freeze_token_logprobs(monkeypatch, module, hidden, weight, bias, target, **op_kwargs):
     """Run the fused op once and make ``module``'s loss functions reuse its outputs, ``log_probs`` a leaf:
     each loss configuration then costs no interpreted kernel, and its gradient with respect to the per-token
-    log-probs can be compared with TRL's (the op's own backward is tested in tests/ops). Returns the leaf."""
+    log-probs can be compared with TRL's (the op's own backward is tested in tests/ops). Returns the leaf
+    and the frozen outputs."""
     with torch.no_grad():
         out = fused_linear_logprobs(hidden, weight, target, bias, outputs=OUTPUTS, **op_kwargs)
     log_probs = out.log_probs.clone().requires_grad_(True)
     frozen = out._replace(log_probs=log_probs)
     monkeypatch.setattr(module, "token_logprobs", lambda *args, outputs=(), **kwargs: frozen)
-    return log_probs
+    return log_probs, frozen
+
+
+def own_logprob_cases(frozen, mask, configs):
+    """Oracle cases of TRL's formula on the op's own per-token log-probs (``frozen``): per config, float64
+    then fp32 (results ``2i`` and ``2i + 1``, as ``ref``/``eager`` elsewhere). Checks the formula's arithmetic
+    alone: on each side's own log-probs, the two errors are two draws of log-prob roundings, amplified by a
+    sensitive loss (discopop's 1/tau) into a ratio that is noise (CPU: 1.55e-6 vs 6.6e-7 in 1 run of 2)."""
+    cases = []
+    for config in configs:
+        for dtype in (torch.float64, torch.float32):
+            stats = {name: getattr(frozen, name).detach() for name in OUTPUTS}
+            cast = {
+                k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
+                for k, v in {**stats, **config}.items()
+            }
+            cases.append({**cast, "mask": mask})
+    return cases
 
 
 def assert_token_grads_no_worse(name, grad, eager_grad, ref_grad, mask):

@@ -85,7 +85,7 @@ def test_kto_matches_trl(dtype, monkeypatch):
         assert mine.dtype == dtype
         assert_no_worse_than_eager(f"kto {name}", mine, theirs, ref64)
     # both loss types on the op's per-token log-probs computed once
-    log_probs = freeze_token_logprobs(monkeypatch, kto, hidden, weight, bias, target, chunk_size=CHUNK)
+    log_probs, _ = freeze_token_logprobs(monkeypatch, kto, hidden, weight, bias, target, chunk_size=CHUNK)
     for i, config in enumerate(CONFIGS):
         ref_res, eager_res = results[2 * i], results[2 * i + 1]
         loss, metrics = fused_linear_kto_loss(

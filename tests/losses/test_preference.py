@@ -14,6 +14,7 @@ from pref_common import (
     assert_token_grads_no_worse,
     batch,
     freeze_token_logprobs,
+    own_logprob_cases,
     run_oracle,
 )
 
@@ -146,12 +147,30 @@ def test_dpo_matches_trl(dtype, monkeypatch):
         _check(str(DPO_CONFIGS[8]), ours, results[17], results[16], tokens, dtype)
         assert len(grouped) == 4
     # every configuration on the op's per-token log-probs computed once (gradients per token)
-    log_probs = freeze_token_logprobs(monkeypatch, preference, hidden, weight, bias, target, chunk_size=CHUNK)
+    log_probs, frozen = freeze_token_logprobs(
+        monkeypatch, preference, hidden, weight, bias, target, chunk_size=CHUNK
+    )
+    own = run_oracle(
+        own_logprob_cases(
+            frozen,
+            tokens.mask,
+            [
+                dict(
+                    trainer="dpo",
+                    beta=0.1,
+                    ref_chosen_logps=ref_c,
+                    ref_rejected_logps=ref_r,
+                    **_trl_config(c),
+                )
+                for c in DPO_CONFIGS
+            ],
+        )
+    )
     for i, config in enumerate(DPO_CONFIGS):
         loss, metrics = fused_linear_dpo_loss(
             hidden, weight, target, bias, ref_chosen_logps=ref_c, ref_rejected_logps=ref_r, beta=0.1, **config
         )
-        _check_tokens(str(config), loss, log_probs, results[2 * i + 1], results[2 * i], tokens.mask)
+        _check_tokens(str(config), loss, log_probs, own[2 * i + 1], own[2 * i], tokens.mask)
         if dtype == torch.float32:
             assert_metrics_match(metrics, results[2 * i]["metrics"])
         assert all(math.isfinite(float(v)) for v in metrics.values())
@@ -287,13 +306,19 @@ def test_dpo_gradient_in_forward_path(dtype, monkeypatch):
 
 
 def test_dpo_per_pair_metrics():
-    """per_pair=True adds the (B,) tensors whose means are the logged metrics; rewards = beta (logps - ref)."""
+    """per_pair=True adds the (B,) tensors whose means are the logged metrics; rewards = beta (logps -
+    ref)."""
     hidden, weight, _, target = batch(torch.float32, 2 * B, T, H, V, empty_rows=(1,))
     ref_c, ref_r = torch.randn(B) - 20, torch.randn(B) - 20
     kwargs = dict(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r, beta=0.3, chunk_size=CHUNK)
     _, plain = fused_linear_dpo_loss(hidden, weight, target, **kwargs)
     _, metrics = fused_linear_dpo_loss(hidden, weight, target, per_pair=True, **kwargs)
-    assert set(metrics) - set(plain) == {"chosen_logps", "rejected_logps", "chosen_rewards", "rejected_rewards"}
+    assert set(metrics) - set(plain) == {
+        "chosen_logps",
+        "rejected_logps",
+        "chosen_rewards",
+        "rejected_rewards",
+    }
     for name, ref in (("chosen", ref_c), ("rejected", ref_r)):
         logps, rewards = metrics[f"{name}_logps"], metrics[f"{name}_rewards"]
         assert logps.shape == rewards.shape == (B,) and not logps.requires_grad
@@ -384,10 +409,17 @@ def test_cpo_simpo_matches_trl(dtype, monkeypatch):
     )
     _check(f"cpo {CPO_CONFIGS[3]}", ours, results[7], results[6], tokens, dtype)  # end to end: simpo
     with monkeypatch.context() as patch:
-        log_probs = freeze_token_logprobs(patch, preference, hidden, weight, bias, target, chunk_size=CHUNK)
+        log_probs, frozen = freeze_token_logprobs(
+            patch, preference, hidden, weight, bias, target, chunk_size=CHUNK
+        )
+        own = run_oracle(
+            own_logprob_cases(
+                frozen, tokens.mask, [dict(trainer="cpo", beta=beta, **config) for config in CPO_CONFIGS]
+            )
+        )
         for i, config in enumerate(CPO_CONFIGS):
             loss, metrics = fused_linear_cpo_loss(hidden, weight, target, bias, beta=beta, **config)
-            _check_tokens(f"cpo {config}", loss, log_probs, results[2 * i + 1], results[2 * i], tokens.mask)
+            _check_tokens(f"cpo {config}", loss, log_probs, own[2 * i + 1], own[2 * i], tokens.mask)
             if dtype == torch.float32:
                 assert_metrics_match(
                     metrics, results[2 * i]["metrics"], skip=("logits/chosen", "logits/rejected")
