@@ -14,8 +14,9 @@
     installed, ``liger_core_trl.install()`` (in ``pre_model_load``) plus ``use_liger_kernel`` in the
     trainer's arguments (``get_training_args``): TRL's trainer then computes its per-token log-probs with
     liger_core, and its losses and metrics from them;
-  - for ``rl: dpo`` / ``ipo`` on older TRL (Axolotl 0.19 pins TRL 1.9), ``post_trainer_create`` points the
-    DPO trainer's fused-loss path at liger_core's fused DPO loss (``trl_dpo``; the logits never exist);
+  - for ``rl: dpo`` / ``ipo`` / ``grpo`` / ``gdpo`` on older TRL (Axolotl 0.19 pins TRL 1.9),
+    ``post_trainer_create`` points the trainer's fused-loss path at liger_core's fused DPO / GRPO loss
+    (``trl_dpo``, ``trl_grpo``; the logits never exist);
   - otherwise TRL computes the loss from the logits. ``register`` logs which case applies.
 
 Log lines go to the ``axolotl.integrations.liger_core`` logger: Axolotl's console shows INFO only for
@@ -60,13 +61,14 @@ def fused_logprobs_unavailable() -> str | None:
     return None
 
 
-# Axolotl rl types built on TRL's DPOTrainer, whose pre-1.15 fused-loss path liger_core serves (trl_dpo)
-RL_TRL_DPO = ("dpo", "ipo")
+# Axolotl rl types whose TRL trainer's pre-1.15 fused-loss path liger_core serves: the module that installs it
+RL_TRL_LOSS = {"dpo": "trl_dpo", "ipo": "trl_dpo", "grpo": "trl_grpo", "gdpo": "trl_grpo"}
 
 
 def rl_wiring(cfg: Any) -> tuple[str | None, str]:
     """For an ``rl:`` config with liger_core on: (how the loss uses liger_core: "fused_head" for TRL's fused
-    LM head, "dpo_loss" for liger_core's DPO loss in TRL's DPO trainer, None: not at all; what runs)."""
+    LM head, "trl_loss" for liger_core's loss in the fused-loss path of TRL's trainer (TRL < 1.15), None:
+    not at all; what runs)."""
     rl = rl_type(cfg)
     layers = f"rl: {rl}: liger_core runs its layer kernels in the models Axolotl loads"
     if rl not in RL_FUSED_LOGPROBS:
@@ -74,10 +76,11 @@ def rl_wiring(cfg: Any) -> tuple[str | None, str]:
     reason = fused_logprobs_unavailable()
     if reason is None:
         return "fused_head", f"{layers}, and the per-token log-probs of TRL's fused LM head (liger_core_trl)"
-    if rl in RL_TRL_DPO:
-        return "dpo_loss", (
-            f"{layers}, and TRL's DPO loss with liger_core's fused linear DPO loss (TRL's fused-loss path; "
-            f"no fused LM head here: {reason})"
+    if rl in RL_TRL_LOSS:
+        kind = "DPO" if RL_TRL_LOSS[rl] == "trl_dpo" else "GRPO"
+        return "trl_loss", (
+            f"{layers}, and TRL's {kind} loss with liger_core's fused linear {kind} loss (TRL's fused-loss "
+            f"path; no fused LM head here: {reason})"
         )
     return None, (
         f"{layers}; TRL computes the {rl} loss itself: liger_core's fused log-probs need TRL's fused LM "
@@ -166,19 +169,17 @@ class LigerCorePlugin(BasePlugin):
         LOG.info("%s", report)
 
     def post_trainer_create(self, cfg: Any, trainer: Any) -> None:
-        if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0] == "dpo_loss"):
+        if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0] == "trl_loss"):
             return
-        from liger_core_axolotl import trl_dpo
+        import importlib
 
-        reason = trl_dpo.install(trainer)
+        installer = importlib.import_module(f"liger_core_axolotl.{RL_TRL_LOSS[rl_type(cfg)]}")
+        reason = installer.install(trainer)
+        name = type(trainer).__name__
         if reason is None:
-            LOG.info(
-                "liger_core: %s computes its DPO loss with liger_core (fused lm_head)", type(trainer).__name__
-            )
+            LOG.info("liger_core: %s computes its loss with liger_core (fused lm_head)", name)
         else:
-            LOG.warning(
-                "liger_core: %s keeps TRL's DPO loss from the full logits: %s", type(trainer).__name__, reason
-            )
+            LOG.warning("liger_core: %s keeps TRL's loss from the full logits: %s", name, reason)
 
     def post_model_build(self, cfg: Any, model: Any) -> None:
         if not cfg.use_liger_kernel:

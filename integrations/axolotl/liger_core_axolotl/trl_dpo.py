@@ -54,6 +54,11 @@ def unsupported(trainer: Any) -> str | None:
         )  # fmt: skip
     except ValueError as err:
         return f"liger_core's DPO loss: {err}"
+    return peft_problem(trainer)
+
+
+def peft_problem(trainer: Any) -> str | None:
+    """A PEFT setup a fused loss (hidden states of the backbone times lm_head.weight) would get wrong."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     if hasattr(model, "peft_config"):
         from peft import PromptLearningConfig
