@@ -35,6 +35,15 @@ def unsupported(trainer: Any) -> str | None:
     """Why ``trainer`` cannot take liger_core's fused GRPO loss (None: it can)."""
     if not hasattr(trainer, "compute_liger_loss") or not hasattr(trainer, "_get_last_hidden_state"):
         return f"{type(trainer).__name__} has no fused-loss path (TRL 1.9's GRPOTrainer has)"
+    import trl
+
+    overridden = [
+        name
+        for name in ("compute_loss", "_compute_loss", "compute_liger_loss")
+        if getattr(type(trainer), name, None) is not getattr(trl.GRPOTrainer, name, None)
+    ]
+    if overridden:  # e.g. Axolotl's async GRPO trainers: their own loss code
+        return f"{type(trainer).__name__} overrides TRL's {', '.join(overridden)}"
     if getattr(trainer, "top_entropy_quantile", 1.0) < 1.0:
         return "top_entropy_quantile < 1 (masks tokens by every token's entropy before the loss)"
     if getattr(trainer, "_entropy_bonus_enabled", False):

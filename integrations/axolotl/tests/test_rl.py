@@ -1,5 +1,5 @@
 """``rl:`` configs: validation of the plugin's keys with Axolotl's RL keys, the wiring decision
-(``plugin.rl_wiring``), and 2 DPO steps through Axolotl's trainer builder with and without liger_core."""
+(``plugin.rl_wiring``), and 2 DPO and 2 GRPO steps through Axolotl's trainer builder with and without liger_core."""
 
 from __future__ import annotations
 
@@ -205,3 +205,53 @@ def test_dpo_two_steps_with_and_without_liger_core(tiny_llama, preference_data, 
         off, on = _logged(runs["off"], key), _logged(runs["on"], key)
         assert len(off) == 2, (key, runs["off"][-3000:])
         assert on == pytest.approx(off, rel=1e-4, abs=1e-6), key
+
+
+REWARDS = '''def length_reward(prompts, completions, **kwargs):
+    """Longer completions score higher (deterministic)."""
+    return [float(len(c)) for c in completions]
+'''
+
+
+def test_grpo_two_steps_with_and_without_liger_core(tiny_llama, tmp_path):
+    """Axolotl's GRPO trainer (TRL's, generation with transformers), 2 fp32 steps of 4 prompts x 2
+    completions: the same gradient norms, rewards and logged metrics with liger_core (layer kernels and, on
+    TRL without a fused LM head, its fused GRPO loss) as without the plugin. On-policy with zero-mean
+    advantages the loss and KL are rounding noise around 0 (TRL's fp32: ~1e-9): compared absolutely."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p, _, _ in PAIRS * 2))
+    runs = {}
+    for name, extra in (("off", {"plugins": [], "use_liger_kernel": None}), ("on", {})):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        (workdir / "grpo_rewards.py").write_text(REWARDS)  # Axolotl imports reward functions from the cwd
+        config = axolotl_config(tiny_llama, data, workdir, **extra)
+        config.update(
+            rl="grpo",
+            datasets=[{"path": str(data), "type": "passthrough", "split": "train"}],
+            micro_batch_size=4,
+            max_steps=2,
+            sequence_len=32,
+            seed=0,
+            trl={
+                "beta": 0.04,
+                "num_generations": 2,
+                "max_completion_length": 6,
+                "use_vllm": False,
+                "reward_funcs": ["grpo_rewards.length_reward"],
+            },
+        )
+        config = {k: v for k, v in config.items() if v is not None}
+        code, output = _train(config, workdir)
+        assert code == 0, output[-6000:]
+        runs[name] = output
+    import trl.trainer.utils as trl_utils
+
+    if not hasattr(trl_utils, "add_fused_lm_head"):
+        assert "AxolotlGRPOTrainer computes its loss with liger_core" in runs["on"], runs["on"][-4000:]
+    assert "liger_core" not in runs["off"]
+    for key, tolerance in (("grad_norm", {}), ("reward", {}), ("entropy", {}), ("loss", {"abs": 1e-6})):
+        off, on = _logged(runs["off"], key), _logged(runs["on"], key)
+        assert len(off) == 2, (key, runs["off"][-3000:])
+        assert on == pytest.approx(off, **({"rel": 1e-4, "abs": 1e-6} | tolerance)), key
+    assert _logged(runs["on"], "kl") == pytest.approx(_logged(runs["off"], "kl"), abs=1e-6)
