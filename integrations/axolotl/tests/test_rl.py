@@ -1,5 +1,6 @@
 """``rl:`` configs: validation of the plugin's keys with Axolotl's RL keys, the wiring decision
-(``plugin.rl_wiring``), and 2 DPO and 2 GRPO steps through Axolotl's trainer builder with and without liger_core."""
+(``plugin.rl_wiring``), and 2 DPO and 2 GRPO steps through Axolotl's trainer builder with and without
+liger_core."""
 
 from __future__ import annotations
 
