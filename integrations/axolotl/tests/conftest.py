@@ -106,3 +106,28 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def trainer_step(trainer, batch) -> tuple:
+    """(loss, gradients of the policy's parameters, the metrics logged) of one ``compute_loss`` of a TRL
+    trainer in training mode, from fresh metrics and gradients."""
+    trainer._metrics["train"].clear()
+    trainer._total_train_tokens = 0
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, {k: list(v) for k, v in trainer._metrics["train"].items()}
+
+
+def assert_same_step(on, off, metric_abs=lambda key: 1e-6) -> None:
+    """Two ``trainer_step`` results agree: the loss (rel 1e-5), every parameter's gradient (norm-wise 1e-4:
+    fp32 roundings of two computations; a wiring error is O(1)), the same metric names, each value (rel
+    1e-5, absolute ``metric_abs(name)``)."""
+    assert on[0].item() == pytest.approx(off[0].item(), rel=1e-5, abs=1e-7)
+    assert on[1].keys() == off[1].keys()
+    for name, g in off[1].items():
+        assert (on[1][name] - g).norm() <= 1e-4 * g.norm(), name
+    assert set(on[2]) == set(off[2]), (sorted(on[2]), sorted(off[2]))
+    for key, values in off[2].items():
+        assert on[2][key] == pytest.approx(values, rel=1e-5, abs=metric_abs(key), nan_ok=True), key

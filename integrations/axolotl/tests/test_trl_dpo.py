@@ -9,6 +9,7 @@ os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")
 
 import pytest
 import torch
+from conftest import assert_same_step, trainer_step
 from liger_core_axolotl import trl_dpo
 
 trl = pytest.importorskip("trl")
@@ -52,38 +53,18 @@ def _trainer(tiny_llama, tmp_path, **options):
     )
 
 
-def _step(trainer, batch):
-    """(loss, gradients of the policy's parameters, the metrics logged) of one compute_loss."""
-    trainer._metrics["train"].clear()
-    trainer._total_train_tokens = 0
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer.compute_loss(trainer.model, batch)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    metrics = {k: list(v) for k, v in trainer._metrics["train"].items()}
-    return loss.detach(), grads, metrics
-
-
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_liger_core_loss_equals_trl_unfused(tiny_llama, tmp_path, setting):
     trainer = _trainer(tiny_llama, tmp_path, **SETTINGS[setting])
     trainer.model.train()
     batch = next(iter(trainer.get_train_dataloader()))
-    off = _step(trainer, batch)
+    off = trainer_step(trainer, batch)
     assert trl_dpo.install(trainer) is None
     assert isinstance(trainer.liger_loss, trl_dpo.TRLDPOLoss) and not trainer.args.use_liger_kernel
-    on = _step(trainer, batch)
-    assert on[0].item() == pytest.approx(off[0].item(), rel=1e-5, abs=1e-7)
-    assert on[1].keys() == off[1].keys()
-    for name, g in off[1].items():  # fp32 roundings of two computations (norm-wise; a wiring error is O(1))
-        assert (on[1][name] - g).norm() <= 1e-4 * g.norm(), name
-    assert set(on[2]) == set(off[2]), (sorted(on[2]), sorted(off[2]))
+    on = trainer_step(trainer, batch)
     # rewards are beta x differences of fp32 sequence log-probs (~-60 here): known to a few of their ulps
     logps = max(abs(v) for key in ("logps/chosen", "logps/rejected") for v in off[2][key])
-    reward_tolerance = 4 * BETA * logps * 2**-23
-    for key, values in off[2].items():
-        tolerance = reward_tolerance if key.startswith("rewards/") else 1e-6
-        assert on[2][key] == pytest.approx(values, rel=1e-5, abs=tolerance), key
+    assert_same_step(on, off, lambda key: 4 * BETA * logps * 2**-23 if key.startswith("rewards/") else 1e-6)
 
 
 def test_unsupported_settings_keep_trls_path(tiny_llama, tmp_path):

@@ -10,6 +10,7 @@ os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")
 
 import pytest
 import torch
+from conftest import assert_same_step, trainer_step
 from liger_core_axolotl import trl_grpo
 
 trl = pytest.importorskip("trl")
@@ -70,32 +71,16 @@ def _inputs(trainer):
     }
 
 
-def _step(trainer, inputs):
-    """(loss, gradients of the policy's parameters, the metrics logged) of one compute_loss."""
-    trainer._metrics["train"].clear()
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer.compute_loss(trainer.model, inputs)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    return loss.detach(), grads, {k: list(v) for k, v in trainer._metrics["train"].items()}
-
-
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_liger_core_loss_equals_trl_unfused(tiny_llama, tmp_path, setting):
     trainer = _trainer(tiny_llama, tmp_path, **SETTINGS[setting])
     trainer.model.train()
     inputs = _inputs(trainer)
-    off = _step(trainer, inputs)
+    off = trainer_step(trainer, inputs)
     assert trl_grpo.install(trainer) is None
     assert trainer.use_liger_kernel and not trainer.args.use_liger_kernel
-    on = _step(trainer, inputs)
-    assert on[0].item() == pytest.approx(off[0].item(), rel=1e-5, abs=1e-7)
-    assert on[1].keys() == off[1].keys()
-    for name, g in off[1].items():  # fp32 roundings of two computations (norm-wise; a wiring error is O(1))
-        assert (on[1][name] - g).norm() <= 1e-4 * g.norm(), name
-    assert set(on[2]) == set(off[2]), (sorted(on[2]), sorted(off[2]))
-    for key, values in off[2].items():
-        assert on[2][key] == pytest.approx(values, rel=1e-5, abs=1e-6, nan_ok=True), key
+    on = trainer_step(trainer, inputs)
+    assert_same_step(on, off)
 
 
 def test_unsupported_settings_keep_trls_path(tiny_llama, tmp_path):
