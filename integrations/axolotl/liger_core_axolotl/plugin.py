@@ -14,9 +14,9 @@
     installed, ``liger_core_trl.install()`` (in ``pre_model_load``) plus ``use_liger_kernel`` in the
     trainer's arguments (``get_training_args``): TRL's trainer then computes its per-token log-probs with
     liger_core, and its losses and metrics from them;
-  - for ``rl: dpo`` / ``ipo`` / ``grpo`` / ``gdpo`` on older TRL (Axolotl 0.19 pins TRL 1.9),
-    ``post_trainer_create`` points the trainer's fused-loss path at liger_core's fused DPO / GRPO loss
-    (``trl_dpo``, ``trl_grpo``; the logits never exist);
+  - for ``rl: dpo`` / ``ipo`` / ``kto`` / ``grpo`` / ``gdpo`` on older TRL (Axolotl 0.19 pins TRL 1.9),
+    ``post_trainer_create`` points the trainer's fused-loss path at liger_core's fused DPO / KTO / GRPO
+    loss (``trl_dpo``, ``trl_kto``, ``trl_grpo``; the policy's logits never exist);
   - otherwise TRL computes the loss from the logits. ``register`` logs which case applies.
 
 Log lines go to the ``axolotl.integrations.liger_core`` logger: Axolotl's console shows INFO only for
@@ -62,7 +62,7 @@ def fused_logprobs_unavailable() -> str | None:
 
 
 # Axolotl rl types whose TRL trainer's pre-1.15 fused-loss path liger_core serves: the module that installs it
-RL_TRL_LOSS = {"dpo": "trl_dpo", "ipo": "trl_dpo", "grpo": "trl_grpo", "gdpo": "trl_grpo"}
+RL_TRL_LOSS = {"dpo": "trl_dpo", "ipo": "trl_dpo", "kto": "trl_kto", "grpo": "trl_grpo", "gdpo": "trl_grpo"}
 
 
 def rl_wiring(cfg: Any) -> tuple[str | None, str]:
@@ -77,7 +77,7 @@ def rl_wiring(cfg: Any) -> tuple[str | None, str]:
     if reason is None:
         return "fused_head", f"{layers}, and the per-token log-probs of TRL's fused LM head (liger_core_trl)"
     if rl in RL_TRL_LOSS:
-        kind = "DPO" if RL_TRL_LOSS[rl] == "trl_dpo" else "GRPO"
+        kind = RL_TRL_LOSS[rl].removeprefix("trl_").upper()
         return "trl_loss", (
             f"{layers}, and TRL's {kind} loss with liger_core's fused linear {kind} loss (TRL's fused-loss "
             f"path; no fused LM head here: {reason})"
