@@ -134,9 +134,17 @@ def install(trainer: Any) -> str | None:
     reason = unsupported(trainer)
     if reason is not None:
         return reason
-    from trl.models.utils import _ForwardRedirection  # ZeRO-3 / FSDP: gather lm_head around the loss
-
-    trainer.liger_loss = TRLDPOLoss(trainer)
-    trainer._forward_redirection = _ForwardRedirection()
-    trainer.use_liger_kernel = True  # the instance attribute TRL's compute_loss reads; args stay unflagged
+    route_fused_path(trainer, liger_loss=TRLDPOLoss(trainer))
     return None
+
+
+def route_fused_path(trainer: Any, **attributes: Any) -> None:
+    """Set ``attributes`` on the trainer instance and turn on TRL 1.9's fused-loss path: the instance flag its
+    ``compute_loss`` reads (``args.use_liger_kernel`` stays off) and the forward redirection that makes
+    ZeRO-3 / FSDP gather lm_head around the loss."""
+    from trl.models.utils import _ForwardRedirection
+
+    for name, value in attributes.items():
+        setattr(trainer, name, value)
+    trainer._forward_redirection = _ForwardRedirection()
+    trainer.use_liger_kernel = True

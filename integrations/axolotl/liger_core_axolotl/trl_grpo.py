@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from liger_core_axolotl.trl_dpo import peft_problem
+from liger_core_axolotl.trl_dpo import peft_problem, route_fused_path
 
 # ratio metrics: means over sequences with sequence-level importance sampling, else over tokens (kl and
 # entropy: always tokens); TRL all-reduces each mean's sum and count
@@ -128,9 +128,5 @@ def install(trainer: Any) -> str | None:
     reason = unsupported(trainer)
     if reason is not None:
         return reason
-    from trl.models.utils import _ForwardRedirection  # ZeRO-3 / FSDP: gather lm_head around the loss
-
-    trainer.compute_liger_loss = types.MethodType(compute_liger_loss, trainer)
-    trainer._forward_redirection = _ForwardRedirection()
-    trainer.use_liger_kernel = True  # the instance attribute TRL's compute_loss reads; args stay unflagged
+    route_fused_path(trainer, compute_liger_loss=types.MethodType(compute_liger_loss, trainer))
     return None

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from liger_core_axolotl.trl_dpo import peft_problem
+from liger_core_axolotl.trl_dpo import peft_problem, route_fused_path
 
 _NON_MODEL_KEYS = {
     "completion_mask", "KL_input_ids", "KL_attention_mask", "KL_completion_mask", "KL_token_type_ids",
@@ -126,9 +126,5 @@ def install(trainer: Any) -> str | None:
     reason = unsupported(trainer)
     if reason is not None:
         return reason
-    from trl.models.utils import _ForwardRedirection  # ZeRO-3 / FSDP: gather lm_head around the loss
-
-    trainer._compute_loss_liger = types.MethodType(compute_loss_liger, trainer)
-    trainer._forward_redirection = _ForwardRedirection()
-    trainer.use_liger_kernel = True  # the instance attribute TRL's compute_loss reads; args stay unflagged
+    route_fused_path(trainer, _compute_loss_liger=types.MethodType(compute_loss_liger, trainer))
     return None

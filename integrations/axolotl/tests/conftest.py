@@ -131,3 +131,18 @@ def assert_same_step(on, off, metric_abs=lambda key: 1e-6) -> None:
     assert set(on[2]) == set(off[2]), (sorted(on[2]), sorted(off[2]))
     for key, values in off[2].items():
         assert on[2][key] == pytest.approx(values, rel=1e-5, abs=metric_abs(key), nan_ok=True), key
+
+
+def policy_and_reference(model_dir):
+    """(policy, reference, tokenizer) in fp32 from ``model_dir``, the policy moved away from the reference
+    (seeded): nonzero rewards, margins and KL."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model, ref, AutoTokenizer.from_pretrained(model_dir)

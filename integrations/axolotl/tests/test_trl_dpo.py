@@ -8,8 +8,7 @@ import os
 os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")
 
 import pytest
-import torch
-from conftest import assert_same_step, trainer_step
+from conftest import assert_same_step, policy_and_reference, trainer_step
 from liger_core_axolotl import trl_dpo
 
 trl = pytest.importorskip("trl")
@@ -34,15 +33,8 @@ SETTINGS = {
 
 def _trainer(tiny_llama, tmp_path, **options):
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
-    with torch.no_grad():  # a policy away from the reference: nonzero rewards and margins
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model, ref, tokenizer = policy_and_reference(tiny_llama)
     data = Dataset.from_list([{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS])
     args = trl.DPOConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, beta=BETA, max_length=32,

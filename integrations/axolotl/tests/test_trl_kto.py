@@ -8,8 +8,7 @@ import os
 os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")
 
 import pytest
-import torch
-from conftest import assert_same_step, trainer_step
+from conftest import assert_same_step, policy_and_reference, trainer_step
 from liger_core_axolotl import trl_kto
 
 trl = pytest.importorskip("trl")
@@ -31,15 +30,8 @@ SETTINGS = {
 
 def _trainer(tiny_llama, tmp_path, **options):
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
-    with torch.no_grad():  # a policy away from the reference: nonzero rewards and KL
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model, ref, tokenizer = policy_and_reference(tiny_llama)
     data = Dataset.from_list([{"prompt": p, "completion": c, "label": y} for p, c, y in ROWS])
     args = trl.KTOConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=6, beta=BETA, max_length=32,
