@@ -202,57 +202,6 @@ def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]]) ->
             log(f"   {name:34s} ERROR {type(e).__name__}: {str(e)[:200]}")
 
 
-def _restore_sized_copy(run, runner) -> Callable[[], None]:
-    """The provider's own restore, or a copy of as many bytes (its differentiable inputs) for one that has
-    none."""
-    if run.restore_pairs:
-        pairs = run.restore_pairs
-    else:
-        src = [t for i, t in enumerate(runner.case.args) if i in runner.case.diff]
-        pairs = [(torch.empty_like(t), t) for t in src]
-    return lambda: bench._restore(pairs)
-
-
-def _with_sync(fn: Callable[[], None]) -> Callable[[], None]:
-    def call() -> None:
-        fn()
-        torch.cuda.synchronize()
-
-    return call
-
-
-def timer_prelude(op: str, shape: dict, timing: bench.Timing) -> None:
-    """Does the timer, not the kernel, separate in-place and out-of-place providers when the host is the
-    bottleneck? The suite times a provider that writes its inputs with a restore copy before each run (GPU
-    work queued ahead of the timed region, so the host gets a head start); others without. Here each
-    provider is timed both ways: with a GPU prelude of the restore's size (a copy of the same bytes) and with
-    the restore followed by a synchronize (no head start beyond do_bench's L2-flush memset)."""
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
-    runner.compute_reference()
-    log(
-        f"-- timer prelude, {spec.title} {spec.label(shape)} fwd+bwd (ms): restore-sized copy queued ahead "
-        "| the same, then synchronize"
-    )
-    providers = {"liger_core": bench.provider_fn(spec, "liger_core")[0], "liger_kernel": liger_kernel_fn(op)}
-    for name, fn in providers.items():
-        if fn is None:
-            continue
-        run = runner.run_checked(fn)
-        step = bench.make_step(run, "fwd+bwd")
-        copy = _restore_sized_copy(run, runner)
-        cells = []
-        for sync in (False, True):
-            prelude = _with_sync(copy) if sync else copy
-            est = bench._estimate_ms(step, prelude)
-            med = bench._bench_restoring(
-                step, prelude, run.diff_tensors, timing.warmup_ms, timing.rep_ms, timing.max_reps, est
-            )[0]
-            cells.append(f"{med:.4f}")
-        log(f"   {name:34s} {' | '.join(cells)}")
-        del run
-
-
 def host_profile(op: str, shape: dict, n: int = 200) -> None:
     """cProfile of the suite's timing loop (L2-flush memset, events, step, grads reset) at a real shape:
     where the host time of one fwd+bwd goes, ours beside liger-kernel's (top functions by own time)."""
@@ -325,7 +274,7 @@ def glu_variants(op: str) -> dict[str, tuple[Callable, dict]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="rope,glu,host,profile,timer")
+    parser.add_argument("--only", default="rope,glu,host,profile")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     bench.prepare_triton()
@@ -338,14 +287,12 @@ def main() -> int:
     glu_shape = {"M": 16384, "N": 14336}
     if DEVICE.type == "cpu":
         rope_shape, glu_shape = {"B": 2, "T": 5, "Hq": 4, "Hk": 2, "D": 16}, {"M": 7, "N": 33}
-        parts -= {"host", "timer", "profile"}  # they need CUDA events
+        parts -= {"host", "profile"}  # they need CUDA events
     log(f"device {DEVICE}, torch {torch.__version__}")
     sections = [
         ("rope", lambda: measure("rope", rope_shape, rope_variants(), timing)),
         ("profile", lambda: profile("rope", rope_shape, rope_variants())),
-        ("timer", lambda: timer_prelude("rope", rope_shape, timing)),
         ("hostprof", lambda: host_profile("rope", rope_shape)),
-        ("timer", lambda: timer_prelude("swiglu", {"M": 1024, "N": 4096}, timing)),
         ("host", lambda: host_time("rope", {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}, rope_variants())),
         ("host", raw_launch_host_time),
         ("host", lambda: host_time("swiglu", {"M": 16, "N": 256}, glu_variants("swiglu"))),

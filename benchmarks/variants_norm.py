@@ -70,6 +70,19 @@ BWD_VARIANTS = {  # name -> _launch knobs
     "fused16384 E32": {"NORM_BWD_FUSED_MAX_COLS": 16384, "NORM_BWD_ELEMENTS_PER_THREAD": 32},
     "chunk8192": {"NORM_CHUNK_COLS": 8192},
     "chunk2048": {"NORM_CHUNK_COLS": 2048},
+    # LayerNorm backward occupancy (its kernel holds ~166 registers a thread at 16 elements: 8 warps per SM)
+    "LN-P1 E16 (current)": {},
+    "LN-P2 E8": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2, "NORM_BWD_ELEMENTS_PER_THREAD": 8},
+    "LN-P3 E8": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 3, "NORM_BWD_ELEMENTS_PER_THREAD": 8},
+    "LN-P2 E4": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2, "NORM_BWD_ELEMENTS_PER_THREAD": 4},
+    "LN-P1 E8": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 1, "NORM_BWD_ELEMENTS_PER_THREAD": 8},
+    "LN-P1 tile8192": {"NORM_TILE_ELEMENTS": 8192},
+    "LN-P2 tile8192 E8": {
+        "NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2,
+        "NORM_TILE_ELEMENTS": 8192,
+        "NORM_BWD_ELEMENTS_PER_THREAD": 8,
+    },
+    "LN-P2 E16 nopf": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2, "NORM_BWD_PREFETCH": False},
 }
 FWD_VARIANTS = {
     "E16 tile4096 (current)": {},

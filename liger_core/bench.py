@@ -14,8 +14,9 @@ torch.compile of that eager code, liger-kernel, cut-cross-entropy):
 2. times ``fwd`` (a training forward: inputs require grad, activations are saved) and ``fwd+bwd`` (forward
    then backward with a fixed gradient), median of many runs with the L2 cache flushed before each. Providers
    that leave their inputs untouched are timed by ``triton.testing.do_bench``; those that write into their
-   inputs by the same loop (``_bench_restoring``) with the inputs restored from a pristine copy before each
-   run, outside the timed region, so every run sees real data (never a gradient of a gradient, never zeros);
+   inputs by the same loop (``_bench_restoring``) in batches of up to 8 runs, each run on its own copy of the
+   written inputs, all restored from a pristine copy before the batch, outside the timed region, so every run
+   sees real data (never a gradient of a gradient, never zeros) and the host runs ahead as in do_bench;
 3. measures the peak extra memory of one run: ``max_memory_allocated`` minus what was allocated before
    (inputs and pristine copies excluded; outputs, saved activations and gradients included).
 
@@ -754,32 +755,79 @@ def _estimate_ms(step: Callable[[], None], restore: Callable[[], None] | None) -
     return max(sorted(times)[1], 1e-3)
 
 
-def _bench_restoring(step, restore, grad_to_none, warmup_ms, rep_ms, max_reps, est_ms) -> list[float]:
-    """triton.testing.do_bench's loop (L2 flush, one event pair per run, median) with the inputs restored
-    before each run, outside the timed region."""
+def _replicas(run: ProviderRun, mode: str, count: int) -> list[tuple[Callable[[], None], list, list]]:
+    """``count`` independent working copies of the inputs a provider writes into: (step, its restore pairs,
+    its differentiable inputs) each; inputs it only reads are shared."""
+    written = {id(work) for work, _ in run.restore_pairs}
+    out = []
+    for _ in range(count):
+        fresh: dict[int, torch.Tensor] = {}
+
+        def twin(t, fresh=fresh):
+            if not isinstance(t, torch.Tensor) or id(t) not in written:
+                return t
+            c = t.detach().clone().requires_grad_(t.requires_grad)
+            fresh[id(t)] = c
+            return c
+
+        args = tuple(twin(a) for a in run.args)
+        grads = [twin(g) for g in run.grads]
+        pairs = [(fresh[id(work)], pristine) for work, pristine in run.restore_pairs]
+        diff = [fresh.get(id(t), t) for t in run.diff_tensors]
+        replica = ProviderRun(run.fn, args, grads, diff, pairs, run.errors)
+        out.append((make_step(replica, mode), pairs, diff))
+    return out
+
+
+def _replica_count(run: ProviderRun) -> int:
+    """How many working copies of the written inputs fit in 30 % of free memory (at most 8)."""
+    need = sum(work.numel() * work.element_size() for work, _ in run.restore_pairs)
+    free, _ = torch.cuda.mem_get_info()
+    return int(min(RESTORE_BATCH, (0.3 * free) // max(need, 1)))
+
+
+RESTORE_BATCH = 8  # runs per batch of the restoring timer (each on its own copy of the written inputs)
+
+
+def _bench_restoring(run: ProviderRun, mode: str, warmup_ms, rep_ms, max_reps, est_ms) -> list[float]:
+    """triton.testing.do_bench's loop (L2 flush, one event pair per run, median) for a provider that writes
+    into its inputs: runs go in batches of up to RESTORE_BATCH, each run on its own working copy of the
+    written inputs, all restored from the pristine copy (and synchronized) before the batch, outside the timed
+    region. Within a batch the host runs ahead of the GPU as in do_bench's loop; only a batch's first run
+    starts from an idle GPU queue. (A restore copy queued right before each run would instead give every run a
+    GPU head start that do_bench gives no host-bound provider; a synchronize before each run would make every
+    run start from an idle queue, which do_bench does not either.)"""
     cache = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    replicas = _replicas(run, mode, max(1, _replica_count(run)))
     n_warmup = max(1, int(warmup_ms / est_ms))
     n_rep = min(max_reps, max(1, int(rep_ms / est_ms)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-    for _ in range(n_warmup):
-        restore()
-        step()
-    for i in range(n_rep):
-        for t in grad_to_none:
-            t.grad = None
-        restore()
-        # Wait for the restore copy: otherwise it sits in the GPU queue ahead of the timed run and hides the
-        # provider's host (launch) time, a head start do_bench gives no other provider (measured: RoPE fwd+bwd
-        # 0.242 ms with the copy queued ahead vs 0.378 ms after a synchronize, benchmarks/NOTES.md).
+    times: list[float] = []
+
+    def batch(timed: bool) -> None:
+        for _, pairs, diff in replicas:
+            for t in diff:
+                t.grad = None
+            _restore(pairs)
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in replicas
+        ]
         torch.cuda.synchronize()
-        cache.zero_()
-        starts[i].record()
-        step()
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=torch.float64)
-    return [float(torch.quantile(times, q)) for q in (0.5, 0.2, 0.8)]
+        for (step, _, _), (start, end) in zip(replicas, events):
+            cache.zero_()
+            start.record()
+            step()
+            end.record()
+        torch.cuda.synchronize()
+        if timed:
+            times.extend(s.elapsed_time(e) for s, e in events)
+
+    for _ in range(-(-n_warmup // len(replicas))):
+        batch(False)
+    while len(times) < n_rep:
+        batch(True)
+    replicas.clear()
+    t = torch.tensor(times[: max(n_rep, 1)], dtype=torch.float64)
+    return [float(torch.quantile(t, q)) for q in (0.5, 0.2, 0.8)]
 
 
 def time_step(run: ProviderRun, mode: str, timing: Timing) -> tuple[float, float, float, str]:
@@ -807,8 +855,8 @@ def time_step(run: ProviderRun, mode: str, timing: Timing) -> tuple[float, float
         )
         timer = "do_bench"
     else:
-        q = _bench_restoring(step, restore, run.diff_tensors, warmup, rep, timing.max_reps, est)
-        timer = "do_bench-loop+restore"
+        q = _bench_restoring(run, mode, warmup, rep, timing.max_reps, est)
+        timer = "do_bench-batches+restore"
     for t in run.diff_tensors:
         t.grad = None
     return float(q[0]), float(q[1]), float(q[2]), timer

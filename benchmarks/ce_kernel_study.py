@@ -1,0 +1,239 @@
+"""Cross-entropy kernel structures beside the production kernel, in one GPU call (issue 7, CE row).
+
+    PYTHONPATH=. python benchmarks/ce_kernel_study.py [--n 8192] [--vocab 128256]
+
+The production kernel (``liger_core.ops.cross_entropy``) streams each row twice: pass 1 (max, sum of
+exponentials) and pass 2 (gradient), one program per row, with eviction hints so that pass 2 re-reads from L2.
+It runs at ~79 % of the HBM floor
+(one read + one write of the logits). The variants here do the plain case
+(no class weights, smoothing, softcap or z-loss; mean reduction) and differ only in structure:
+
+- ``prefetch``: one program per row; pass 1 issues the next block's load before reducing the current block, so
+  the SM keeps loads in flight during the two block reductions;
+- ``split S``: S programs per row (consecutive program ids), each loads its 1/S slice once and keeps it in
+  registers, publishes (max, sum) to a scratch buffer, waits for its S - 1 siblings through an atomic counter,
+  combines, and writes the gradient from registers: HBM sees exactly one read and one write. Safe from
+  deadlock because blocks are dispatched in program-id order (only the last partly resident group can wait on
+  a program not yet running); GPU only (the interpreter runs programs one after another);
+- ``cluster``: a whole row in one block spread over a thread-block cluster (``num_ctas``), if this Triton
+  lowers cross-CTA reductions.
+Each variant is checked against float64 (loss rows and gradient) beside the production kernel, then timed with
+``triton.testing.do_bench`` (L2 flushed before each run). On CPU it checks ``prefetch`` at a tiny shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from liger_core.ops import cross_entropy as ce_public  # noqa: E402,F401
+
+ce_mod = sys.modules["liger_core.ops.cross_entropy"]
+GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if GPU else "cpu")
+
+
+@triton.jit
+def _ce_prefetch_kernel(
+    x_ptr, g_ptr, t_ptr, loss_ptr, stride, n_cols, inv_n, BLOCK: tl.constexpr,
+    P1: tl.constexpr, P2: tl.constexpr, PS: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    xr = x_ptr + row * stride
+    gr = g_ptr + row * stride
+    y = tl.load(t_ptr + row).to(tl.int64)
+    x_y = tl.load(xr + y).to(tl.float32)
+    cols = tl.arange(0, BLOCK)
+    x_next = tl.load(xr + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy=P1)
+    m = tl.full([], -float("inf"), tl.float32)
+    d = tl.full([], 0.0, tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        x = x_next.to(tl.float32)
+        nxt = start + BLOCK + cols
+        x_next = tl.load(xr + nxt, mask=nxt < n_cols, other=-float("inf"), eviction_policy=P1)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+        m = m_new
+    d64 = d.to(tl.float64)
+    tl.store(loss_ptr + row, m.to(tl.float64) - x_y.to(tl.float64) + tl.log(d64))
+    coef = (inv_n / d64).to(tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        c = start + cols
+        mask = c < n_cols
+        x = tl.load(xr + c, mask=mask, other=0.0, eviction_policy=P2).to(tl.float32)
+        dx = coef * tl.exp(x - m)
+        dx = tl.where(c == y, dx - inv_n, dx)
+        tl.store(gr + c, dx.to(g_ptr.dtype.element_ty), mask=mask, eviction_policy=PS)
+
+
+@triton.jit
+def _ce_split_kernel(
+    x_ptr, g_ptr, t_ptr, loss_ptr, part_ptr, count_ptr, stride, n_cols, inv_n,
+    SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    row = (pid // SPLIT).to(tl.int64)
+    part = pid % SPLIT
+    xr = x_ptr + row * stride
+    gr = g_ptr + row * stride
+    y = tl.load(t_ptr + row).to(tl.int64)
+    c = part * BLOCK + tl.arange(0, BLOCK)
+    mask = c < n_cols
+    x = tl.load(xr + c, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
+    m_i = tl.max(x, 0)
+    d_i = tl.sum(tl.exp(x - m_i), 0)
+    tl.store(part_ptr + (row * SPLIT + part) * 2, m_i)
+    tl.store(part_ptr + (row * SPLIT + part) * 2 + 1, d_i)
+    # release: the partials are visible before the count moves; acquire: the siblings' partials are visible
+    tl.atomic_add(count_ptr + row, 1, sem="release")
+    n_done = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+    while n_done < SPLIT:
+        n_done = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+    parts = tl.arange(0, SPLIT)
+    ms = tl.load(part_ptr + (row * SPLIT + parts) * 2, volatile=True)
+    ds = tl.load(part_ptr + (row * SPLIT + parts) * 2 + 1, volatile=True)
+    m = tl.max(ms, 0)
+    d = tl.sum(ds.to(tl.float64) * tl.exp(ms - m).to(tl.float64), 0)
+    if part == 0:
+        x_y = tl.load(xr + y).to(tl.float64)
+        tl.store(loss_ptr + row, m.to(tl.float64) - x_y + tl.log(d))
+    coef = (inv_n / d).to(tl.float32)
+    dx = coef * tl.exp(x - m)
+    dx = tl.where(c == y, dx - inv_n, dx)
+    tl.store(gr + c, dx.to(g_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+
+
+@triton.jit
+def _ce_whole_row_kernel(x_ptr, g_ptr, t_ptr, loss_ptr, stride, n_cols, inv_n, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    xr = x_ptr + row * stride
+    gr = g_ptr + row * stride
+    y = tl.load(t_ptr + row).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    mask = c < n_cols
+    x = tl.load(xr + c, mask=mask, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, 0)
+    d = tl.sum(tl.exp(x - m), 0).to(tl.float64)
+    x_y = tl.load(xr + y).to(tl.float64)
+    tl.store(loss_ptr + row, m.to(tl.float64) - x_y + tl.log(d))
+    dx = (inv_n / d).to(tl.float32) * tl.exp(x - m)
+    dx = tl.where(c == y, dx - inv_n, dx)
+    tl.store(gr + c, dx.to(g_ptr.dtype.element_ty), mask=mask)
+
+
+def p2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def reference(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x64 = x.double().requires_grad_(True)
+    rows = torch.nn.functional.cross_entropy(x64, t, reduction="none")
+    rows.mean().backward()
+    return rows.detach(), x64.grad
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).norm() / b.norm())
+
+
+def bench_ms(fn) -> float:
+    if not GPU:
+        fn()
+        return float("nan")
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, quantiles=[0.5])[0])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8192 if GPU else 5)
+    ap.add_argument("--vocab", type=int, default=128256 if GPU else 1031)
+    args = ap.parse_args()
+    n, v = args.n, args.vocab
+    x = (torch.randn(n, v, device=DEVICE) * 2).to(torch.bfloat16)
+    t = torch.randint(0, v, (n,), device=DEVICE)
+    ref_rows, ref_grad = reference(x, t)
+    eager_rows = torch.nn.functional.cross_entropy(x.float(), t, reduction="none")
+    xe = x.float().requires_grad_(True)
+    torch.nn.functional.cross_entropy(xe, t).backward()
+    print(f"CE {n}x{v} bf16 on {DEVICE}; floor (read + write) {2 * n * v * 2 / 3.0e12 * 1e3:.4f} ms")
+    print(
+        f"  eager fp32 errors: loss rows {rel(eager_rows, ref_rows):.2e}, "
+        f"grad {rel(xe.grad.bfloat16(), ref_grad):.2e}"
+    )
+    g = torch.empty_like(x)
+    loss = torch.empty(n, dtype=torch.float64, device=DEVICE)
+    stats = ce_mod.target_stats(t, None, -100, v)
+    z = torch.empty_like(loss)
+
+    def production():
+        ce_mod.launch_cross_entropy(
+            x, t, None, g, loss, z, stats, ignore_index=-100, mean=True, label_smoothing=0.0,
+            lse_square_scale=0.0, softcap=None,
+        )  # fmt: skip
+
+    variants = {"production": production}
+    for block, warps in ((32768, 32), (16384, 32), (16384, 16), (8192, 16)) if GPU else ((256, 4),):
+        for hints in (True, False):
+
+            def pf(block=block, warps=warps, hints=hints):
+                _ce_prefetch_kernel[(n,)](
+                    x, g, t, loss, x.stride(0), v, 1.0 / n, BLOCK=block,
+                    P1="evict_last" if hints else "", P2="evict_first" if hints else "",
+                    PS="evict_first" if hints else "", num_warps=warps,
+                )  # fmt: skip
+
+            variants[f"prefetch {block}/{warps}{' hints' if hints else ''}"] = pf
+    if GPU:
+        for split, warps in ((4, 32), (8, 16), (8, 32), (16, 8), (16, 16)):
+            block = p2(-(-v // split))
+            part = torch.empty(n * split * 2, dtype=torch.float32, device=DEVICE)
+            count = torch.zeros(n, dtype=torch.int32, device=DEVICE)
+
+            def sp(split=split, warps=warps, block=block, part=part, count=count):
+                count.zero_()
+                _ce_split_kernel[(n * split,)](
+                    x, g, t, loss, part, count, x.stride(0), v, 1.0 / n, SPLIT=split, BLOCK=block,
+                    num_warps=warps,
+                )  # fmt: skip
+
+            variants[f"split {split} x {block} cols/{warps} warps (+ count memset)"] = sp
+        for ctas in (2, 4):
+
+            def cl(ctas=ctas):
+                _ce_whole_row_kernel[(n,)](
+                    x, g, t, loss, x.stride(0), v, 1.0 / n, BLOCK=p2(v), num_warps=32, num_ctas=ctas
+                )
+
+            variants[f"whole row, cluster of {ctas} CTAs"] = cl
+    for name, fn in variants.items():
+        try:
+            g.fill_(float("nan"))
+            loss.fill_(float("nan"))
+            fn()
+            if GPU:
+                torch.cuda.synchronize()
+            e_rows, e_grad = rel(loss, ref_rows), rel(g, ref_grad)
+            ms = bench_ms(fn)
+            floor = 2 * n * v * 2 / 3.0e12 * 1e3
+            print(f"  {name:48s} {ms:.4f} ms ({100 * floor / ms:3.0f}%)  loss {e_rows:.2e} grad {e_grad:.2e}")
+        except Exception as e:  # noqa: BLE001
+            print(f"  {name:48s} ERROR {type(e).__name__}: {str(e)[:400]}")
+            traceback.print_exc(limit=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
