@@ -153,7 +153,7 @@ def bench_ms(fn) -> float:
         return float("nan")
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, quantiles=[0.5])[0])
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
 def main() -> int:

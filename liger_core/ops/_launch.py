@@ -61,6 +61,9 @@ NORM_CHUNK_COLS = 4096
 # Elements per tile for short rows: several rows per program so that small hidden sizes still move
 # enough bytes per program.
 NORM_TILE_ELEMENTS = 4096
+# LayerNorm backward: two rows of 4096 per tile (16 warps) keep more bytes in flight for its one program per
+# SM (H100, bf16 16384x4096, benchmarks/variants_norm.py: 0.183 -> 0.161 ms; RMSNorm 0.156 either way).
+NORM_BWD_TILE_ELEMENTS_LAYER_NORM = 8192
 # Elements of a tile per thread (sets num_warps). Forward: 16. Backward: 16 with a software prefetch of the
 # next tile (8 warps at hidden 4096: RMSNorm 113-124 registers, LayerNorm 166, no spills; H100, triton 3.6).
 # Measured (GPU time, CUDA-graph replays, bf16 16384x4096): RMSNorm bwd 0.200 ms at 8 elements (16 warps) ->
@@ -102,27 +105,28 @@ class NormSettings(NamedTuple):
 _NORM_SETTINGS: dict[tuple, NormSettings] = {}
 
 
-def norm_settings(n_cols: int, backward: bool = False) -> NormSettings:
+def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False) -> NormSettings:
     """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``;
     cached (host time on every launch), keyed on the knobs too since benchmarks change them."""
+    tile_elements = NORM_BWD_TILE_ELEMENTS_LAYER_NORM if backward and layer_norm else NORM_TILE_ELEMENTS
     key = (
-        n_cols, backward, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS, NORM_TILE_ELEMENTS,
+        n_cols, backward, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS, tile_elements,
         NORM_FWD_ELEMENTS_PER_THREAD, NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH,
     )  # fmt: skip
     settings = _NORM_SETTINGS.get(key)
     if settings is None:
-        settings = _NORM_SETTINGS[key] = _norm_settings(n_cols, backward)
+        settings = _NORM_SETTINGS[key] = _norm_settings(n_cols, backward, tile_elements)
     return settings
 
 
-def _norm_settings(n_cols: int, backward: bool) -> NormSettings:
+def _norm_settings(n_cols: int, backward: bool, tile_elements: int) -> NormSettings:
     block_n = _next_power_of_2(n_cols)
     if block_n > (NORM_BWD_FUSED_MAX_COLS if backward else NORM_FUSED_MAX_COLS):
         block_m, block_n, single_pass = 1, NORM_CHUNK_COLS, False
     else:
-        block_m, single_pass = max(1, NORM_TILE_ELEMENTS // block_n), True
+        block_m, single_pass = max(1, tile_elements // block_n), True
     tile = block_m * block_n
-    prefetch = NORM_BWD_PREFETCH and backward and single_pass and tile <= NORM_TILE_ELEMENTS
+    prefetch = NORM_BWD_PREFETCH and backward and single_pass and block_n <= NORM_TILE_ELEMENTS
     if backward and (prefetch or not single_pass or not NORM_BWD_PREFETCH):
         per_thread = NORM_BWD_ELEMENTS_PER_THREAD
     else:

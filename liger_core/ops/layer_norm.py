@@ -257,7 +257,7 @@ def _layer_norm_bwd_impl(
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
-    s = norm_settings(n_cols, backward=True)
+    s = norm_settings(n_cols, backward=True, layer_norm=True)
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), layer_norm=True)
     precise = x.dtype == torch.float32
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
