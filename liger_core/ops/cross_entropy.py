@@ -280,14 +280,21 @@ def _cross_entropy_kernel(
     if HAS_WEIGHT:
         w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
 
-    # pass 1 (see _online_block)
+    # pass 1 (see _online_block); the next block's load is issued before this block's two block-wide
+    # reductions, so loads stay in flight while they run (H100, 8192 x 128256 bf16: 1.77 -> 1.64 ms)
     m = tl.full([], -float("inf"), tl.float32)
     d = tl.cast(0.0, COMPUTE_DTYPE)
     smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
+    offs = tl.arange(0, BLOCK_SIZE)
+    x_next = tl.load(logits_row + offs, mask=offs < n_cols, other=0.0, eviction_policy=PASS1_POLICY)
     for start in range(0, n_cols, BLOCK_SIZE):
-        cols = start + tl.arange(0, BLOCK_SIZE)
+        cols = start + offs
         mask = cols < n_cols
-        x_raw = tl.load(logits_row + cols, mask=mask, other=0.0, eviction_policy=PASS1_POLICY)
+        x_raw = x_next
+        next_cols = cols + BLOCK_SIZE
+        x_next = tl.load(
+            logits_row + next_cols, mask=next_cols < n_cols, other=0.0, eviction_policy=PASS1_POLICY
+        )
         m, d, smooth_acc = _online_block(
             x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
             HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,

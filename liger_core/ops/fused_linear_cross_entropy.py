@@ -33,6 +33,8 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
+import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import (
@@ -45,14 +47,21 @@ from liger_core.dispatch import (
     launcher,
     use_triton,
 )
+from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops.cross_entropy import (
     REDUCTIONS,
+    _f64,
+    _grad_block,
+    _online_block,
     _scale_rows,
     _scale_rows_impl,
+    _softcap,
     check_targets_host,
     finish_target_check,
     launch_cross_entropy,
+    looped_row_settings,
     reduce_losses,
+    split_f64,
     start_target_check,
     target_stats,
 )
@@ -402,6 +411,340 @@ def _chunk_loop(
     return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Vocabulary-major order (the default): exact gradients at about the memory of one logits chunk
+# ----------------------------------------------------------------------------------------------------------
+# Per-row state between the kernels of the vocabulary loop, fp64 (n_rows, _STATE): running max m, rescaled sum
+# d of exp(x - m), smoothing sum of w_c * (x_c - s), the target logit x_y, the smoothing shift s (the row's
+# first logit), and the gradient coefficients of ``_grad_block``.
+_STATE = 8
+
+
+@fast_launch
+@triton.jit
+def _slice_stats_kernel(
+    logits_ptr,  # (n_rows, n_cols): this vocabulary slice's logits
+    logits_row_stride,
+    target_ptr,
+    weight_ptr,  # class weights (V,), read only when HAS_WEIGHT
+    state_ptr,  # (n_rows, _STATE) fp64
+    loss_ptr,  # (n_rows,) fp64 out (LAST): unscaled cross-entropy per row
+    z_loss_ptr,  # (n_rows,) fp64 out (LAST): unscaled z-loss per row
+    grad_scale_ptr,  # (n_rows,) per-row gradient multiplier, read only when HAS_GRAD_SCALE
+    stats_ptr,  # (5,) fp64 from cross_entropy's _target_stats_kernel
+    n_cols,
+    col_offset,  # first class of the slice
+    n_classes,
+    ignore_index,
+    smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo, softcap_hi, softcap_lo,
+    FIRST: tl.constexpr,
+    LAST: tl.constexpr,
+    MEAN: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_GRAD_SCALE: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 of cross_entropy's kernel over one vocabulary slice: the row's running (m, d, smoothing sum)
+    carried in ``state`` from slice to slice; the last slice finishes the row as the CE kernel does (loss,
+    z-loss, and the gradient coefficients for ``_slice_grad_kernel``)."""
+    row = tl.program_id(0).to(tl.int64)  # int64: rows * stride passes 2^31
+    logits_row = logits_ptr + row * logits_row_stride
+    state = state_ptr + row * 8
+    y = tl.load(target_ptr + row).to(tl.int64)
+    if y == ignore_index:
+        if LAST:
+            tl.store(loss_ptr + row, 0.0)
+            tl.store(z_loss_ptr + row, 0.0)
+        return
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    if FIRST:
+        m = tl.full([], -float("inf"), tl.float32)
+        d = tl.cast(0.0, COMPUTE_DTYPE)
+        smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
+        shift = tl.load(logits_row).to(COMPUTE_DTYPE)
+        if HAS_SOFTCAP:
+            shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
+        if not LAST:
+            tl.store(state + 4, shift.to(tl.float64))
+    else:
+        m = tl.load(state + 0).to(tl.float32)
+        d = tl.load(state + 1).to(COMPUTE_DTYPE)
+        smooth_acc = tl.load(state + 2).to(COMPUTE_DTYPE)
+        shift = tl.load(state + 4).to(COMPUTE_DTYPE)
+    offs = tl.arange(0, BLOCK_SIZE)
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + offs
+        mask = cols < n_cols
+        x_raw = tl.load(logits_row + cols, mask=mask, other=0.0)
+        m, d, smooth_acc = _online_block(
+            x_raw, mask, col_offset + cols, m, d, smooth_acc, shift, weight_ptr, softcap,
+            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+        )  # fmt: skip
+    # the target logit, from the slice that holds it (clamped: an out-of-range target is reported by the host)
+    y_safe = tl.minimum(tl.maximum(y, 0), n_classes - 1)
+    in_slice = (y_safe >= col_offset) & (y_safe < col_offset + n_cols)
+    x_here = tl.load(logits_row + tl.minimum(tl.maximum(y_safe - col_offset, 0), n_cols - 1)).to(
+        COMPUTE_DTYPE
+    )
+    if HAS_SOFTCAP:
+        x_here, _ = _softcap(x_here, softcap, COMPUTE_DTYPE)
+    if not LAST:
+        if in_slice:
+            tl.store(state + 3, x_here.to(tl.float64))
+        tl.store(state + 0, m.to(tl.float64))
+        tl.store(state + 1, d.to(tl.float64))
+        tl.store(state + 2, smooth_acc.to(tl.float64))
+    else:
+        x_y = tl.where(in_slice, x_here.to(tl.float64), tl.load(state + 3))
+        w_y = 1.0
+        if HAS_WEIGHT:
+            w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
+        # the CE kernel's per-row scalars (fp64), with the smoothing sum shifted by s instead of x_y
+        d64 = d.to(tl.float64)
+        log_d = tl.log(d64)
+        m64 = m.to(tl.float64)
+        lse = m64 + log_d
+        nll = (m64 - x_y) + log_d
+        eps = _f64(smoothing_hi, smoothing_lo)
+        zs = _f64(z_scale_hi, z_scale_lo)
+        ce = (1.0 - eps) * w_y * nll
+        w_total = tl.load(stats_ptr + 4)
+        if HAS_SMOOTHING:
+            # sum_c w_c * (lse - x_c) = W * (lse - s) - sum_c w_c * (x_c - s)
+            nll_shift = (m64 - shift.to(tl.float64)) + log_d
+            ce += eps / n_classes * (w_total * nll_shift - smooth_acc.to(tl.float64))
+        tl.store(loss_ptr + row, ce)
+        tl.store(z_loss_ptr + row, zs * lse * lse)
+        if COMPUTE_GRAD:
+            g = tl.cast(1.0, tl.float64)
+            if HAS_GRAD_SCALE:
+                g = tl.load(grad_scale_ptr + row).to(tl.float64)
+            ce_s = g
+            z_s = g
+            if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
+                n_valid = tl.load(stats_ptr + 0)
+                weight_sum = tl.load(stats_ptr + 1)
+                ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
+                z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
+            coef_p = (ce_s * ((1.0 - eps) * w_y + eps / n_classes * w_total) + z_s * 2.0 * zs * lse) / d64
+            tl.store(state + 0, m64)
+            tl.store(state + 5, coef_p)
+            tl.store(state + 6, ce_s * eps / n_classes)
+            tl.store(state + 7, ce_s * (1.0 - eps) * w_y)
+
+
+@fast_launch
+@triton.jit
+def _slice_grad_kernel(
+    logits_ptr,  # (n_rows, n_cols): this slice's logits, overwritten with their gradient
+    logits_row_stride,
+    target_ptr,
+    weight_ptr,
+    state_ptr,  # (n_rows, _STATE) fp64, finished by the last _slice_stats_kernel
+    n_cols,
+    col_offset,
+    ignore_index,
+    softcap_hi,
+    softcap_lo,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Pass 2 of cross_entropy's kernel over one slice: dx_c = coef_p * exp(x_c - m) - coef_c * w_c
+    - coef_y * [c == y] (``_grad_block``, the same arithmetic and one rounding), in place."""
+    row = tl.program_id(0).to(tl.int64)
+    logits_row = logits_ptr + row * logits_row_stride
+    state = state_ptr + row * 8
+    y = tl.load(target_ptr + row).to(tl.int64)
+    offs = tl.arange(0, BLOCK_SIZE)
+    if y == ignore_index:
+        for start in range(0, n_cols, BLOCK_SIZE):
+            cols = start + offs
+            tl.store(
+                logits_row + cols,
+                tl.zeros([BLOCK_SIZE], tl.float32).to(logits_ptr.dtype.element_ty),
+                mask=cols < n_cols,
+            )
+        return
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    m_c = tl.load(state + 0).to(tl.float32).to(COMPUTE_DTYPE)
+    coef_p = tl.load(state + 5).to(COMPUTE_DTYPE)
+    coef_c = tl.load(state + 6).to(COMPUTE_DTYPE)
+    coef_y = tl.load(state + 7).to(COMPUTE_DTYPE)
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + offs
+        mask = cols < n_cols
+        x_raw = tl.load(logits_row + cols, mask=mask, other=0.0)
+        # global class indices for the weights and the target; the row pointer shifted to match
+        _grad_block(
+            x_raw, mask, col_offset + cols, logits_row - col_offset, y, m_c, coef_p, coef_c, coef_y,
+            weight_ptr, softcap, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE, "", "",
+        )  # fmt: skip
+
+
+def vocab_slice_columns(n_tokens: int, vocab: int, elt: int, budget_bytes: int, device: torch.device) -> int:
+    """Classes per vocabulary slice: the slice's (n_tokens, V_s) logits within ``budget_bytes``; balanced
+    slices, multiples of 128 classes on a GPU (full GEMM tiles)."""
+    cols = max(1, min(vocab, budget_bytes // max(1, n_tokens * elt)))
+    if device.type == "cuda":
+        cols = max(cols, min(vocab, 128))
+    n_slices = -(-vocab // cols)
+    cols = -(-vocab // n_slices)
+    if device.type == "cuda":
+        cols = min(vocab, -(-cols // 128) * 128)
+    return cols
+
+
+def _vocab_loop(
+    hidden,
+    weight,
+    target,
+    bias,
+    ce_weight,
+    ignore_index,
+    reduction,
+    label_smoothing,
+    lse_square_scale,
+    softcap,
+    need_hidden,
+    need_weight,
+    need_bias,
+    accum_dtype,
+    max_chunk_bytes,
+    row_scale=None,
+    check_targets=False,
+):
+    """``_chunk_loop``'s results in vocabulary-major order (the default): pass 1 computes each slice's logits
+    ``h @ W_s.T`` for all tokens and carries every row's softmax statistics to the next slice; pass 2 (when
+    gradients are wanted) recomputes each slice's logits (the last slice's are still in the buffer), writes
+    their gradient in place and takes ``dW_s = dlogits_s.T @ h`` in one GEMM over all tokens (one rounding,
+    as eager's dW) and ``dh += dlogits_s @ W_s`` into an fp32 accumulator (fp64 for fp32 inputs), rounded once
+    at the end. Exact like eager at the cost of recomputing the logits (8 instead of 6 x BT x H x V FLOPs),
+    and without the token-major loop's dW read-modify-write per chunk (~2 |W| bytes each)."""
+    n_tokens, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    need_stats_weight = ce_weight is not None and (reduction == "mean" or label_smoothing != 0.0)
+    stats = target_stats(target, ce_weight if need_stats_weight else None, ignore_index, vocab)
+    pending = start_target_check(stats) if check_targets else None
+    compute_grad = need_hidden or need_weight or need_bias
+    accum = _accum_dtype(accum_dtype, weight)
+    fp64_math = hidden.dtype == torch.float32
+    dh_dtype = torch.float64 if fp64_math else torch.promote_types(accum, torch.float32)
+    grad_bytes = need_weight * vocab * hidden_size * accum.itemsize
+    grad_bytes += need_hidden * n_tokens * hidden_size * (dh_dtype.itemsize + hidden.element_size())
+    elt = hidden.element_size()
+    chunk = choose_chunk_tokens(
+        n_tokens, hidden_size, vocab, hidden.dtype, device, None, max_chunk_bytes, reserved_bytes=grad_bytes
+    )
+    cols = vocab_slice_columns(n_tokens, vocab, elt, chunk * vocab * elt, device)
+    slices = [(s, min(s + cols, vocab)) for s in range(0, vocab, cols)]
+
+    loss_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
+    z_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
+    state = torch.empty(n_tokens, _STATE, dtype=torch.float64, device=device)
+    grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
+    grad_bias = (
+        torch.empty(vocab, dtype=torch.float64 if fp64_math else torch.float32, device=device)
+        if need_bias
+        else None
+    )
+    dh_acc = torch.empty(n_tokens, hidden_size, dtype=dh_dtype, device=device) if need_hidden else None
+    if n_tokens == 0:
+        for g in (grad_weight, grad_bias, dh_acc):
+            if g is not None:
+                g.zero_()
+    buffer = torch.empty(n_tokens * cols, dtype=hidden.dtype, device=device)
+    block, warps = looped_row_settings(cols, device, fp64_math)
+    options = dict(
+        HAS_WEIGHT=ce_weight is not None,
+        HAS_SMOOTHING=label_smoothing != 0.0,
+        HAS_SOFTCAP=softcap is not None,
+        COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32,
+        BLOCK_SIZE=block,
+        num_warps=warps,
+    )
+    softcap_args = split_f64(softcap if softcap is not None else 1.0)
+    weight_arg = ce_weight if ce_weight is not None else loss_rows
+
+    def logits_of(start: int, end: int) -> torch.Tensor:
+        logits = buffer[: n_tokens * (end - start)].view(n_tokens, end - start)
+        linear_into(logits, hidden, weight[start:end], bias[start:end] if bias is not None else None)
+        return logits
+
+    if n_tokens > 0:
+        for i, (start, end) in enumerate(slices):  # pass 1: statistics, losses, gradient coefficients
+            logits = logits_of(start, end)
+            _slice_stats_kernel[(n_tokens,)](
+                logits, logits.stride(0), target, weight_arg, state, loss_rows, z_rows,
+                row_scale if row_scale is not None else loss_rows, stats, end - start, start, vocab,
+                ignore_index, *split_f64(label_smoothing), *split_f64(lse_square_scale), *softcap_args,
+                FIRST=i == 0, LAST=i == len(slices) - 1, MEAN=reduction == "mean",
+                HAS_GRAD_SCALE=row_scale is not None, COMPUTE_GRAD=compute_grad, **options,
+            )  # fmt: skip
+        if compute_grad:  # pass 2, last slice first: its logits are still in the buffer
+            for i, (start, end) in enumerate(reversed(slices)):
+                logits = logits if i == 0 else logits_of(start, end)
+                _slice_grad_kernel[(n_tokens,)](
+                    logits, logits.stride(0), target, weight_arg, state, end - start, start, ignore_index,
+                    *softcap_args, **options,
+                )  # fmt: skip
+                if dh_acc is not None:
+                    _slice_hidden_grad(dh_acc, logits, weight[start:end], first=i == 0)
+                if grad_weight is not None:
+                    _slice_weight_grad(grad_weight[start:end], logits, hidden)
+                if grad_bias is not None:
+                    grad_bias[start:end] = logits.sum(0, dtype=grad_bias.dtype)
+    buffer = logits = None  # freed before grad_hidden's rounding allocates its output
+    if pending is not None:  # after the launches: the GPU works while the host waits for the stats
+        finish_target_check(pending, ignore_index, vocab)
+    grad_hidden = None
+    if dh_acc is not None:
+        grad_hidden = dh_acc.to(hidden_accum_dtype(hidden, weight, accum_dtype))
+        del dh_acc
+    if grad_bias is not None:
+        grad_bias = grad_bias.float()
+    return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
+
+
+def _slice_hidden_grad(
+    dh_acc: torch.Tensor, dlogits: torch.Tensor, weight_s: torch.Tensor, first: bool
+) -> None:
+    """``dh_acc (+)= dlogits @ W_s``: fp32 accumulation of 16-bit operands (no temporary on a GPU); fp64
+    products for fp32 inputs (cuBLAS's fp32 GEMM rounds more than eager's single GEMM over all classes)."""
+    if dh_acc.dtype == torch.float64 and dlogits.dtype != torch.float64:
+        part = dlogits.double() @ weight_s.double()
+        if first:
+            dh_acc.copy_(part)
+        else:
+            dh_acc += part
+        return
+    _mm_accumulate(dh_acc, dlogits, weight_s, first)
+
+
+def _slice_weight_grad(out: torch.Tensor, dlogits: torch.Tensor, hidden: torch.Tensor) -> None:
+    """``dW_s = dlogits.T @ h`` over all tokens into its rows of grad_weight: one GEMM, one rounding (fp64
+    products for fp32 inputs, as for dh)."""
+    if dlogits.dtype == torch.float32:
+        out.copy_(dlogits.double().t() @ hidden.double())
+        return
+    _mm_accumulate(out, dlogits.t(), hidden, first=True)
+
+
+def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwargs):
+    """The token-major chunk loop when the caller fixed ``chunk_size`` (tokens per chunk), else the
+    vocabulary-major loop (exact dW and dh; ``max_chunk_bytes`` bounds its logits buffer)."""
+    if chunk_size is not None:
+        return _chunk_loop(*args, chunk_size, **kwargs)
+    return _vocab_loop(*args, max_chunk_bytes, **kwargs)
+
+
 def _flce_fwd_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -419,11 +762,14 @@ def _flce_fwd_impl(
     accum_dtype: torch.dtype | None,
     chunk_size: int | None,
     check_targets: bool = True,
+    max_chunk_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, z_loss, grad_hidden and grad_weight [accumulation dtype], grad_bias [fp32]); gradients not
     requested are empty."""
     with torch.autocast(hidden.device.type, enabled=False):
-        loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(
+        loss_rows, z_rows, stats, gh, gw, gb = _run_loop(
+            chunk_size,
+            max_chunk_bytes,
             hidden,
             weight,
             target,
@@ -438,7 +784,6 @@ def _flce_fwd_impl(
             need_weight,
             need_bias,
             accum_dtype,
-            chunk_size,
             check_targets=check_targets,
         )
         loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, torch.float32)
@@ -475,6 +820,7 @@ def _(
     accum_dtype,
     chunk_size,
     check_targets=True,
+    max_chunk_bytes=None,
 ):
     shape = (hidden.shape[0],) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -506,11 +852,14 @@ def _flce_bwd_rows_impl(
     need_bias: bool,
     accum_dtype: torch.dtype | None,
     chunk_size: int | None,
+    max_chunk_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """reduction="none" backward: the chunk loop again with one grad_output per token inside the kernel;
+    """reduction="none" backward: the loop again with one grad_output per token inside the kernel;
     gradients in the dtypes of hidden, weight and bias (empty where not requested)."""
     with torch.autocast(hidden.device.type, enabled=False):
-        *_, gh, gw, gb = _chunk_loop(
+        *_, gh, gw, gb = _run_loop(
+            chunk_size,
+            max_chunk_bytes,
             hidden,
             weight,
             target,
@@ -525,7 +874,6 @@ def _flce_bwd_rows_impl(
             need_weight,
             need_bias,
             accum_dtype,
-            chunk_size,
             row_scale=grad_rows.contiguous(),
         )
     return _grads_in_dtypes((gh, gw, gb), hidden, weight, bias)
@@ -553,6 +901,7 @@ def _(
     need_bias,
     accum_dtype,
     chunk_size,
+    max_chunk_bytes=None,
 ):
     return _fake_grads(hidden, weight, bias, need_hidden, need_weight, need_bias)
 
@@ -574,12 +923,13 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         accum_dtype,
         chunk_size,
         check_targets,
+        max_chunk_bytes,
     ):
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
         need_bias = need_bias and bias is not None
         ctx.needs = (need_hidden, need_weight, need_bias)
         ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
-        ctx.accum = (accum_dtype, chunk_size)
+        ctx.accum = (accum_dtype, chunk_size, max_chunk_bytes)
         ctx.reduction = reduction
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.grad_consumed = False
@@ -597,12 +947,19 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         )
         if reduction == "none":
             loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
-                *args, False, False, False, accum_dtype, chunk_size, check_targets
+                *args, False, False, False, accum_dtype, chunk_size, check_targets, max_chunk_bytes
             )
             ctx.save_for_backward(hidden, weight, target, bias, ce_weight)
         else:
             loss, z, gh, gw, gb = launcher(_flce_fwd, _flce_fwd_impl)(
-                *args, need_hidden, need_weight, need_bias, accum_dtype, chunk_size, check_targets
+                *args,
+                need_hidden,
+                need_weight,
+                need_bias,
+                accum_dtype,
+                chunk_size,
+                check_targets,
+                max_chunk_bytes,
             )
             ctx.save_for_backward(gh, gw, gb)
         ctx.mark_non_differentiable(z)
@@ -647,6 +1004,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             gw if need_weight else None,
             None,
             gb if need_bias else None,
+            None,
             None,
             None,
             None,
@@ -724,7 +1082,8 @@ def fused_linear_cross_entropy(
         )
 
     out_shape = target.shape
-    hidden2d, target1d, chunk_size = flatten_for_chunks(hidden, weight, target, chunk_size, max_chunk_bytes)
+    # max_chunk_bytes stays a byte budget: it bounds the vocabulary-major loop's logits buffer
+    hidden2d, target1d, chunk_size = flatten_for_chunks(hidden, weight, target, chunk_size, None)
     ce_weight = ce_weight.contiguous() if ce_weight is not None else None
     if wants_grad(hidden, weight, bias):
         loss, z = FusedLinearCrossEntropyFunction.apply(
@@ -737,6 +1096,7 @@ def fused_linear_cross_entropy(
             accum_dtype,
             chunk_size,
             bool(check_targets),
+            max_chunk_bytes,
         )
     else:  # evaluation: losses only, no gradient GEMMs
         loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
@@ -752,6 +1112,7 @@ def fused_linear_cross_entropy(
             accum_dtype,
             chunk_size,
             bool(check_targets),
+            max_chunk_bytes,
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)

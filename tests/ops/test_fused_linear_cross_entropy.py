@@ -11,7 +11,12 @@ from torch.utils._pytree import tree_flatten
 from liger_core import reference
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss
 from liger_core.ops import fused_linear_cross_entropy
-from liger_core.ops.fused_linear_cross_entropy import _chunk_loop, choose_chunk_tokens
+from liger_core.ops.fused_linear_cross_entropy import (
+    _chunk_loop,
+    _vocab_loop,
+    choose_chunk_tokens,
+    vocab_slice_columns,
+)
 
 IGNORE = -100
 HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-9}
@@ -69,16 +74,24 @@ def assert_loss_no_worse(name, ours, eager, ref64):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_flce_matches_float64(device, dtype, reduction, poison_empty):
-    """Loss and d(hidden, weight, bias) against float64, several chunks, grad_output != 1; bf16 with
-    accum_dtype=fp32 (eager-level dW; the default bf16 accumulation has its own test)."""
+@pytest.mark.parametrize("order", ["vocab", "token"])
+def test_flce_matches_float64(device, dtype, reduction, order, poison_empty):
+    """Loss and d(hidden, weight, bias) against float64, several vocabulary slices (the default order) or
+    token chunks (``chunk_size``), grad_output != 1; bf16 with accum_dtype=fp32 (the stored bf16 gradients
+    would otherwise round a second time when scaled by grad_output; grad_output 1 has its own test)."""
     opts = dict(OPTIONS[reduction])
     n, hidden_size, vocab = (37, 67, 131) if device == "cpu" else (2048, 4096, 128256)
     hidden, weight, bias, target, ce_weight = _inputs(
         device, dtype, n, hidden_size, vocab, bias=opts.pop("bias"), weighted=opts.pop("weighted", False)
     )
     grad_out = torch.randn(n, device=device) if reduction == "none" else torch.tensor(3.7, device=device)
-    ours_kwargs = dict(chunk_size=10 if device == "cpu" else 512)
+    if order == "token":
+        ours_kwargs = dict(chunk_size=10 if device == "cpu" else 512)
+    else:
+        elt = hidden.element_size()
+        budget = n * (40 if device == "cpu" else 16384) * elt
+        assert vocab_slice_columns(n, vocab, elt, budget, hidden.device) < vocab  # several slices
+        ours_kwargs = dict(max_chunk_bytes=budget)
     if dtype == torch.bfloat16:
         ours_kwargs["accum_dtype"] = torch.float32
     ours, eager, ref = _three_ways(
@@ -93,22 +106,30 @@ def test_flce_matches_float64(device, dtype, reduction, poison_empty):
             assert_no_worse_than_eager(name, ours[i], eager[i], ref[i])
 
 
-def test_flce_bf16_default_accumulation(poison_empty):
-    """accum_dtype=None keeps dW in bf16: one rounding per chunk (documented); dhidden and dbias stay at eager
-    accuracy with grad_output 1 (loss.backward()); the default chunk size (3 chunks here) is used."""
+@pytest.mark.parametrize("order", ["vocab", "token"])
+def test_flce_bf16_default_accumulation(order, poison_empty):
+    """accum_dtype=None, grad_output 1 (loss.backward()): in the default vocabulary order every gradient is
+    at eager's accuracy (dW one GEMM over all tokens per slice, dh accumulated in fp32, each rounded once),
+    over several slices (the default budget); the token-major order (``chunk_size``) keeps dW in bf16, one
+    rounding per chunk (documented: up to sqrt(chunks) x eager's error)."""
     n, hidden_size, vocab = 37, 67, 131
     hidden, weight, bias, target, _ = _inputs("cpu", torch.bfloat16, n, hidden_size, vocab, bias=True)
-    n_chunks = math.ceil(n / choose_chunk_tokens(n, hidden_size, vocab, torch.bfloat16, hidden.device))
-    assert n_chunks > 1
-    ours, eager, ref = _three_ways(hidden, weight, bias, target, torch.tensor(1.0), {})
+    if order == "vocab":
+        tokens = choose_chunk_tokens(n, hidden_size, vocab, torch.bfloat16, hidden.device)
+        assert vocab_slice_columns(n, vocab, 2, tokens * vocab * 2, hidden.device) < vocab
+        ours_kwargs, dweight_slack = {}, SLACK
+    else:
+        ours_kwargs, dweight_slack = dict(chunk_size=13), SLACK * math.sqrt(3)
+    ours, eager, ref = _three_ways(hidden, weight, bias, target, torch.tensor(1.0), ours_kwargs)
     assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
     assert_no_worse_than_eager("dhidden", ours[2], eager[2], ref[2])
     assert_no_worse_than_eager("dbias", ours[4], eager[4], ref[4])
-    assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3], slack=SLACK * math.sqrt(n_chunks))
+    assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3], slack=dweight_slack)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_flce_all_targets_ignored(reduction):
+@pytest.mark.parametrize("chunking", [dict(chunk_size=5), dict(max_chunk_bytes=13 * 40 * 4)])
+def test_flce_all_targets_ignored(reduction, chunking):
     """Loss 0 and zero gradients, never NaN (torch's mean gives NaN here)."""
     hidden, weight, bias, _, ce_weight = _inputs("cpu", torch.float32, 13, 67, 131, bias=True, weighted=True)
     target = torch.full((13,), IGNORE)
@@ -122,7 +143,7 @@ def test_flce_all_targets_ignored(reduction):
         label_smoothing=0.1,
         lse_square_scale=1e-2,
         ce_weight=ce_weight,
-        chunk_size=5,
+        **chunking,
     )
     (loss * 2.0).sum().backward()
     assert torch.equal(loss, torch.zeros_like(loss))
@@ -199,6 +220,29 @@ def test_flce_never_materialises_the_logits():
         assert (n, vocab) not in rec.shapes
         assert sum(s == (chunk, vocab) for s in rec.shapes) >= 1  # the chunk buffer was made
     loss = fused_linear_cross_entropy(hidden, weight, target, bias, chunk_size=chunk)
+    torch.testing.assert_close(
+        loss.double(),
+        reference.fused_linear_cross_entropy(hidden.double(), weight.double(), target, bias.double()),
+    )
+
+
+def test_flce_vocab_order_never_materialises_the_logits():
+    """The vocabulary loop's tensors: at most one slice of logits (n, V_s), the (V, H) and (n, H) gradients
+    and their fp64 products for fp32 inputs; never (n, V)."""
+    n, hidden_size, vocab = 37, 23, 1031
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, n, hidden_size, vocab, bias=True)
+    options = (IGNORE, "sum", 0.1, 1e-3, 30.0)
+    budget = 8 * vocab * 4  # the logits of 8 tokens
+    cols = vocab_slice_columns(n, vocab, 4, budget, hidden.device)
+    assert 1 < -(-vocab // cols) and n * cols * 4 <= budget
+    for row_scale in (None, torch.randn(n)):
+        with _RecordShapes() as rec:
+            _vocab_loop(
+                hidden, weight, target, bias, None, *options, True, True, True, None, budget, row_scale
+            )
+        assert rec.nbytes and max(rec.nbytes) <= 8 * max(n * cols, vocab * hidden_size, n * hidden_size)
+        assert (n, vocab) not in rec.shapes and (n, cols) in rec.shapes
+    loss = fused_linear_cross_entropy(hidden, weight, target, bias, max_chunk_bytes=budget)
     torch.testing.assert_close(
         loss.double(),
         reference.fused_linear_cross_entropy(hidden.double(), weight.double(), target, bias.double()),
@@ -312,7 +356,10 @@ def test_flce_peak_memory_cuda():
     fused_linear_cross_entropy(h, w, target).backward()
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated() - base
-    budget = (n * hidden_size + vocab * hidden_size) * 2 + chunk * vocab * 2 + 64 * 2**20
+    # + the fp32 dh accumulator of the vocabulary order (rounded to bf16 once, at the end)
+    budget = (
+        (n * hidden_size + vocab * hidden_size) * 2 + chunk * vocab * 2 + n * hidden_size * 4 + 64 * 2**20
+    )
     assert peak_extra <= budget, f"peak extra {peak_extra / 2**30:.3f} GiB > {budget / 2**30:.3f} GiB"
 
 
@@ -325,6 +372,10 @@ def test_flce_custom_ops_pass_opcheck():
     options = (IGNORE, "sum", 0.1, 1e-3, 20.0)
     torch.library.opcheck(
         mod._flce_fwd, (hidden, weight, target, bias, ce_weight, *options, True, True, True, torch.float32, 3)
+    )
+    torch.library.opcheck(  # the vocabulary order (no chunk_size; a logits budget of 10 tokens)
+        mod._flce_fwd,
+        (hidden, weight, target, bias, ce_weight, *options, True, True, True, None, None, True, 10 * 33 * 4),
     )
     torch.library.opcheck(
         mod._flce_bwd_rows,
@@ -349,12 +400,13 @@ def test_flce_custom_ops_pass_opcheck():
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_flce_under_torch_compile(reduction):
+@pytest.mark.parametrize("chunking", [dict(chunk_size=4), dict(max_chunk_bytes=9 * 10 * 4)])
+def test_flce_under_torch_compile(reduction, chunking):
     hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, 9, 11, 33, bias=True)
     results = []
     for fn in (fused_linear_cross_entropy, torch.compile(fused_linear_cross_entropy, backend="aot_eager")):
         h, w, b = leaf(hidden), leaf(weight), leaf(bias)
-        fn(h, w, target, b, reduction=reduction, chunk_size=4).sum().backward()
+        fn(h, w, target, b, reduction=reduction, **chunking).sum().backward()
         results.append((h.grad, w.grad, b.grad))
     for ours, compiled in zip(*results):
         torch.testing.assert_close(compiled, ours)
