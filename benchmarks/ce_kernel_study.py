@@ -156,10 +156,22 @@ def bench_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
+def compiled(kernel) -> set[str]:
+    """Registers / spills of every compiled version of a kernel (GPU)."""
+    out = set()
+    for dev_cache in (getattr(kernel, "device_caches", None) or {}).values():
+        for ck in dev_cache[0].values():
+            if hasattr(ck, "_init_handles"):
+                ck._init_handles()
+            out.add(f"warps {ck.metadata.num_warps} regs {ck.n_regs} spills {ck.n_spills}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8192 if GPU else 5)
     ap.add_argument("--vocab", type=int, default=128256 if GPU else 1031)
+    ap.add_argument("--all", action="store_true", help="also the split-row and cluster variants")
     args = ap.parse_args()
     n, v = args.n, args.vocab
     x = (torch.randn(n, v, device=DEVICE) * 2).to(torch.bfloat16)
@@ -184,9 +196,28 @@ def main() -> int:
             lse_square_scale=0.0, softcap=None,
         )  # fmt: skip
 
-    variants = {"production": production}
-    for block, warps in ((32768, 32), (16384, 32), (16384, 16), (8192, 16)) if GPU else ((256, 4),):
-        for hints in (True, False):
+    def production_with(**knobs):
+        def run():
+            old = {k: getattr(ce_mod, k) for k in knobs}
+            for k, v in knobs.items():
+                setattr(ce_mod, k, v)
+            try:
+                production()
+            finally:
+                for k, v in old.items():
+                    setattr(ce_mod, k, v)
+
+        return run
+
+    variants = {
+        "production (pass-1 prefetch, 32768/32)": production,
+        "production, no prefetch": production_with(CE_PASS1_PREFETCH=False),
+        "production, 16384/32": production_with(CE_MAX_BLOCK=16384),
+        "production, 16384/32, no prefetch": production_with(CE_MAX_BLOCK=16384, CE_PASS1_PREFETCH=False),
+    }
+    shapes = ((32768, 32), (16384, 32), (16384, 16), (8192, 16)) if args.all else ((32768, 32), (16384, 32))
+    for block, warps in shapes if GPU else ((256, 4),):
+        for hints in (True, False) if args.all else (True,):
 
             def pf(block=block, warps=warps, hints=hints):
                 _ce_prefetch_kernel[(n,)](
@@ -196,7 +227,7 @@ def main() -> int:
                 )  # fmt: skip
 
             variants[f"prefetch {block}/{warps}{' hints' if hints else ''}"] = pf
-    if GPU:
+    if GPU and args.all:
         for split, warps in ((4, 32), (8, 16), (8, 32), (16, 8), (16, 16)):
             block = p2(-(-v // split))
             part = torch.empty(n * split * 2, dtype=torch.float32, device=DEVICE)
@@ -218,6 +249,7 @@ def main() -> int:
                 )
 
             variants[f"whole row, cluster of {ctas} CTAs"] = cl
+    seen: set[str] = set()
     for name, fn in variants.items():
         try:
             g.fill_(float("nan"))
@@ -228,7 +260,16 @@ def main() -> int:
             e_rows, e_grad = rel(loss, ref_rows), rel(g, ref_grad)
             ms = bench_ms(fn)
             floor = 2 * n * v * 2 / 3.0e12 * 1e3
-            print(f"  {name:48s} {ms:.4f} ms ({100 * floor / ms:3.0f}%)  loss {e_rows:.2e} grad {e_grad:.2e}")
+            new = set()
+            if GPU:
+                for k in (ce_mod._cross_entropy_kernel, _ce_prefetch_kernel, _ce_split_kernel):
+                    new |= {f"{getattr(k, '__name__', 'kernel')}: {c}" for c in compiled(k)}
+            regs = "; ".join(sorted(new - seen))
+            seen |= new
+            print(
+                f"  {name:48s} {ms:.4f} ms ({100 * floor / ms:3.0f}%)  loss {e_rows:.2e} grad {e_grad:.2e}"
+                + (f"  [{regs}]" if regs else "")
+            )
         except Exception as e:  # noqa: BLE001
             print(f"  {name:48s} ERROR {type(e).__name__}: {str(e)[:400]}")
             traceback.print_exc(limit=2)

@@ -738,11 +738,36 @@ def _slice_weight_grad(out: torch.Tensor, dlogits: torch.Tensor, hidden: torch.T
 
 
 def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwargs):
-    """The token-major chunk loop when the caller fixed ``chunk_size`` (tokens per chunk), else the
-    vocabulary-major loop (exact dW and dh; ``max_chunk_bytes`` bounds its logits buffer)."""
+    """Which loop computes the loss and gradients:
+
+    - ``chunk_size`` given: the token-major chunk loop with that many tokens per chunk (dW accumulates in
+      ``accum_dtype``: a bf16 dW rounds once per chunk);
+    - otherwise, where the process's memory headroom (``choose_chunk_tokens``: below its own earlier peak, so
+      no new peak) holds fp32 dW and dh accumulators and a large chunk: the token-major loop with fp32
+      accumulation, rounded once at the end (exact; inside a training step this is the faster order);
+    - otherwise the vocabulary-major loop (exact; ``max_chunk_bytes`` bounds its logits buffer)."""
     if chunk_size is not None:
         return _chunk_loop(*args, chunk_size, **kwargs)
+    hidden, weight, accum_dtype = args[0], args[1], args[13]
+    need_hidden, need_weight = args[10], args[11]
+    if max_chunk_bytes is None and _fp32_accumulators_fit(hidden, weight, need_hidden, need_weight):
+        loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(*args[:13], torch.float32, None, **kwargs)
+        gh = gh.to(hidden_accum_dtype(hidden, weight, accum_dtype)) if gh is not None else None
+        gw = gw.to(_accum_dtype(accum_dtype, weight)) if gw is not None else None
+        return loss_rows, z_rows, stats, gh, gw, gb
     return _vocab_loop(*args, max_chunk_bytes, **kwargs)
+
+
+def _fp32_accumulators_fit(hidden, weight, need_hidden: bool, need_weight: bool) -> bool:
+    """Whether the headroom under the process's peak holds fp32 dW and dh, their rounded copies and a
+    HEADROOM_CHUNK_BYTES chunk of logits (GPU, 16-bit inputs, some gradient wanted)."""
+    if hidden.device.type != "cuda" or hidden.dtype == torch.float32 or not (need_hidden or need_weight):
+        return False
+    n_tokens, hidden_size = hidden.shape
+    elements = need_weight * weight.shape[0] * hidden_size + need_hidden * n_tokens * hidden_size
+    need = elements * (4 + hidden.element_size()) + HEADROOM_CHUNK_BYTES
+    headroom = torch.cuda.max_memory_allocated(hidden.device) - torch.cuda.memory_allocated(hidden.device)
+    return headroom >= need
 
 
 def _flce_fwd_impl(

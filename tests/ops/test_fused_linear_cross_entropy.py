@@ -363,6 +363,27 @@ def test_flce_peak_memory_cuda():
     assert peak_extra <= budget, f"peak extra {peak_extra / 2**30:.3f} GiB > {budget / 2**30:.3f} GiB"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_flce_headroom_order_cuda():
+    """With headroom under the process's peak (as inside a training step), the default takes the token-major
+    loop with fp32 accumulators: gradients at eager's accuracy, and no new peak."""
+    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
+    n, hidden_size, vocab = 4093, 1024, 32000
+    hidden, weight, _, target, _ = _inputs("cuda", torch.bfloat16, n, hidden_size, vocab)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    spike = torch.empty(16 * 2**30, dtype=torch.uint8, device="cuda")  # an earlier peak of the process
+    del spike
+    assert mod._fp32_accumulators_fit(hidden, weight, True, True)
+    peak_before = torch.cuda.max_memory_allocated()
+    ours, eager, ref = _three_ways(hidden, weight, None, target, torch.tensor(1.0, device="cuda"), {})
+    assert torch.cuda.max_memory_allocated() == peak_before
+    assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
+    assert_no_worse_than_eager("dhidden", ours[2], eager[2], ref[2])
+    assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3])
+
+
 def test_flce_custom_ops_pass_opcheck():
     mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
 
