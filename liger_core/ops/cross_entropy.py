@@ -177,11 +177,13 @@ def _online_block(
 ):  # fmt: skip
     """Pass 1 on one block: running max m (fp32: any shift works, it only has to be the same in both passes),
     rescaled sum d of exp(x - m), smoothing sum of w_c * (x_c - x_y) (shifted by x_y so that large logits do
-    not cancel in W * lse - sum_c w_c * x_c)."""
+    not cancel in W * lse - sum_c w_c * x_c). Callers load masked-off lanes as -inf (exp gives 0 there
+    without a select per element; softcap maps -inf to -softcap, so that case selects)."""
     x = x_raw.to(COMPUTE_DTYPE)
+    x_masked = x
     if HAS_SOFTCAP:
         x, _ = _softcap(x, softcap, COMPUTE_DTYPE)
-    x_masked = tl.where(mask, x, -float("inf"))
+        x_masked = tl.where(mask, x, -float("inf"))
     m_new = tl.maximum(m, tl.max(x_masked, 0).to(tl.float32))
     d = d * tl.exp((m - m_new).to(COMPUTE_DTYPE)) + tl.sum(tl.exp(x_masked - m_new.to(COMPUTE_DTYPE)), 0)
     if HAS_SMOOTHING:
@@ -289,7 +291,9 @@ def _cross_entropy_kernel(
     smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
     offs = tl.arange(0, BLOCK_SIZE)
     if PASS1_PREFETCH:
-        x_next = tl.load(logits_row + offs, mask=offs < n_cols, other=0.0, eviction_policy=PASS1_POLICY)
+        x_next = tl.load(
+            logits_row + offs, mask=offs < n_cols, other=-float("inf"), eviction_policy=PASS1_POLICY
+        )
     for start in range(0, n_cols, BLOCK_SIZE):
         cols = start + offs
         mask = cols < n_cols
@@ -297,10 +301,13 @@ def _cross_entropy_kernel(
             x_raw = x_next
             next_cols = cols + BLOCK_SIZE
             x_next = tl.load(
-                logits_row + next_cols, mask=next_cols < n_cols, other=0.0, eviction_policy=PASS1_POLICY
+                logits_row + next_cols,
+                mask=next_cols < n_cols,
+                other=-float("inf"),
+                eviction_policy=PASS1_POLICY,
             )
         else:
-            x_raw = tl.load(logits_row + cols, mask=mask, other=0.0, eviction_policy=PASS1_POLICY)
+            x_raw = tl.load(logits_row + cols, mask=mask, other=-float("inf"), eviction_policy=PASS1_POLICY)
         m, d, smooth_acc = _online_block(
             x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
             HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,

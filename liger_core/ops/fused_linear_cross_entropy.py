@@ -479,7 +479,7 @@ def _slice_stats_kernel(
     for start in range(0, n_cols, BLOCK_SIZE):
         cols = start + offs
         mask = cols < n_cols
-        x_raw = tl.load(logits_row + cols, mask=mask, other=0.0)
+        x_raw = tl.load(logits_row + cols, mask=mask, other=-float("inf"))
         m, d, smooth_acc = _online_block(
             x_raw, mask, col_offset + cols, m, d, smooth_acc, shift, weight_ptr, softcap,
             HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
