@@ -156,15 +156,28 @@ def worker(mode: str, opts: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    events = []
     for step in range(total):
         if step == opts["warmup"]:
             sync()
             start = time.perf_counter()
+        if device.type == "cuda" and step >= opts["warmup"]:
+            events.append(torch.cuda.Event(enable_timing=True))
+            events[-1].record()
         loss = train_step(batches[step % n_batches])
         if step == 0 or step == total - 1:
             losses.append(loss.item())
+    if events:
+        events.append(torch.cuda.Event(enable_timing=True))
+        events[-1].record()
     sync()
     elapsed = time.perf_counter() - start
+    if events:  # per-step GPU timeline (diagnostics: a slow step stands out) and allocator retries
+        result["step_ms"] = [round(a.elapsed_time(b), 1) for a, b in zip(events, events[1:])]
+        result["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    flce = sys.modules.get("liger_core.ops.fused_linear_cross_entropy")
+    if flce is not None:
+        result["flce_loops"] = dict(flce.LOOP_COUNTS)
     if opts.get("memtrace") and device.type == "cuda":
         result["memory"] = _memory_at_peak(lambda: train_step(batches[0]))
     if opts.get("profile") and device.type == "cuda":

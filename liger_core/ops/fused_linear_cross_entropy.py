@@ -30,6 +30,7 @@ backward: one rounding at the end, like the eager GEMMs, for 2 more bytes per el
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import torch
@@ -747,15 +748,21 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
       accumulation, rounded once at the end (exact; inside a training step this is the faster order);
     - otherwise the vocabulary-major loop (exact; ``max_chunk_bytes`` bounds its logits buffer)."""
     if chunk_size is not None:
+        LOOP_COUNTS["token-major"] += 1
         return _chunk_loop(*args, chunk_size, **kwargs)
     hidden, weight, accum_dtype = args[0], args[1], args[13]
     need_hidden, need_weight = args[10], args[11]
     if max_chunk_bytes is None and _fp32_accumulators_fit(hidden, weight, need_hidden, need_weight):
+        LOOP_COUNTS["token-major fp32"] += 1
         loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(*args[:13], torch.float32, None, **kwargs)
         gh = gh.to(hidden_accum_dtype(hidden, weight, accum_dtype)) if gh is not None else None
         gw = gw.to(_accum_dtype(accum_dtype, weight)) if gw is not None else None
         return loss_rows, z_rows, stats, gh, gw, gb
+    LOOP_COUNTS["vocabulary-major"] += 1
     return _vocab_loop(*args, max_chunk_bytes, **kwargs)
+
+
+LOOP_COUNTS: collections.Counter = collections.Counter()  # calls per loop (benchmarks report which ran)
 
 
 def _fp32_accumulators_fit(hidden, weight, need_hidden: bool, need_weight: bool) -> bool:
