@@ -83,9 +83,9 @@ class LigerCrossEntropyLoss(nn.Module):
 class LigerFusedLinearCrossEntropyLoss(nn.Module):
     """lm_head projection + cross-entropy, never materialising the logits (``fused_linear_cross_entropy``).
 
-    ``max_chunk_bytes`` bounds the one chunk of logits held at a time (default: the hidden-state gradient's
-    size, at least 64 MiB: Liger-Kernel's memory); a larger bound is faster (fewer passes over the dW
-    accumulator), see ``liger_core.ops.fused_linear_cross_entropy``."""
+    Gradients at eager's accuracy. ``max_chunk_bytes`` bounds the logits buffer (default: the hidden-state
+    gradient's size, at least 64 MiB); a larger bound is faster (fewer GEMM launches and fewer passes over
+    the fp32 dh accumulator), see ``liger_core.ops.fused_linear_cross_entropy``."""
 
     ce_weight: torch.Tensor | None
 

@@ -2,30 +2,40 @@
 
 For hidden states ``h (BT, H)``, lm_head weight ``W (V, H)``, optional bias ``b (V,)``, the loss of
 ``cross_entropy(h @ W.T + b, target, ...)`` (every option of ``liger_core.ops.cross_entropy``) and its
-gradients are computed chunk by chunk of ``C`` tokens, in the forward pass::
+gradients, computed in the forward pass by one of three loops (``_run_loop`` picks):
 
-    logits_c  = h_c @ W.T (+ b)           (C, V) in the input dtype, cuBLAS, into one reused chunk buffer
-    dlogits_c = CE kernel, in place       per-row losses; gradient overwrites the chunk buffer (fp32 math)
-    dh_c      = dlogits_c @ W             written straight into its rows of grad_hidden
-    dW       += dlogits_c.T @ h_c         accumulated in ``accum_dtype`` (default: W's dtype), no temporaries
-    db       += sum_rows(dlogits_c)       fp32
+1. Vocabulary-major (the default): the vocabulary in slices of ``V_s`` classes, all tokens at once::
 
-Peak extra memory: the gradients (which must exist anyway) plus one chunk of logits; by default the chunk is
-sized so that it is no larger than the hidden-state gradient (at least 64 MiB on a GPU: Liger-Kernel's
-memory) and fits in free memory; ``max_chunk_bytes`` (or ``chunk_size``) trades memory for speed. Each chunk
-reads W twice (logits, dh GEMMs) and reads and writes the dW accumulator once: ~4 |W| bytes per chunk
-whatever its size, so small chunks are bound by memory (8192 tokens, H 4096, V 128256 bf16: 32 chunks of
-256 tokens move ~134 GB, >= 45 ms on an H100) and chunks of >= ~400 tokens by the GEMMs' FLOPs. Measured
-there (H100, fwd+bwd): 256 tokens (63 MiB, the default) 63.8 ms; 512 (125 MiB) 45.7 ms; 1024 (250 MiB,
-``max_chunk_bytes=2**28``) 40.0 ms; 2048 (501 MiB) 39.2 ms. The
-backward pass only scales the stored gradients by ``grad_output`` (free when it is 1). ``reduction="none"``
-cannot fold per-token ``grad_output`` into gradients computed before it is known, so its forward computes only
-the losses and its backward runs the chunk loop again with the per-token factors inside the kernel.
+       pass 1, each slice:   logits_s = h @ W_s.T (+ b_s)     (BT, V_s) into one reused buffer
+                             _slice_stats_kernel               running max, sum of exp, smoothing sum per row;
+                                                               the last slice finishes losses and coefficients
+       pass 2, each slice:   logits_s again (the last slice's are still in the buffer)
+                             _slice_grad_kernel                dlogits_s in place (the CE kernel's arithmetic)
+                             dW_s  = dlogits_s.T @ h           one GEMM over all tokens: one rounding
+                             dh   += dlogits_s @ W_s           fp32 accumulator (fp64 for fp32 inputs)
+                             db_s  = sum_rows(dlogits_s)
 
-Accuracy: by default ``dW`` accumulates in the weight's dtype, so a bf16 ``dW`` rounds once per chunk (error
-up to ~sqrt(chunks) x eager's; Liger-Kernel's default too), and a ``grad_output`` other than 1 rounds the
-stored bf16 gradients a second time. ``accum_dtype=torch.float32`` keeps ``dW`` and ``dh`` in fp32 until
-backward: one rounding at the end, like the eager GEMMs, for 2 more bytes per element of W and h.
+   Exact: every gradient rounds once, as eager's GEMMs do. Cost: the logits twice (8 instead of 6 BT H V
+   FLOPs) and an fp32 dh (4 BT H bytes). Peak extra memory: dW + the fp32 dh + the bf16 dh it rounds to +
+   one slice buffer (default: the hidden-state gradient's size, >= 64 MiB on a GPU; ``max_chunk_bytes``).
+   H100, 8192 tokens, H 4096, V 128256 bf16 (``benchmarks/flce_order.py``): 53.7 ms at 1.167 GiB (64 MiB
+   buffer), 49.1 ms at 1.35 GiB (256 MiB); dW's error equals eager's (1.118e-3 vs float64).
+2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
+   fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
+   iterations): chunks of ``C`` tokens, ``logits_c = h_c @ W.T``, CE kernel in place,
+   ``dh_c = dlogits_c @ W``, ``dW += dlogits_c.T @ h_c`` into fp32, rounded once at the end. Exact, and
+   faster there (no recomputed logits; Llama-1B shape, H100: 56.4k tokens/s vs 53.6k with the vocabulary
+   order), at no new peak.
+3. Token-major in ``accum_dtype`` (default W's dtype) when ``chunk_size`` is given: a bf16 dW rounds once per
+   chunk (error up to ~sqrt(chunks) x eager's; Liger-Kernel's default order), each chunk reads W twice and
+   reads and writes dW once (~4 |W| bytes). Faster than 1. at small vocabularies (V 32000, 8191 tokens: 10.4
+   ms in liger-kernel's version vs 13.0 for 1.), less exact.
+
+The backward pass only scales the stored gradients by ``grad_output`` (free when it is 1; otherwise the stored
+bf16 gradients round a second time: ``accum_dtype=torch.float32`` keeps them in fp32 until then, for 2 more
+bytes per element of W and h). ``reduction="none"`` cannot fold per-token ``grad_output`` into gradients
+computed before it is known, so its forward computes only the losses and its backward runs the loop again with
+the per-token factors inside the kernel.
 """
 
 from __future__ import annotations
@@ -1074,11 +1084,13 @@ def fused_linear_cross_entropy(
     ``liger_core.ops.cross_entropy`` (same semantics, same departures from torch: loss 0 and zero gradients
     when there is nothing to average). ``reduction="sum"`` lets a model divide by ``num_items_in_batch``.
 
-    Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. ``accum_dtype``:
-    dtype of the dW (and dh) accumulators (default: weight's dtype; ``torch.float32`` for eager-level
-    accuracy of bf16 gradients, at 2 more bytes per element of weight and hidden). ``chunk_size``: tokens
-    per chunk; ``max_chunk_bytes``: a bound on one chunk's logits instead (default: the hidden-state
-    gradient's size, >= 64 MiB on a GPU; larger is faster, see the module doc). ``check_targets``: as in
+    Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. The default
+    computes every gradient at eager's accuracy (vocabulary-major loop, see the module doc). ``accum_dtype``:
+    dtype of the stored gradients (default: weight's dtype; ``torch.float32`` keeps them exact through a
+    ``grad_output`` other than 1, at 2 more bytes per element of weight and hidden). ``max_chunk_bytes``: a
+    bound on the logits buffer (default: the hidden-state gradient's size, >= 64 MiB on a GPU; larger is
+    faster). ``chunk_size``: tokens per chunk in the token-major loop instead (a bf16 dW then rounds once per
+    chunk, as Liger-Kernel's; faster at small vocabularies). ``check_targets``: as in
     ``cross_entropy``. Tied weights work (autograd adds this gradient to the embedding's). Under autocast,
     hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
     """
