@@ -63,7 +63,9 @@ REDUCTIONS = ("mean", "sum", "none")
 
 # Launch knobs of the cross-entropy kernel on a GPU (module globals so that benchmarks/variants_ce.py can
 # compare settings in one GPU call). Columns per block and warps: see ``looped_row_settings``.
-CE_MAX_BLOCK = 32768
+# 16384 with the pass-1 prefetch (H100, 8192 x 128256 bf16, benchmarks/ce_kernel_study.py: 1.710 ms, 53
+# registers; 32768 columns with the prefetch spill: 1.914; 32768 without it 1.751)
+CE_MAX_BLOCK = 16384
 # fp32 logits (fp64 math, twice the registers): 16384 columns with 16 warps 6.2 ms, 8192 columns 7.4 ms
 CE_MAX_BLOCK_FP64_MATH = 16384
 CE_WARPS: int | None = None  # None: from the block size
@@ -283,6 +285,29 @@ def _cross_entropy_kernel(
     w_y = 1.0
     if HAS_WEIGHT:
         w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
+    # Everything per row that does not depend on the row's max and sum, before pass 1: with one program per
+    # SM, the latency of these loads and fp64 divisions between the passes would otherwise stall it (H100,
+    # 8192 x 128256: ~0.12 ms of a 1.75 ms kernel).
+    eps = _f64(smoothing_hi, smoothing_lo)
+    zs = _f64(z_scale_hi, z_scale_lo)
+    w_total = tl.load(stats_ptr + 4)
+    if COMPUTE_GRAD:
+        g = tl.cast(1.0, tl.float64)
+        if HAS_GRAD_SCALE:
+            g = tl.load(grad_scale_ptr + row).to(tl.float64)
+        ce_s = g
+        z_s = g
+        if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
+            n_valid = tl.load(stats_ptr + 0)
+            weight_sum = tl.load(stats_ptr + 1)
+            ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
+            z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
+        # dx_c = coef_p * exp(x_c - m) - coef_c * w_c - coef_y * [c == y]   (p_c = exp(x_c - m) / d), with
+        # coef_p = (p_ce + p_z * lse) / d
+        p_ce = ce_s * ((1.0 - eps) * w_y + eps / n_cols * w_total)
+        p_z = z_s * 2.0 * zs
+        coef_y = (ce_s * (1.0 - eps) * w_y).to(COMPUTE_DTYPE)
+        coef_c = (ce_s * eps / n_cols).to(COMPUTE_DTYPE)
 
     # pass 1 (see _online_block); with PASS1_PREFETCH the next block's load is issued before this block's
     # two block-wide reductions, so loads stay in flight while they run
@@ -320,10 +345,7 @@ def _cross_entropy_kernel(
     m64 = m.to(tl.float64)
     lse = m64 + log_d
     nll = (m64 - x_y.to(tl.float64)) + log_d
-    eps = _f64(smoothing_hi, smoothing_lo)
-    zs = _f64(z_scale_hi, z_scale_lo)
     ce = (1.0 - eps) * w_y * nll
-    w_total = tl.load(stats_ptr + 4)
     if HAS_SMOOTHING:
         # sum_c w_c * (lse - x_c) = W * (lse - x_y) - sum_c w_c * (x_c - x_y)
         ce += eps / n_cols * (w_total * nll - smooth_acc.to(tl.float64))
@@ -332,22 +354,7 @@ def _cross_entropy_kernel(
     tl.store(z_loss_ptr + row, zs * lse * lse)
 
     if COMPUTE_GRAD:
-        g = tl.cast(1.0, tl.float64)
-        if HAS_GRAD_SCALE:
-            g = tl.load(grad_scale_ptr + row).to(tl.float64)
-        ce_s = g
-        z_s = g
-        if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
-            n_valid = tl.load(stats_ptr + 0)
-            weight_sum = tl.load(stats_ptr + 1)
-            ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
-            z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
-        # dx_c = coef_p * exp(x_c - m) - coef_c * w_c - coef_y * [c == y]   (p_c = exp(x_c - m) / d)
-        coef_p = ((ce_s * ((1.0 - eps) * w_y + eps / n_cols * w_total) + z_s * 2.0 * zs * lse) / d64).to(
-            COMPUTE_DTYPE
-        )
-        coef_y = (ce_s * (1.0 - eps) * w_y).to(COMPUTE_DTYPE)
-        coef_c = (ce_s * eps / n_cols).to(COMPUTE_DTYPE)
+        coef_p = ((p_ce + p_z * lse) / d64).to(COMPUTE_DTYPE)
         m_c = m.to(COMPUTE_DTYPE)
         # pass 2: gradient (each element is read before the same thread overwrites it, so in place is safe)
         for start in range(0, n_cols, BLOCK_SIZE):
@@ -579,7 +586,7 @@ def launch_cross_entropy(
         PASS2_POLICY=CE_PASS2_POLICY if gpu else "",
         STORE_POLICY=CE_STORE_POLICY if gpu else "",
         STORE_CACHE=CE_STORE_CACHE if gpu else "",
-        PASS1_PREFETCH=CE_PASS1_PREFETCH,
+        PASS1_PREFETCH=CE_PASS1_PREFETCH and not fp64_math,  # fp64 math: registers (not measured)
         num_warps=warps,
     )
 
