@@ -61,8 +61,10 @@ NORM_CHUNK_COLS = 4096
 # Elements per tile for short rows: several rows per program so that small hidden sizes still move
 # enough bytes per program.
 NORM_TILE_ELEMENTS = 4096
-# LayerNorm backward: two rows of 4096 per tile (16 warps) keep more bytes in flight for its one program per
-# SM (H100, bf16 16384x4096, benchmarks/variants_norm.py: 0.183 -> 0.161 ms; RMSNorm 0.156 either way).
+# LayerNorm backward at rows of 4096 columns: two rows per tile (16 warps) keep more bytes in flight for its
+# one program per SM (H100, bf16, benchmarks/variants_norm.py: 16384x4096 0.183 -> 0.161 ms, 4093x4096 0.061
+# -> 0.055; RMSNorm 0.156 either way). Shorter rows keep NORM_TILE_ELEMENTS (16384x1024: 0.066 vs 0.082 ms
+# with 8192-element tiles, 16384x2048: 0.105 vs 0.115).
 NORM_BWD_TILE_ELEMENTS_LAYER_NORM = 8192
 # Elements of a tile per thread (sets num_warps). Forward: 16. Backward: 16 with a software prefetch of the
 # next tile (8 warps at hidden 4096: RMSNorm 113-124 registers, LayerNorm 166, no spills; H100, triton 3.6).
@@ -108,7 +110,10 @@ _NORM_SETTINGS: dict[tuple, NormSettings] = {}
 def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False) -> NormSettings:
     """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``;
     cached (host time on every launch), keyed on the knobs too since benchmarks change them."""
-    tile_elements = NORM_BWD_TILE_ELEMENTS_LAYER_NORM if backward and layer_norm else NORM_TILE_ELEMENTS
+    wide_rows = _next_power_of_2(n_cols) >= 4096
+    tile_elements = (
+        NORM_BWD_TILE_ELEMENTS_LAYER_NORM if backward and layer_norm and wide_rows else NORM_TILE_ELEMENTS
+    )
     key = (
         n_cols, backward, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS, tile_elements,
         NORM_FWD_ELEMENTS_PER_THREAD, NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH,
