@@ -247,7 +247,6 @@ KERNEL_CATEGORIES = (  # (category, substrings of the kernel name), first match 
     ("attention", ("flash", "fmha", "attention", "attn")),
     ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "splitk", "matmul")),
     ("optimizer", ("multi_tensor", "adam", "foreach")),
-    ("liger_core / liger-kernel triton", ("_kernel", "_triton", "triton_")),
 )
 
 
@@ -256,7 +255,9 @@ def _category(name: str) -> str:
     for category, keys in KERNEL_CATEGORIES:
         if any(k in low for k in keys):
             return category
-    return "other (aten elementwise, copies, reductions)"
+    if "::" in name or low.startswith("void"):  # ATen's C++ kernels (templated names)
+        return "other (aten elementwise, copies, reductions)"
+    return "Triton (liger_core / liger-kernel)"
 
 
 def _profile_step(step) -> dict:
