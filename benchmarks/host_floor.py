@@ -69,9 +69,8 @@ class _Skeleton(torch.autograd.Function):
         return dy, dw
 
 
-def fwd_bwd_ms(fn, rows: int, cols: int) -> float:
-    import triton.testing
-
+def fwd_bwd_step(fn, rows: int, cols: int):
+    """(step, x, w): one fwd+bwd of ``fn(x, w)`` on fresh bf16 inputs with a fixed output gradient."""
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(cols, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
@@ -79,6 +78,13 @@ def fwd_bwd_ms(fn, rows: int, cols: int) -> float:
     def step():
         torch.autograd.backward(fn(x, w), dy)
 
+    return step, x, w
+
+
+def fwd_bwd_ms(fn, rows: int, cols: int) -> float:
+    import triton.testing
+
+    step, x, w = fwd_bwd_step(fn, rows, cols)
     step()
     return float(triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=[x, w], return_mode="median"))
 
@@ -87,13 +93,7 @@ def graph_fwd_bwd_ms(fn, rows: int, cols: int) -> float:
     """GPU time of one fwd+bwd: captured once in a CUDA graph, replayed by do_bench."""
     import triton.testing
 
-    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(cols, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-
-    def step():
-        torch.autograd.backward(fn(x, w), dy)
-
+    step, x, w = fwd_bwd_step(fn, rows, cols)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (compiles, allocator pools) off the capture

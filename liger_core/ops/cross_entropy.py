@@ -222,6 +222,38 @@ def _grad_block(
     )  # fmt: skip
 
 
+@triton.jit
+def _grad_coefs(
+    stats_ptr, grad_scale_ptr, row, w_y, eps, zs, w_total, n_classes,
+    MEAN: tl.constexpr, HAS_GRAD_SCALE: tl.constexpr,
+):  # fmt: skip
+    """The row's gradient coefficients that do not depend on its max and sum, fp64: (p_ce, p_z, coef_c,
+    coef_y) with ``coef_p = (p_ce + p_z * lse) / d`` (see the module doc's dx_c)."""
+    g = tl.cast(1.0, tl.float64)
+    if HAS_GRAD_SCALE:
+        g = tl.load(grad_scale_ptr + row).to(tl.float64)
+    ce_s = g
+    z_s = g
+    if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
+        n_valid = tl.load(stats_ptr + 0)
+        weight_sum = tl.load(stats_ptr + 1)
+        ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
+        z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
+    p_ce = ce_s * ((1.0 - eps) * w_y + eps / n_classes * w_total)
+    return p_ce, z_s * 2.0 * zs, ce_s * eps / n_classes, ce_s * (1.0 - eps) * w_y
+
+
+@triton.jit
+def _row_loss(nll, nll_shift, smooth_acc, w_y, eps, w_total, n_classes, HAS_SMOOTHING: tl.constexpr):
+    """Unscaled cross-entropy of a row, fp64: ``(1 - eps) w_y nll`` plus the smoothing term, where
+    ``sum_c w_c (lse - x_c) = W (lse - s) - sum_c w_c (x_c - s)`` for the shift s of the smoothing sum
+    (``nll_shift = lse - s``)."""
+    ce = (1.0 - eps) * w_y * nll
+    if HAS_SMOOTHING:
+        ce += eps / n_classes * (w_total * nll_shift - smooth_acc.to(tl.float64))
+    return ce
+
+
 @fast_launch
 @triton.jit
 def _cross_entropy_kernel(
@@ -292,22 +324,11 @@ def _cross_entropy_kernel(
     zs = _f64(z_scale_hi, z_scale_lo)
     w_total = tl.load(stats_ptr + 4)
     if COMPUTE_GRAD:
-        g = tl.cast(1.0, tl.float64)
-        if HAS_GRAD_SCALE:
-            g = tl.load(grad_scale_ptr + row).to(tl.float64)
-        ce_s = g
-        z_s = g
-        if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
-            n_valid = tl.load(stats_ptr + 0)
-            weight_sum = tl.load(stats_ptr + 1)
-            ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
-            z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
-        # dx_c = coef_p * exp(x_c - m) - coef_c * w_c - coef_y * [c == y]   (p_c = exp(x_c - m) / d), with
-        # coef_p = (p_ce + p_z * lse) / d
-        p_ce = ce_s * ((1.0 - eps) * w_y + eps / n_cols * w_total)
-        p_z = z_s * 2.0 * zs
-        coef_y = (ce_s * (1.0 - eps) * w_y).to(COMPUTE_DTYPE)
-        coef_c = (ce_s * eps / n_cols).to(COMPUTE_DTYPE)
+        p_ce, p_z, coef_c, coef_y = _grad_coefs(
+            stats_ptr, grad_scale_ptr, row, w_y, eps, zs, w_total, n_cols, MEAN, HAS_GRAD_SCALE
+        )
+        coef_c = coef_c.to(COMPUTE_DTYPE)
+        coef_y = coef_y.to(COMPUTE_DTYPE)
 
     # pass 1 (see _online_block); with PASS1_PREFETCH the next block's load is issued before this block's
     # two block-wide reductions, so loads stay in flight while they run
@@ -345,10 +366,7 @@ def _cross_entropy_kernel(
     m64 = m.to(tl.float64)
     lse = m64 + log_d
     nll = (m64 - x_y.to(tl.float64)) + log_d
-    ce = (1.0 - eps) * w_y * nll
-    if HAS_SMOOTHING:
-        # sum_c w_c * (lse - x_c) = W * (lse - x_y) - sum_c w_c * (x_c - x_y)
-        ce += eps / n_cols * (w_total * nll - smooth_acc.to(tl.float64))
+    ce = _row_loss(nll, nll, smooth_acc, w_y, eps, w_total, n_cols, HAS_SMOOTHING)  # shifted by x_y
     # unscaled: the reduction kernel divides the sums by the denominators once, as torch does
     tl.store(loss_ptr + row, ce)
     tl.store(z_loss_ptr + row, zs * lse * lse)

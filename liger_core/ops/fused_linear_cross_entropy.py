@@ -63,7 +63,9 @@ from liger_core.ops.cross_entropy import (
     REDUCTIONS,
     _f64,
     _grad_block,
+    _grad_coefs,
     _online_block,
+    _row_loss,
     _scale_rows,
     _scale_rows_impl,
     _softcap,
@@ -519,33 +521,23 @@ def _slice_stats_kernel(
         log_d = tl.log(d64)
         m64 = m.to(tl.float64)
         lse = m64 + log_d
-        nll = (m64 - x_y) + log_d
         eps = _f64(smoothing_hi, smoothing_lo)
         zs = _f64(z_scale_hi, z_scale_lo)
-        ce = (1.0 - eps) * w_y * nll
         w_total = tl.load(stats_ptr + 4)
-        if HAS_SMOOTHING:
-            # sum_c w_c * (lse - x_c) = W * (lse - s) - sum_c w_c * (x_c - s)
-            nll_shift = (m64 - shift.to(tl.float64)) + log_d
-            ce += eps / n_classes * (w_total * nll_shift - smooth_acc.to(tl.float64))
+        nll_shift = (m64 - shift.to(tl.float64)) + log_d
+        ce = _row_loss(
+            (m64 - x_y) + log_d, nll_shift, smooth_acc, w_y, eps, w_total, n_classes, HAS_SMOOTHING
+        )
         tl.store(loss_ptr + row, ce)
         tl.store(z_loss_ptr + row, zs * lse * lse)
         if COMPUTE_GRAD:
-            g = tl.cast(1.0, tl.float64)
-            if HAS_GRAD_SCALE:
-                g = tl.load(grad_scale_ptr + row).to(tl.float64)
-            ce_s = g
-            z_s = g
-            if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
-                n_valid = tl.load(stats_ptr + 0)
-                weight_sum = tl.load(stats_ptr + 1)
-                ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
-                z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
-            coef_p = (ce_s * ((1.0 - eps) * w_y + eps / n_classes * w_total) + z_s * 2.0 * zs * lse) / d64
+            p_ce, p_z, coef_c, coef_y = _grad_coefs(
+                stats_ptr, grad_scale_ptr, row, w_y, eps, zs, w_total, n_classes, MEAN, HAS_GRAD_SCALE
+            )
             tl.store(state + 0, m64)
-            tl.store(state + 5, coef_p)
-            tl.store(state + 6, ce_s * eps / n_classes)
-            tl.store(state + 7, ce_s * (1.0 - eps) * w_y)
+            tl.store(state + 5, (p_ce + p_z * lse) / d64)
+            tl.store(state + 6, coef_c)
+            tl.store(state + 7, coef_y)
 
 
 @fast_launch
