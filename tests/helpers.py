@@ -91,3 +91,17 @@ def noncontiguous(t: torch.Tensor) -> torch.Tensor:
     out = wide[..., ::2]
     assert not out.is_contiguous()
     return out
+
+
+def dyadic_linear_inputs(rows_shape, hidden_size, vocab, dtype, device="cpu", *, bias=False, logit_std=1.0):
+    """(hidden (*rows_shape, H), weight (V, H), bias (V,) or None) of random small dyadic numbers: hidden k/8,
+    weight k/16 times a power of two (logits of standard deviation ~logit_std), bias k/8. Every logit is then
+    exact in fp32 from any GEMM, chunked or not (and rounded once to a 16-bit dtype), so comparing an op with
+    eager measures the op's arithmetic; with Gaussian inputs both errors are dominated by the roundings of two
+    different GEMMs (chunk rows vs all rows), two draws whose ratio is noise (1-3 % of fp32 runs above
+    1.25)."""
+    scale = 2.0 ** round(math.log2(2.7 * logit_std / hidden_size**0.5))
+    hidden = (torch.randint(-8, 9, (*rows_shape, hidden_size), device=device) / 8).to(dtype)
+    weight = (torch.randint(-16, 17, (vocab, hidden_size), device=device) * (scale / 16)).to(dtype)
+    b = (torch.randint(-8, 9, (vocab,), device=device) / 8).to(dtype) if bias else None
+    return hidden, weight, b

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SLACK, leaf, rel_err
+from helpers import SLACK, dyadic_linear_inputs, leaf, rel_err
 
 from liger_core import reference
 from liger_core.ops import fused_linear_logprobs
@@ -39,10 +39,9 @@ def batch(dtype, rows, t, h, v, *, prompt=2, empty_rows=(), bias=False):
     with eager measures the kernels' and the formulas' arithmetic. With Gaussian inputs both errors were
     dominated by the roundings of two different GEMMs (the op's chunk rows vs eager's all rows), two draws
     whose ratio is noise: 1-3 % of runs above 1.25 in fp32 (CPU CI, several tests)."""
-    scale = 2.0 ** round(math.log2(6 / h**0.5))  # logits of standard deviation ~1.5-3
-    hidden = (torch.randint(-8, 9, (rows, t, h)) / 8).to(dtype)
-    weight = (torch.randint(-16, 17, (v, h)) * (scale / 16)).to(dtype)
-    b = (torch.randint(-8, 9, (v,)) / 8).to(dtype) if bias else None
+    hidden, weight, b = dyadic_linear_inputs(
+        (rows, t), h, v, dtype, bias=bias, logit_std=6 / 2.7
+    )  # std ~1.5-3
     target = torch.randint(0, v, (rows, t))
     target[:, :prompt] = IGNORE
     for row in range(rows):

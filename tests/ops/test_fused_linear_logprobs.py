@@ -1,8 +1,6 @@
-import math
-
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import assert_no_worse_than_eager, devices, dyadic_linear_inputs, leaf, noncontiguous
 
 from liger_core import reference
 from liger_core.ops import FusedLogProbs, fused_linear_logprobs
@@ -30,10 +28,9 @@ def _inputs(device, dtype, n, hidden_size, vocab, *, bias=False, ignore_every=5,
     two, bias k/8) whose logits are exact in fp32 from any GEMM, chunked or not: then comparing with eager
     measures the kernels' arithmetic, not two draws of GEMM roundings (whose ratio is noise)."""
     if exact:
-        scale = 2.0 ** round(math.log2(2.7 * logit_std / hidden_size**0.5))  # logit std ~ logit_std
-        hidden = (torch.randint(-8, 9, (n, hidden_size), device=device) / 8).to(dtype)
-        weight = (torch.randint(-16, 17, (vocab, hidden_size), device=device) * (scale / 16)).to(dtype)
-        b = (torch.randint(-8, 9, (vocab,), device=device) / 8).to(dtype) if bias else None
+        hidden, weight, b = dyadic_linear_inputs(
+            (n,), hidden_size, vocab, dtype, device, bias=bias, logit_std=logit_std
+        )
     else:
         hidden = torch.randn(n, hidden_size, dtype=torch.float64, device=device).to(dtype)
         weight = (
