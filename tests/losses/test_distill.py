@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import SLACK, assert_no_worse_than_eager, leaf, noncontiguous, rel_err
+from helpers import SLACK, assert_no_worse_than_eager, dyadic_linear_inputs, leaf, noncontiguous, rel_err
 
 from liger_core.losses.distill import LigerFusedLinearDistillLoss, fused_linear_distill_loss
 from liger_core.ops import fused_linear_jsd
@@ -17,10 +17,9 @@ N, HS, HT, V = 23, 24, 17, 37  # odd sizes: tokens, student / teacher hidden, vo
 
 def make_inputs(dtype, n=N, lead=None, scale=1.0):
     lead = lead or (n,)
-    sh = torch.randn(*lead, HS, dtype=torch.float64).to(dtype)
-    sw = (torch.randn(V, HS, dtype=torch.float64) * scale / math.sqrt(HS)).to(dtype)
-    th = torch.randn(*lead, HT, dtype=torch.float64).to(dtype)
-    tw = (torch.randn(V, HT, dtype=torch.float64) * scale / math.sqrt(HT)).to(dtype)
+    # dyadic inputs: exact logits from any GEMM, so the chunked op and eager differ only in their own math
+    sh, sw, _ = dyadic_linear_inputs(lead, HS, V, dtype, logit_std=scale)
+    th, tw, _ = dyadic_linear_inputs(lead, HT, V, dtype, logit_std=scale)
     target = torch.randint(0, V, lead)
     target[torch.rand(lead) < 0.3] = -100
     return sh, sw, th, tw, target

@@ -6,7 +6,15 @@ import math
 
 import pytest
 import torch
-from helpers import HAS_CUDA, SLACK, assert_no_worse_than_eager, half_ulp, leaf, noncontiguous
+from helpers import (
+    HAS_CUDA,
+    SLACK,
+    assert_no_worse_than_eager,
+    dyadic_linear_inputs,
+    half_ulp,
+    leaf,
+    noncontiguous,
+)
 
 from liger_core import reference
 from liger_core.modules import LigerFusedLinearJSD
@@ -17,16 +25,11 @@ flj_module = importlib.import_module("liger_core.ops.fused_linear_jsd")
 
 
 def make_inputs(n_rows, hidden_s, hidden_t, vocab, dtype, device, leading=None, logit_scale=1.0):
-    """Hidden states and lm_head weights whose logits have standard deviation ~logit_scale."""
-
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, dtype=torch.float64, device=device) * scale).to(dtype)
-
+    """Hidden states and lm_head weights whose logits have standard deviation ~logit_scale, dyadic (exact
+    logits from any GEMM: chunked-vs-eager error ratios then measure the op's own math)."""
     lead = leading or (n_rows,)
-    sh = randn(*lead, hidden_s)
-    sw = randn(vocab, hidden_s, scale=logit_scale / math.sqrt(hidden_s))
-    th = randn(*lead, hidden_t)
-    tw = randn(vocab, hidden_t, scale=logit_scale / math.sqrt(hidden_t))
+    sh, sw, _ = dyadic_linear_inputs(lead, hidden_s, vocab, dtype, device, logit_std=logit_scale)
+    th, tw, _ = dyadic_linear_inputs(lead, hidden_t, vocab, dtype, device, logit_std=logit_scale)
     labels = torch.randint(0, vocab, lead, device=device)
     labels[torch.rand(lead, device=device) < 0.25] = -100
     return sh, sw, th, tw, labels
