@@ -120,7 +120,11 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
         hidden: torch.Tensor,
         target: torch.Tensor,
         bias: torch.Tensor | None = None,
+        *,
+        denominator: torch.Tensor | float | None = None,
     ):
+        """``denominator`` (with reduction "sum"): the sum divided by it inside the op, e.g. Hugging Face's
+        ``num_items_in_batch`` (see ``liger_core.ops.fused_linear_cross_entropy``)."""
         return fused_linear_cross_entropy(
             hidden,
             lin_weight,
@@ -135,6 +139,7 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             self.ce_weight,
             self.accum_dtype,
             max_chunk_bytes=self.max_chunk_bytes,
+            denominator=denominator,
         )
 
     def extra_repr(self) -> str:

@@ -522,6 +522,16 @@ def target_stats(
     return stats
 
 
+def with_denominator(stats: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """A copy of ``stats`` whose mean denominators (n_valid for the z-loss, the target-weight sum for the
+    cross-entropy) are ``denominator`` (0-dim fp64, on stats' device): a "mean" then computes
+    ``sum / denominator`` with the division folded into the gradient before it is rounded. A copy, so that a
+    target check started on ``stats`` still reads its own count; no host sync."""
+    out = stats.clone()
+    out[:2] = denominator
+    return out
+
+
 def start_target_check(stats: torch.Tensor) -> object:
     """Start reading the stats back without stalling the stream: on CUDA a non-blocking copy into pinned
     memory and an event, right after the stats kernel. ``finish_target_check`` waits for that event only,

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 
 import torch
 import triton
@@ -77,6 +78,7 @@ from liger_core.ops.cross_entropy import (
     split_f64,
     start_target_check,
     target_stats,
+    with_denominator,
 )
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
 
@@ -370,6 +372,7 @@ def _chunk_loop(
     check_targets=False,
     logit_scale=1.0,
     on_logits=None,
+    denominator=None,
 ):
     """Unscaled per-row cross-entropy and z-loss (fp64), the target stats (``cross_entropy.target_stats``),
     and the requested gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32).
@@ -383,6 +386,8 @@ def _chunk_loop(
     need_stats_weight = ce_weight is not None and (reduction == "mean" or label_smoothing != 0.0)
     stats = target_stats(target, ce_weight if need_stats_weight else None, ignore_index, vocab)
     pending = start_target_check(stats) if check_targets else None
+    if denominator is not None:  # "mean" over a given count (see _flce_fwd_impl)
+        stats = with_denominator(stats, denominator)
     compute_grad = need_hidden or need_weight or need_bias
     # accum_dtype=fp32 keeps grad_hidden in fp32 too (BT x H: small), so that scaling by grad_output in
     # backward is followed by a single rounding to the input dtype
@@ -622,6 +627,7 @@ def _vocab_loop(
     max_chunk_bytes,
     row_scale=None,
     check_targets=False,
+    denominator=None,
 ):
     """``_chunk_loop``'s results in vocabulary-major order (the default): pass 1 computes each slice's logits
     ``h @ W_s.T`` for all tokens and carries every row's softmax statistics to the next slice; pass 2 (when
@@ -636,6 +642,8 @@ def _vocab_loop(
     need_stats_weight = ce_weight is not None and (reduction == "mean" or label_smoothing != 0.0)
     stats = target_stats(target, ce_weight if need_stats_weight else None, ignore_index, vocab)
     pending = start_target_check(stats) if check_targets else None
+    if denominator is not None:  # "mean" over a given count (see _flce_fwd_impl)
+        stats = with_denominator(stats, denominator)
     compute_grad = need_hidden or need_weight or need_bias
     accum = _accum_dtype(accum_dtype, weight)
     fp64_math = hidden.dtype == torch.float32
@@ -797,9 +805,13 @@ def _flce_fwd_impl(
     chunk_size: int | None,
     check_targets: bool = True,
     max_chunk_bytes: int | None = None,
+    denominator: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, z_loss, grad_hidden and grad_weight [accumulation dtype], grad_bias [fp32]); gradients not
-    requested are empty."""
+    requested are empty. ``denominator`` (0-dim fp64, with reduction "sum"): the sum divided by it, computed
+    as a "mean" whose denominator it is, so the gradients carry the division before their one rounding."""
+    if denominator is not None:
+        reduction = "mean"
     with torch.autocast(hidden.device.type, enabled=False):
         loss_rows, z_rows, stats, gh, gw, gb = _run_loop(
             chunk_size,
@@ -819,6 +831,7 @@ def _flce_fwd_impl(
             need_bias,
             accum_dtype,
             check_targets=check_targets,
+            denominator=denominator,
         )
         loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, torch.float32)
     return (
@@ -855,6 +868,7 @@ def _(
     chunk_size,
     check_targets=True,
     max_chunk_bytes=None,
+    denominator=None,
 ):
     shape = (hidden.shape[0],) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -958,6 +972,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         chunk_size,
         check_targets,
         max_chunk_bytes,
+        denominator=None,
     ):
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
         need_bias = need_bias and bias is not None
@@ -994,6 +1009,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 chunk_size,
                 check_targets,
                 max_chunk_bytes,
+                denominator,
             )
             ctx.save_for_backward(gh, gw, gb)
         ctx.mark_non_differentiable(z)
@@ -1038,17 +1054,30 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             gw if need_weight else None,
             None,
             gb if need_bias else None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
+            *(None,) * 11,  # ce_weight, the options, denominator
         )
+
+
+def denominator_tensor(
+    denominator: torch.Tensor | float | None, reduction: str, device: torch.device
+) -> torch.Tensor | None:
+    """``denominator`` as a 0-dim fp64 tensor on ``device`` (no host sync), or a ValueError naming it."""
+    if denominator is None:
+        return None
+    if reduction != "sum":
+        raise ValueError(f"denominator divides a sum: it needs reduction='sum', got reduction={reduction!r}")
+    if torch.is_tensor(denominator):
+        if denominator.numel() != 1 or denominator.is_complex() or denominator.dtype == torch.bool:
+            raise ValueError(
+                f"denominator must be a real scalar tensor, got shape {tuple(denominator.shape)} "
+                f"and dtype {denominator.dtype}"
+            )
+        return denominator.detach().to(device=device, dtype=torch.float64).reshape(())
+    if isinstance(denominator, bool) or not isinstance(denominator, (int, float)):
+        raise ValueError(f"denominator={denominator!r} must be a number or a 0-dim tensor")
+    if not (math.isfinite(denominator) and denominator > 0):
+        raise ValueError(f"denominator={denominator!r} must be positive and finite")
+    return torch.full((), float(denominator), dtype=torch.float64, device=device)
 
 
 def fused_linear_cross_entropy(
@@ -1068,13 +1097,17 @@ def fused_linear_cross_entropy(
     chunk_size: int | None = None,
     max_chunk_bytes: int | None = None,
     check_targets: bool = True,
+    denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the (tokens, V) logits.
 
     hidden ``(..., H)`` (any strides), weight ``(V, H)`` (lm_head layout), bias ``(V,)``, target ``(...)``;
     ``ce_weight`` are the cross-entropy class weights. Every loss option is that of
     ``liger_core.ops.cross_entropy`` (same semantics, same departures from torch: loss 0 and zero gradients
-    when there is nothing to average). ``reduction="sum"`` lets a model divide by ``num_items_in_batch``.
+    when there is nothing to average). ``denominator`` (a positive number or a 0-dim tensor, with
+    ``reduction="sum"``): the loss is the sum divided by it, as Hugging Face's causal-LM loss divides by
+    ``num_items_in_batch``; the op divides before the gradients stored in forward are rounded, where dividing
+    the returned loss would round them a second time in backward (0 gives 0, as a mean over nothing).
 
     Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. The default
     computes every gradient at eager's accuracy (vocabulary-major loop, see the module doc). ``accum_dtype``:
@@ -1102,6 +1135,7 @@ def fused_linear_cross_entropy(
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap={softcap} must be positive (or None)")
     check_chunk_options(accum_dtype, chunk_size, max_chunk_bytes)
+    denominator = denominator_tensor(denominator, reduction, hidden.device)
     hidden, weight, bias = autocast_linear_inputs(hidden, weight, bias)
     options = (
         ignore_index,
@@ -1114,8 +1148,9 @@ def fused_linear_cross_entropy(
     if not use_triton(hidden):
         check_targets_host(target.reshape(-1), ignore_index, vocab)  # same ValueError as the kernel path
         return reference.fused_linear_cross_entropy(
-            hidden, weight, target, bias, *options, return_z_loss, ce_weight, accum_dtype
-        )
+            hidden, weight, target, bias, *options, return_z_loss, ce_weight, accum_dtype,
+            denominator=denominator,
+        )  # fmt: skip
 
     out_shape = target.shape
     # max_chunk_bytes stays a byte budget: it bounds the vocabulary-major loop's logits buffer
@@ -1133,6 +1168,7 @@ def fused_linear_cross_entropy(
             chunk_size,
             bool(check_targets),
             max_chunk_bytes,
+            denominator,
         )
     else:  # evaluation: losses only, no gradient GEMMs
         loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
@@ -1149,6 +1185,7 @@ def fused_linear_cross_entropy(
             chunk_size,
             bool(check_targets),
             max_chunk_bytes,
+            denominator,
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)

@@ -373,8 +373,10 @@ def fused_linear_ce_loss(
         reduction=reduction,
         softcap=softcap,
         max_chunk_bytes=FLCE_MAX_CHUNK_BYTES,
+        # divided inside the op: the gradients it stores in forward then round once, not again in backward
+        denominator=num_items_in_batch,
     )
-    return _divide(loss, num_items_in_batch) if num_items_in_batch is not None else loss
+    return loss
 
 
 def _logits(model: nn.Module, hidden: torch.Tensor, spec: LMSpec) -> torch.Tensor:

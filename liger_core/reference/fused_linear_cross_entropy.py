@@ -2,7 +2,8 @@
 
 ``logits = hidden @ weight.T (+ bias)`` in the input dtype (as ``lm_head``), upcast to fp32 as Hugging Face's
 ``ForCausalLMLoss`` does, then the reference cross-entropy (``liger_core.reference.cross_entropy``, which
-documents its two departures from torch). The loss is fp32 (float64 for float64 inputs).
+documents its two departures from torch). The loss is fp32 (float64 for float64 inputs). ``denominator``
+divides the (sum) loss afterwards, as ``ForCausalLMLoss`` divides by ``num_items_in_batch``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ def fused_linear_cross_entropy(
     accum_dtype: torch.dtype | None = None,  # signature parity: one unchunked GEMM has nothing to accumulate
     *,
     chunk_size: int | None = None,  # signature parity: the reference does not chunk
+    denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(hidden, weight, bias)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return cross_entropy(
+    out = cross_entropy(
         logits,
         target,
         ce_weight,
@@ -42,3 +44,11 @@ def fused_linear_cross_entropy(
         softcap,
         return_z_loss,
     )
+    if denominator is None:
+        return out
+    # Hugging Face's causal-LM loss: the sum divided afterwards, in the loss dtype; a denominator of 0 gives 0
+    # (as the reference's mean over nothing; a safe divisor keeps the gradient finite)
+    den = torch.as_tensor(denominator, device=logits.device).to(logits.dtype)
+    nonzero = den != 0
+    safe = torch.where(nonzero, den, torch.ones_like(den))
+    return tuple(t / safe * nonzero for t in out) if return_z_loss else out / safe * nonzero

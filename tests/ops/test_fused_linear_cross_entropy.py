@@ -150,6 +150,80 @@ def test_flce_bf16_default_accumulation(order, poison_empty):
     assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3], slack=dweight_slack)
 
 
+def _divided_three_ways(hidden, weight, bias, target, denominator, **ours_kwargs):
+    """[loss, dhidden, dweight, dbias] of sum / denominator: the op (``denominator=``), Hugging Face's eager
+    composition (sum, then divided), and float64."""
+    out = []
+    for kind in ("ours", "eager", "ref64"):
+        dtype = torch.float64 if kind == "ref64" else hidden.dtype
+        h, w, b = leaf(hidden, dtype), leaf(weight, dtype), leaf(bias, dtype)
+        if kind != "ours":
+            loss = reference.fused_linear_cross_entropy(
+                h, w, target, b, reduction="sum", denominator=denominator
+            )
+        else:
+            loss = fused_linear_cross_entropy(
+                h, w, target, b, reduction="sum", denominator=denominator, **ours_kwargs
+            )
+        loss.backward()
+        out.append([loss, h.grad, w.grad, b.grad])
+    return out
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("order", ["default", "token"])
+@pytest.mark.parametrize("as_tensor", [True, False], ids=["tensor", "number"])
+def test_flce_denominator_rounds_gradients_once(device, order, as_tensor, poison_empty):
+    """bf16, default accumulation, loss.backward(): the sum divided by a denominator (HF's
+    num_items_in_batch: the kept tokens of all micro-batches, not a power of two) inside the op is at eager's
+    accuracy in the loss and every gradient. In the token-major order (``chunk_size``) dW keeps its documented
+    per-chunk rounding (sqrt(chunks) x); dh and db are each rounded once there too."""
+    n, hidden_size, vocab = (37, 67, 131) if device == "cpu" else (2048, 4096, 128256)
+    hidden, weight, bias, target, _ = _inputs(
+        device, torch.bfloat16, n, hidden_size, vocab, bias=True, exact=True
+    )
+    kept = int((target != IGNORE).sum())
+    denominator = 3 * kept + int(torch.randint(1, 2 * kept, ()))  # other micro-batches' tokens too
+    denominator = torch.tensor(denominator, device=device) if as_tensor else denominator
+    ours_kwargs = dict(chunk_size=13 if device == "cpu" else 512) if order == "token" else {}
+    ours, eager, ref = _divided_three_ways(hidden, weight, bias, target, denominator, **ours_kwargs)
+    assert ours[0].dtype == torch.float32 and ours[0].shape == ()
+    assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
+    chunks = math.ceil(n / ours_kwargs["chunk_size"]) if order == "token" else 1
+    for name, i, slack in (
+        ("dhidden", 1, SLACK),
+        ("dweight", 2, SLACK * math.sqrt(chunks)),
+        ("dbias", 3, SLACK),
+    ):
+        assert ours[i].dtype == torch.bfloat16
+        assert_no_worse_than_eager(name, ours[i], eager[i], ref[i], slack=slack)
+
+
+def test_flce_denominator_zero_and_bad_values():
+    """A 0-dim tensor 0 (nothing kept anywhere) gives loss 0 and zero gradients, as a mean over nothing;
+    numbers must be positive; other reductions and non-scalar tensors are refused, naming the argument."""
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, 13, 67, 131, bias=True)
+    h, w = leaf(hidden), leaf(weight)
+    loss = fused_linear_cross_entropy(
+        h, w, target, reduction="sum", denominator=torch.tensor(0), chunk_size=5
+    )
+    loss.backward()
+    assert torch.equal(loss, torch.zeros_like(loss))
+    assert torch.equal(h.grad, torch.zeros_like(h)) and torch.equal(w.grad, torch.zeros_like(w))
+    for bad in (0, -2.0, math.inf, True, "12"):
+        with pytest.raises(ValueError, match="denominator"):
+            fused_linear_cross_entropy(hidden, weight, target, reduction="sum", denominator=bad)
+    with pytest.raises(ValueError, match="denominator"):
+        fused_linear_cross_entropy(hidden, weight, target, reduction="sum", denominator=torch.ones(2))
+    with pytest.raises(ValueError, match="denominator.*reduction"):
+        fused_linear_cross_entropy(hidden, weight, target, denominator=10)
+    module = LigerFusedLinearCrossEntropyLoss(reduction="sum")
+    torch.testing.assert_close(
+        module(weight, hidden, target, denominator=7.0),
+        fused_linear_cross_entropy(hidden, weight, target, reduction="sum") / 7.0,
+    )
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("chunking", [dict(chunk_size=5), dict(max_chunk_bytes=13 * 40 * 4)])
 def test_flce_all_targets_ignored(reduction, chunking):
@@ -414,32 +488,21 @@ def test_flce_custom_ops_pass_opcheck():
         "cpu", torch.float32, 7, 9, 33, bias=True, weighted=True
     )
     options = (IGNORE, "sum", 0.1, 1e-3, 20.0)
+    denominator = torch.tensor(9.0, dtype=torch.float64)  # HF's num_items_in_batch
+    # (accum_dtype, chunk_size, check_targets, max_chunk_bytes[, denominator]): the token order, the
+    # vocabulary order (a logits budget of 10 tokens), both with a denominator
+    for loop in (
+        (torch.float32, 3),
+        (None, None, True, 10 * 33 * 4),
+        (None, 3, True, None, denominator),
+        (None, None, True, 400, denominator),
+    ):
+        torch.library.opcheck(
+            mod._flce_fwd, (hidden, weight, target, bias, ce_weight, *options, True, True, True, *loop)
+        )
+    rows_options = (IGNORE, 0.1, 1e-3, None, True, True, True, None, 3)
     torch.library.opcheck(
-        mod._flce_fwd, (hidden, weight, target, bias, ce_weight, *options, True, True, True, torch.float32, 3)
-    )
-    torch.library.opcheck(  # the vocabulary order (no chunk_size; a logits budget of 10 tokens)
-        mod._flce_fwd,
-        (hidden, weight, target, bias, ce_weight, *options, True, True, True, None, None, True, 10 * 33 * 4),
-    )
-    torch.library.opcheck(
-        mod._flce_bwd_rows,
-        (
-            torch.randn(7),
-            hidden,
-            weight,
-            target,
-            bias,
-            None,
-            IGNORE,
-            0.1,
-            1e-3,
-            None,
-            True,
-            True,
-            True,
-            None,
-            3,
-        ),
+        mod._flce_bwd_rows, (torch.randn(7), hidden, weight, target, bias, None, *rows_options)
     )
 
 
