@@ -156,7 +156,8 @@ def _divided_three_ways(hidden, weight, bias, target, denominator, **ours_kwargs
     out = []
     for kind in ("ours", "eager", "ref64"):
         dtype = torch.float64 if kind == "ref64" else hidden.dtype
-        h, w, b = leaf(hidden, dtype), leaf(weight, dtype), leaf(bias, dtype)
+        h, w = leaf(hidden, dtype), leaf(weight, dtype)
+        b = leaf(bias, dtype) if bias is not None else None
         if kind != "ours":
             loss = reference.fused_linear_cross_entropy(
                 h, w, target, b, reduction="sum", denominator=denominator
@@ -166,7 +167,7 @@ def _divided_three_ways(hidden, weight, bias, target, denominator, **ours_kwargs
                 h, w, target, b, reduction="sum", denominator=denominator, **ours_kwargs
             )
         loss.backward()
-        out.append([loss, h.grad, w.grad, b.grad])
+        out.append([loss, h.grad, w.grad, b.grad if b is not None else None])
     return out
 
 
@@ -197,6 +198,30 @@ def test_flce_denominator_rounds_gradients_once(device, order, as_tensor, poison
     ):
         assert ours[i].dtype == torch.bfloat16
         assert_no_worse_than_eager(name, ours[i], eager[i], ref[i], slack=slack)
+
+
+def test_flce_denominator_beats_dividing_afterwards():
+    """The division inside the op, not of the returned sum: dividing afterwards scales the stored bf16
+    gradients in backward and rounds them again (1.1-1.4 x eager's error at this shape, logits of standard
+    deviation 1; the fold is at eager's error). Summed over four draws, so the comparison is not one draw's
+    luck."""
+    totals = {"inside": [0.0, 0.0], "after": [0.0, 0.0]}
+    for _ in range(4):
+        hidden, _, _, target, _ = _inputs("cpu", torch.bfloat16, 37, 67, 1031)
+        weight = (torch.randn(1031, 67, dtype=torch.float64) / 67**0.5).bfloat16()  # logits of std 1
+        denominator = torch.tensor(4 * int((target != IGNORE).sum()) + 3)
+        ref = _divided_three_ways(hidden, weight, None, target, denominator)[2]
+        for how in totals:
+            h, w = leaf(hidden), leaf(weight)
+            if how == "inside":
+                loss = fused_linear_cross_entropy(h, w, target, reduction="sum", denominator=denominator)
+            else:
+                loss = fused_linear_cross_entropy(h, w, target, reduction="sum") / denominator
+            loss.backward()
+            totals[how][0] += rel_err(h.grad, ref[1])
+            totals[how][1] += rel_err(w.grad, ref[2])
+    for i, name in enumerate(("dhidden", "dweight")):
+        assert totals["inside"][i] < 0.97 * totals["after"][i], (name, totals)  # 0.80-0.90 in 12 runs
 
 
 def test_flce_denominator_zero_and_bad_values():
