@@ -221,7 +221,7 @@ def test_flce_denominator_beats_dividing_afterwards():
             totals[how][0] += rel_err(h.grad, ref[1])
             totals[how][1] += rel_err(w.grad, ref[2])
     for i, name in enumerate(("dhidden", "dweight")):
-        assert totals["inside"][i] < 0.97 * totals["after"][i], (name, totals)  # 0.80-0.90 in 12 runs
+        assert totals["inside"][i] < 0.97 * totals["after"][i], (name, totals)  # 0.81-0.90 seen
 
 
 def test_flce_denominator_zero_and_bad_values():
