@@ -12,19 +12,14 @@ On CPU (Triton interpreter): a smoke test at a small shape.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-from liger_core.ops import fused_linear_cross_entropy  # noqa: E402
+# the same setup as flce_order.py (repo on sys.path, the interpreter on CPU), and its error measure
+from flce_order import DEVICE, GPU, rel
 
-GPU = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if GPU else "cpu")
+from liger_core.ops import fused_linear_cross_entropy
 
 
 def run(fn, h, w, t):
@@ -34,10 +29,6 @@ def run(fn, h, w, t):
     loss = fn(h, w, t)
     loss.backward()
     return loss.detach(), h.grad, w.grad
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b).norm() / b.norm())
 
 
 def main() -> int:
