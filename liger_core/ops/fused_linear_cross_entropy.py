@@ -1075,8 +1075,8 @@ def denominator_tensor(
         return denominator.detach().to(device=device, dtype=torch.float64).reshape(())
     if isinstance(denominator, bool) or not isinstance(denominator, (int, float)):
         raise ValueError(f"denominator={denominator!r} must be a number or a 0-dim tensor")
-    if not (math.isfinite(denominator) and denominator > 0):
-        raise ValueError(f"denominator={denominator!r} must be positive and finite")
+    if not (math.isfinite(denominator) and denominator >= 0):  # 0: loss 0, as a tensor 0 gives
+        raise ValueError(f"denominator={denominator!r} must be finite and not negative")
     return torch.full((), float(denominator), dtype=torch.float64, device=device)
 
 
@@ -1104,7 +1104,7 @@ def fused_linear_cross_entropy(
     hidden ``(..., H)`` (any strides), weight ``(V, H)`` (lm_head layout), bias ``(V,)``, target ``(...)``;
     ``ce_weight`` are the cross-entropy class weights. Every loss option is that of
     ``liger_core.ops.cross_entropy`` (same semantics, same departures from torch: loss 0 and zero gradients
-    when there is nothing to average). ``denominator`` (a positive number or a 0-dim tensor, with
+    when there is nothing to average). ``denominator`` (a number >= 0 or a 0-dim tensor, with
     ``reduction="sum"``): the loss is the sum divided by it, as Hugging Face's causal-LM loss divides by
     ``num_items_in_batch``; the op divides before the gradients stored in forward are rounded, where dividing
     the returned loss would round them a second time in backward (0 gives 0, as a mean over nothing).

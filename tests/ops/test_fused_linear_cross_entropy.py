@@ -225,8 +225,9 @@ def test_flce_denominator_beats_dividing_afterwards():
 
 
 def test_flce_denominator_zero_and_bad_values():
-    """A 0-dim tensor 0 (nothing kept anywhere) gives loss 0 and zero gradients, as a mean over nothing;
-    numbers must be positive; other reductions and non-scalar tensors are refused, naming the argument."""
+    """A denominator of 0 (nothing kept anywhere) gives loss 0 and zero gradients, as a mean over nothing
+    (torch would give NaN); negative or non-finite numbers, other reductions and non-scalar tensors are
+    refused, naming the argument."""
     hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, 13, 67, 131, bias=True)
     h, w = leaf(hidden), leaf(weight)
     loss = fused_linear_cross_entropy(
@@ -235,7 +236,9 @@ def test_flce_denominator_zero_and_bad_values():
     loss.backward()
     assert torch.equal(loss, torch.zeros_like(loss))
     assert torch.equal(h.grad, torch.zeros_like(h)) and torch.equal(w.grad, torch.zeros_like(w))
-    for bad in (0, -2.0, math.inf, True, "12"):
+    loss = fused_linear_cross_entropy(hidden, weight, target, reduction="sum", denominator=0)
+    assert torch.equal(loss, torch.zeros_like(loss))
+    for bad in (-2.0, math.inf, math.nan, True, "12"):
         with pytest.raises(ValueError, match="denominator"):
             fused_linear_cross_entropy(hidden, weight, target, reduction="sum", denominator=bad)
     with pytest.raises(ValueError, match="denominator"):
