@@ -58,7 +58,11 @@ class LigerCrossEntropyLoss(nn.Module):
         self.return_z_loss = return_z_loss
         self.inplace_backward = inplace_backward
 
-    def forward(self, logits: torch.Tensor, target: torch.Tensor):
+    def forward(
+        self, logits: torch.Tensor, target: torch.Tensor, *, denominator: torch.Tensor | float | None = None
+    ):
+        """``denominator`` (with reduction "sum"): the sum divided by it inside the op, e.g. Hugging Face's
+        ``num_items_in_batch`` (see ``liger_core.ops.cross_entropy``)."""
         return cross_entropy(
             logits,
             target,
@@ -70,6 +74,7 @@ class LigerCrossEntropyLoss(nn.Module):
             self.softcap,
             self.return_z_loss,
             inplace_backward=self.inplace_backward,
+            denominator=denominator,
         )
 
     def extra_repr(self) -> str:

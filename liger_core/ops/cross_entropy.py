@@ -522,6 +522,28 @@ def target_stats(
     return stats
 
 
+def denominator_tensor(
+    denominator: torch.Tensor | float | None, reduction: str, device: torch.device
+) -> torch.Tensor | None:
+    """``denominator`` as a 0-dim fp64 tensor on ``device`` (no host sync), or a ValueError naming it."""
+    if denominator is None:
+        return None
+    if reduction != "sum":
+        raise ValueError(f"denominator divides a sum: it needs reduction='sum', got reduction={reduction!r}")
+    if torch.is_tensor(denominator):
+        if denominator.numel() != 1 or denominator.is_complex() or denominator.dtype == torch.bool:
+            raise ValueError(
+                f"denominator must be a real scalar tensor, got shape {tuple(denominator.shape)} "
+                f"and dtype {denominator.dtype}"
+            )
+        return denominator.detach().to(device=device, dtype=torch.float64).reshape(())
+    if isinstance(denominator, bool) or not isinstance(denominator, (int, float)):
+        raise ValueError(f"denominator={denominator!r} must be a number or a 0-dim tensor")
+    if not (math.isfinite(denominator) and denominator >= 0):  # 0: loss 0, as a tensor 0 gives
+        raise ValueError(f"denominator={denominator!r} must be finite and not negative")
+    return torch.full((), float(denominator), dtype=torch.float64, device=device)
+
+
 def with_denominator(stats: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """A copy of ``stats`` whose mean denominators (n_valid for the z-loss, the target-weight sum for the
     cross-entropy) are ``denominator`` (0-dim fp64, on stats' device): a "mean" then computes
@@ -677,11 +699,16 @@ def _forward_impl(
     lse_square_scale,
     softcap,
     check_targets,
+    denominator=None,
 ):
     n_cols = logits.shape[1]
+    if denominator is not None:  # reduction "sum" divided by it: a "mean" over the given count
+        reduction = "mean"
     stats = target_stats(target, weight if label_smoothing != 0.0 or reduction == "mean" else None,
                          ignore_index, n_cols)  # fmt: skip
     pending = start_target_check(stats) if check_targets else None
+    if denominator is not None:
+        stats = with_denominator(stats, denominator)
     loss_rows = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
     z_rows = torch.empty_like(loss_rows)
     launch_cross_entropy(
@@ -720,6 +747,7 @@ def _cross_entropy_fwd_impl(
     softcap: float | None,
     compute_grad: bool,
     check_targets: bool = True,
+    denominator: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, z_loss, grad) with the gradient in a new buffer (empty when ``compute_grad`` is False)."""
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if compute_grad else None
@@ -734,6 +762,7 @@ def _cross_entropy_fwd_impl(
         lse_square_scale,
         softcap,
         check_targets,
+        denominator,
     )
     return loss, z, grad if grad is not None else logits.new_empty(0)
 
@@ -755,6 +784,7 @@ def _(
     softcap,
     compute_grad,
     check_targets=True,
+    denominator=None,
 ):
     grad = (
         torch.empty_like(logits, memory_format=torch.contiguous_format)
@@ -774,6 +804,7 @@ def _cross_entropy_fwd_inplace_impl(
     lse_square_scale: float,
     softcap: float | None,
     check_targets: bool = True,
+    denominator: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, z_loss); overwrites ``logits`` with the gradient (declared as a mutation, so autograd's version
     counter flags any other use of the old values in backward)."""
@@ -788,6 +819,7 @@ def _cross_entropy_fwd_inplace_impl(
         lse_square_scale,
         softcap,
         check_targets,
+        denominator,
     )
 
 
@@ -807,6 +839,7 @@ def _(
     lse_square_scale,
     softcap,
     check_targets=True,
+    denominator=None,
 ):
     return _fake_losses(logits, reduction)
 
@@ -843,12 +876,13 @@ class CrossEntropyFunction(torch.autograd.Function):
         softcap,
         inplace,
         check_targets,
+        denominator=None,
     ):
         args = (target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
         # under torch.compile the traced graph stays functional (the compiler plans its own buffers)
         if inplace and not torch.compiler.is_compiling():
             loss, z = launcher(_cross_entropy_fwd_inplace, _cross_entropy_fwd_inplace_impl)(
-                logits, *args, check_targets
+                logits, *args, check_targets, denominator
             )
             # the logits now hold the gradient: autograd refuses any later use of the old values (another
             # node that saved them) with its "modified by an inplace operation" error
@@ -856,7 +890,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             grad = logits
         else:
             loss, z, grad = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
-                logits, *args, True, check_targets
+                logits, *args, True, check_targets, denominator
             )
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(z)
@@ -873,7 +907,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         ctx.grad_consumed = True
         (grad,) = ctx.saved_tensors
         launcher(_scale_rows, _scale_rows_impl)(grad, grad_loss)
-        return grad.detach(), None, None, None, None, None, None, None, None, None
+        return grad.detach(), *(None,) * 10
 
 
 def cross_entropy(
@@ -889,6 +923,7 @@ def cross_entropy(
     *,
     inplace_backward: bool = False,
     check_targets: bool = True,
+    denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of ``logits (..., V)`` against class indices ``target (...)``, as
     ``torch.nn.functional.cross_entropy`` (class ``weight``, ``ignore_index``, ``label_smoothing``,
@@ -897,6 +932,11 @@ def cross_entropy(
 
     The gradient is computed in the forward pass (fp32 math, one rounding to the logits dtype); backward only
     scales it by ``grad_output``, per token for ``reduction="none"``.
+
+    ``denominator`` (a number >= 0 or a 0-dim tensor, with ``reduction="sum"``): the sum divided by it, as
+    Hugging Face's causal-LM loss divides by ``num_items_in_batch``; the division is in the stored gradient
+    before its rounding and in the loss before its (dividing the returned loss would round both again), and
+    0 gives 0, as a mean over nothing.
 
     Returns the loss in the logits dtype (fp32 under autocast, as torch's autocast policy for cross_entropy),
     or ``(loss, z_loss)`` when ``return_z_loss``: ``z_loss`` is the z-loss part of ``loss``, reduced the same
@@ -935,6 +975,7 @@ def cross_entropy(
         raise ValueError(f"softcap={softcap} must be positive (or None)")
     if not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    denominator = denominator_tensor(denominator, reduction, logits.device)
     options = (
         ignore_index,
         reduction,
@@ -945,7 +986,9 @@ def cross_entropy(
 
     if not use_triton(logits):
         check_targets_host(target.reshape(-1), ignore_index, vocab)  # same ValueError as the kernel path
-        return reference.cross_entropy(logits, target, weight, *options, return_z_loss)
+        return reference.cross_entropy(
+            logits, target, weight, *options, return_z_loss, denominator=denominator
+        )
 
     out_shape = target.shape
     logits2d = logits.reshape(-1, vocab)
@@ -959,11 +1002,11 @@ def cross_entropy(
     check_targets = bool(check_targets)
     if torch.is_grad_enabled() and logits.requires_grad:
         loss, z = CrossEntropyFunction.apply(
-            logits2d, target1d, weight, *options, inplace_backward, check_targets
+            logits2d, target1d, weight, *options, inplace_backward, check_targets, denominator
         )
     else:  # no gradient wanted: one read of the logits, nothing written
         loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
-            logits2d, target1d, weight, *options, False, check_targets
+            logits2d, target1d, weight, *options, False, check_targets, denominator
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import math
 
 import torch
 import triton
@@ -71,6 +70,7 @@ from liger_core.ops.cross_entropy import (
     _scale_rows_impl,
     _softcap,
     check_targets_host,
+    denominator_tensor,
     finish_target_check,
     launch_cross_entropy,
     looped_row_settings,
@@ -1056,28 +1056,6 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             gb if need_bias else None,
             *(None,) * 11,  # ce_weight, the options, denominator
         )
-
-
-def denominator_tensor(
-    denominator: torch.Tensor | float | None, reduction: str, device: torch.device
-) -> torch.Tensor | None:
-    """``denominator`` as a 0-dim fp64 tensor on ``device`` (no host sync), or a ValueError naming it."""
-    if denominator is None:
-        return None
-    if reduction != "sum":
-        raise ValueError(f"denominator divides a sum: it needs reduction='sum', got reduction={reduction!r}")
-    if torch.is_tensor(denominator):
-        if denominator.numel() != 1 or denominator.is_complex() or denominator.dtype == torch.bool:
-            raise ValueError(
-                f"denominator must be a real scalar tensor, got shape {tuple(denominator.shape)} "
-                f"and dtype {denominator.dtype}"
-            )
-        return denominator.detach().to(device=device, dtype=torch.float64).reshape(())
-    if isinstance(denominator, bool) or not isinstance(denominator, (int, float)):
-        raise ValueError(f"denominator={denominator!r} must be a number or a 0-dim tensor")
-    if not (math.isfinite(denominator) and denominator >= 0):  # 0: loss 0, as a tensor 0 gives
-        raise ValueError(f"denominator={denominator!r} must be finite and not negative")
-    return torch.full((), float(denominator), dtype=torch.float64, device=device)
 
 
 def fused_linear_cross_entropy(

@@ -229,12 +229,6 @@ def _shifted_targets(labels, shift_labels, ignore_index: int) -> torch.Tensor:
     return shift_labels.reshape(-1)
 
 
-def _divide(loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(loss.device)
-    return loss / num_items_in_batch
-
-
 def liger_causal_lm_loss(
     logits: torch.Tensor,
     labels: torch.Tensor | None,
@@ -254,10 +248,13 @@ def liger_causal_lm_loss(
     # Upcast as HF does: ops.cross_entropy returns the loss in the logits' dtype, and a bf16 loss would be
     # reported (and scaled) with 3 significant digits where HF's is fp32.
     logits = logits.float()
-    loss = liger_core.ops.cross_entropy(
-        logits.reshape(-1, vocab_size), targets, ignore_index=ignore_index, reduction=reduction
+    return liger_core.ops.cross_entropy(
+        logits.reshape(-1, vocab_size),
+        targets,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        denominator=num_items_in_batch,  # divided inside the op: its stored gradient rounds once
     )
-    return _divide(loss, num_items_in_batch) if num_items_in_batch is not None else loss
 
 
 liger_causal_lm_loss._liger_core_kind = "cross_entropy"

@@ -7,6 +7,9 @@ documented departures from torch that the Triton op shares:
   class weight 0) gives a loss of 0 and zero gradients; torch gives NaN (0 / 0).
 - z-loss ``lse_square_scale * logsumexp(logits)^2`` is added per non-ignored token, unweighted by the class
   weights; ``mean`` divides its sum by the number of non-ignored tokens.
+
+``denominator`` (with ``reduction="sum"``) divides the returned sum afterwards, as Hugging Face's
+``ForCausalLMLoss`` divides by ``num_items_in_batch`` (0 gives 0, as the mean over nothing above).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def cross_entropy(
     return_z_loss: bool = False,
     *,
     inplace_backward: bool = False,  # accepted for signature parity; the reference never writes in place
+    denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     vocab = logits.shape[-1]
     out_shape = target.shape
@@ -66,7 +70,18 @@ def cross_entropy(
         loss = loss + z
     if reduction == "none":
         loss = loss.reshape(out_shape)
+    elif denominator is not None:  # HF's ForCausalLMLoss: the sum divided afterwards, in the loss dtype
+        loss = _divided(loss, denominator)
+        z = _divided(z, denominator) if return_z_loss else None
     if not return_z_loss:
         return loss
     z = z.reshape(out_shape) if reduction == "none" else z
     return loss, z.detach()
+
+
+def _divided(value: torch.Tensor, denominator: torch.Tensor | float) -> torch.Tensor:
+    """``value / denominator``; 0 where the denominator is 0 (as a mean over nothing; a safe divisor keeps
+    the gradient finite)."""
+    den = torch.as_tensor(denominator, device=value.device).to(value.dtype)
+    nonzero = den != 0
+    return value / torch.where(nonzero, den, torch.ones_like(den)) * nonzero

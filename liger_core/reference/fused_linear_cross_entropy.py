@@ -2,8 +2,8 @@
 
 ``logits = hidden @ weight.T (+ bias)`` in the input dtype (as ``lm_head``), upcast to fp32 as Hugging Face's
 ``ForCausalLMLoss`` does, then the reference cross-entropy (``liger_core.reference.cross_entropy``, which
-documents its two departures from torch). The loss is fp32 (float64 for float64 inputs). ``denominator``
-divides the (sum) loss afterwards, as ``ForCausalLMLoss`` divides by ``num_items_in_batch``.
+documents its two departures from torch, and ``denominator``). The loss is fp32 (float64 for float64
+inputs).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def fused_linear_cross_entropy(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(hidden, weight, bias)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    out = cross_entropy(
+    return cross_entropy(
         logits,
         target,
         ce_weight,
@@ -43,12 +43,5 @@ def fused_linear_cross_entropy(
         lse_square_scale,
         softcap,
         return_z_loss,
+        denominator=denominator,
     )
-    if denominator is None:
-        return out
-    # Hugging Face's causal-LM loss: the sum divided afterwards, in the loss dtype; a denominator of 0 gives 0
-    # (as the reference's mean over nothing; a safe divisor keeps the gradient finite)
-    den = torch.as_tensor(denominator, device=logits.device).to(logits.dtype)
-    nonzero = den != 0
-    safe = torch.where(nonzero, den, torch.ones_like(den))
-    return tuple(t / safe * nonzero for t in out) if return_z_loss else out / safe * nonzero

@@ -1,4 +1,5 @@
 import importlib
+import math
 
 import pytest
 import torch
@@ -82,6 +83,75 @@ def test_cross_entropy_matches_float64(device, dtype, reduction, case, poison_em
     assert_no_worse_than_eager("dlogits", dx, dx_e, dx_r)
     ignored = target == IGNORE
     assert (dx[ignored] == 0).all()
+
+
+def _divided_three_ways(logits, target, denominator, **opts):
+    """(loss, dlogits) of sum / denominator: the op with ``denominator=``, HF's eager composition (the sum
+    divided afterwards) and float64; loss.backward() with grad_output 1, as the Trainer calls it."""
+    out = []
+    for kind in ("ours", "eager", "ref64"):
+        x = leaf(logits, torch.float64 if kind == "ref64" else logits.dtype)
+        fn = cross_entropy if kind == "ours" else reference.cross_entropy
+        loss = fn(x, target, reduction="sum", denominator=denominator, **opts)
+        loss.backward()
+        out.append((loss, x.grad))
+    return out
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inplace_backward", [False, True], ids=["buffer", "inplace"])
+@pytest.mark.parametrize("as_tensor", [True, False], ids=["tensor", "number"])
+def test_cross_entropy_denominator_matches_float64(device, dtype, inplace_backward, as_tensor, poison_empty):
+    """The sum divided by a denominator (HF's num_items_in_batch: the kept tokens of all micro-batches) inside
+    the op: loss and gradient at eager's accuracy, ignored rows zero, z-loss included."""
+    n, vocab = (37, 1031) if device == "cpu" else (4096, 128256)
+    logits, target, _ = _inputs(device, dtype, n, vocab)
+    denominator = 4 * int((target != IGNORE).sum()) + 3
+    denominator = torch.tensor(denominator, device=device) if as_tensor else denominator
+    opts = dict(lse_square_scale=1e-3, inplace_backward=inplace_backward)
+    (loss, dx), (loss_e, dx_e), (loss_r, dx_r) = _divided_three_ways(logits, target, denominator, **opts)
+    assert loss.dtype == dtype and loss.shape == ()
+    assert_loss_no_worse("loss", loss, loss_e, loss_r)
+    assert_no_worse_than_eager("dlogits", dx, dx_e, dx_r)
+    assert (dx[target == IGNORE] == 0).all()
+
+
+def test_cross_entropy_denominator_beats_dividing_afterwards():
+    """bf16 logits: dividing the returned sum scales the stored bf16 gradient in backward and rounds every
+    element a second time (and the bf16 loss too); inside the op each rounds once. One draw's ratio varies
+    (0.57-0.92 in 21 draws: the target columns' large gradients dominate the norm), so errors are summed over
+    four draws."""
+    inside = after = 0.0
+    for _ in range(4):
+        logits, target, _ = _inputs("cpu", torch.bfloat16, 37, 1031)
+        denominator = torch.tensor(4 * int((target != IGNORE).sum()) + 3)
+        (_, dx), _, (_, dx_r) = _divided_three_ways(logits, target, denominator)
+        x = leaf(logits)
+        (cross_entropy(x, target, reduction="sum") / denominator).backward()
+        inside += rel_err(dx, dx_r)
+        after += rel_err(x.grad, dx_r)
+    assert inside < 0.9 * after, (inside, after)
+
+
+def test_cross_entropy_denominator_zero_and_bad_values():
+    """0 (nothing kept in the whole accumulated batch) gives loss 0 and zero gradients, as tensor or number;
+    bad values and other reductions are refused, naming the argument; the module passes it through."""
+    logits, target, _ = _inputs("cpu", torch.float32, 13, 131)
+    for zero in (0, torch.tensor(0)):
+        x = leaf(logits)
+        loss = cross_entropy(x, target, reduction="sum", denominator=zero)
+        loss.backward()
+        assert torch.equal(loss, torch.zeros_like(loss)) and torch.equal(x.grad, torch.zeros_like(x))
+    for bad in (-1, math.nan, "3", torch.ones(2)):
+        with pytest.raises(ValueError, match="denominator"):
+            cross_entropy(logits, target, reduction="sum", denominator=bad)
+    with pytest.raises(ValueError, match="denominator.*reduction"):
+        cross_entropy(logits, target, denominator=5)
+    module = LigerCrossEntropyLoss(reduction="sum")
+    torch.testing.assert_close(
+        module(logits, target, denominator=7.0), cross_entropy(logits, target, reduction="sum") / 7.0
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -337,6 +407,14 @@ def test_cross_entropy_custom_ops_pass_opcheck():
         options = (IGNORE, reduction, 0.1, 1e-3, 20.0)
         torch.library.opcheck(mod._cross_entropy_fwd, (logits, target, weight, *options, True))
         torch.library.opcheck(mod._cross_entropy_fwd_inplace, (logits.clone(), target, None, *options))
+    denominator = torch.tensor(7.0, dtype=torch.float64)  # HF's num_items_in_batch
+    sum_options = (IGNORE, "sum", 0.1, 1e-3, 20.0)
+    torch.library.opcheck(
+        mod._cross_entropy_fwd, (logits, target, weight, *sum_options, True, True, denominator)
+    )
+    torch.library.opcheck(
+        mod._cross_entropy_fwd_inplace, (logits.clone(), target, None, *sum_options, True, denominator)
+    )
     torch.library.opcheck(mod._scale_rows, (logits.clone(), torch.randn(5)))
     torch.library.opcheck(mod._scale_rows, (logits.clone(), torch.tensor(2.5)))
 
