@@ -11,13 +11,12 @@ On CPU (Triton interpreter): a smoke test at a small shape.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 # the same setup as flce_order.py (repo on sys.path, the interpreter on CPU), and its error measure
-from flce_order import DEVICE, GPU, rel
+from flce_order import DEVICE, GPU, fwd_bwd_ms, problem, rel
 
 from liger_core.ops import fused_linear_cross_entropy
 
@@ -32,14 +31,7 @@ def run(fn, h, w, t):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bt", type=int, default=8192 if GPU else 37)
-    ap.add_argument("--hidden", type=int, default=4096 if GPU else 67)
-    ap.add_argument("--vocab", type=int, default=128256 if GPU else 1031)
-    args = ap.parse_args()
-    bt, hs, v = args.bt, args.hidden, args.vocab
-    h = torch.randn(bt, hs, device=DEVICE).bfloat16()
-    w = (torch.randn(v, hs, device=DEVICE) / hs**0.5).bfloat16()
+    bt, hs, v, h, w = problem()
     t = torch.randint(0, v, (bt,), device=DEVICE)
     t[torch.rand(bt, device=DEVICE) < 0.1] = -100
     # the kept tokens of 4 micro-batches (HF counts the whole accumulated batch), not a power of two
@@ -65,19 +57,7 @@ def main() -> int:
         out = run(fn, h, w, t)
         errs = "  ".join(f"{rel(a, r):9.3e}" for a, r in zip(out, ref))
         del out
-        ms = float("nan")
-        if GPU:
-            import triton.testing
-
-            hr = h.detach().requires_grad_()
-            wr = w.detach().requires_grad_()
-
-            def step(hr=hr, wr=wr, fn=fn):
-                fn(hr, wr, t).backward()
-
-            ms = triton.testing.do_bench(
-                step, warmup=10, rep=100, grad_to_none=[hr, wr], return_mode="median"
-            )
+        ms = fwd_bwd_ms(fn, h, w, t, warmup=10, rep=100) if GPU else float("nan")
         print(f"  {name:36s} {ms:8.2f}  {errs}")
     return 0
 

@@ -42,15 +42,34 @@ def rel(a, b) -> float:
     return float((a.double() - b).norm() / b.norm())
 
 
-def main() -> int:
+def fwd_bwd_ms(fn, h, w, t, warmup: int = 25, rep: int = 200) -> float:
+    """Median ms of ``fn(h, w, t).backward()`` (do_bench; the leaves' gradients reset between runs)."""
+    import triton.testing
+
+    hr = h.detach().requires_grad_()
+    wr = w.detach().requires_grad_()
+
+    def step():
+        fn(hr, wr, t).backward()
+
+    return triton.testing.do_bench(step, warmup=warmup, rep=rep, grad_to_none=[hr, wr], return_mode="median")
+
+
+def problem() -> tuple[int, int, int, torch.Tensor, torch.Tensor]:
+    """(BT, H, V, hidden, weight) from the command line: bf16, logits of standard deviation ~1."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--bt", type=int, default=8192 if GPU else 37)
     ap.add_argument("--hidden", type=int, default=4096 if GPU else 67)
     ap.add_argument("--vocab", type=int, default=128256 if GPU else 1031)
     args = ap.parse_args()
     bt, hs, v = args.bt, args.hidden, args.vocab
-    h = (torch.randn(bt, hs, device=DEVICE)).bfloat16()
+    h = torch.randn(bt, hs, device=DEVICE).bfloat16()
     w = (torch.randn(v, hs, device=DEVICE) / hs**0.5).bfloat16()
+    return bt, hs, v, h, w
+
+
+def main() -> int:
+    bt, hs, v, h, w = problem()
     t = torch.randint(0, v, (bt,), device=DEVICE)
     gh64, gw64 = grads(eager, h.double(), w.double(), t)
     geh, gew = grads(eager, h, w, t)
@@ -79,22 +98,13 @@ def main() -> int:
         errs = f"dh {rel(gh, gh64):.3e}  dW {rel(gw, gw64):.3e}"
         del gh, gw
         if GPU:
-            import triton.testing
-
+            ms = fwd_bwd_ms(fn, h, w, t)
             hr = h.detach().requires_grad_()
             wr = w.detach().requires_grad_()
-
-            def step(hr=hr, wr=wr, fn=fn):
-                fn(hr, wr, t).backward()
-
-            ms = triton.testing.do_bench(
-                step, warmup=25, rep=200, grad_to_none=[hr, wr], return_mode="median"
-            )
-            hr.grad = wr.grad = None
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            step()
+            fn(hr, wr, t).backward()
             torch.cuda.synchronize()
             peak = (torch.cuda.max_memory_allocated() - base) / 2**30
             hr.grad = wr.grad = None
