@@ -246,13 +246,17 @@ def liger_causal_lm_loss(
     targets = _shifted_targets(labels, shift_labels, ignore_index).to(logits.device)
     reduction = "sum" if num_items_in_batch is not None else "mean"
     # Upcast as HF does: ops.cross_entropy returns the loss in the logits' dtype, and a bf16 loss would be
-    # reported (and scaled) with 3 significant digits where HF's is fp32.
+    # reported (and scaled) with 3 significant digits where HF's is fp32. The upcast copy exists for this loss
+    # alone, so the op may write its gradient over it (one logits-sized fp32 buffer less); fp32 logits are
+    # not copied by .float() and are the model's output, so those are never overwritten.
+    upcast_copy = logits.dtype != torch.float32
     logits = logits.float()
     return liger_core.ops.cross_entropy(
         logits.reshape(-1, vocab_size),
         targets,
         ignore_index=ignore_index,
         reduction=reduction,
+        inplace_backward=upcast_copy,
         denominator=num_items_in_batch,  # divided inside the op: its stored gradient rounds once
     )
 

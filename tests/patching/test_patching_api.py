@@ -240,6 +240,7 @@ def test_cross_entropy_flag_is_instance_level():
     a, ga = _loss_and_grads(ref, input_ids=ids, labels=labels)
     b, gb = _loss_and_grads(model, input_ids=ids, labels=labels)
     assert b.logits is not None and b.loss.dtype == torch.float32
+    torch.testing.assert_close(b.logits, a.logits)  # fp32 logits are the output: never written over
     torch.testing.assert_close(b.loss, a.loss, rtol=1e-5, atol=1e-6)
     _assert_grads_close(gb, ga)
     switched = liger_core.apply_liger_kernel(model)  # asking for the fused loss now: refused, with a reason
@@ -248,6 +249,57 @@ def test_cross_entropy_flag_is_instance_level():
     )
     liger_core.revert(model)
     assert "_loss_function" not in model.__dict__ and model.loss_function is not fw.liger_causal_lm_loss
+
+
+def test_unfused_loss_overwrites_only_its_own_upcast(monkeypatch):
+    """bf16 model, fused_linear_cross_entropy=False: the loss writes its gradient over the fp32 upcast it made
+    (one logits-sized buffer less), never over the bf16 logits the model returns; loss and gradients match
+    the unpatched model's. (The fp32 model of the test above keeps the copy-free path: no in-place there.)"""
+    ref = tiny_model("llama", seed=12).to(torch.bfloat16)
+    model = tiny_model("llama", seed=12).to(torch.bfloat16)
+    flags = dict(
+        rms_norm=False, rope=False, swiglu=False, cross_entropy=True, fused_linear_cross_entropy=False
+    )
+    liger_core.apply_liger_kernel(model, **flags)  # the loss alone differs from the unpatched model
+    calls = []
+    op = liger_core.ops.cross_entropy
+    monkeypatch.setattr(
+        liger_core.ops, "cross_entropy", lambda *a, **k: calls.append(k["inplace_backward"]) or op(*a, **k)
+    )
+    ids, labels = batch(7, seq_len=8)
+    a, ga = _loss_and_grads(ref, input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(29))
+    b, gb = _loss_and_grads(model, input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(29))
+    assert calls == [True]
+    assert b.logits.dtype == torch.bfloat16 and torch.equal(b.logits, a.logits)
+    torch.testing.assert_close(b.loss, a.loss, rtol=1e-5, atol=1e-6)
+    _assert_grads_close(gb, ga)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_unfused_loss_peak_memory_cuda():
+    """bf16 llama, vocabulary 32000, 2048 tokens, fused_linear_cross_entropy=False: the patched loss's
+    fwd+bwd peak is at least one fp32 logits buffer below HF's (its gradient overwrites its own upcast)."""
+    ids = torch.randint(3, 32000, (4, 512)).cuda()
+    labels = ids.clone()
+    peaks = []
+    for patched in (False, True):
+        model = tiny_model("llama", vocab_size=32000, max_position_embeddings=512)
+        model = model.to(device="cuda", dtype=torch.bfloat16)
+        if patched:
+            flags = dict(rms_norm=False, rope=False, swiglu=False, fused_linear_cross_entropy=False)
+            liger_core.apply_liger_kernel(model, cross_entropy=True, **flags)
+        _loss_and_grads(model, input_ids=ids, labels=labels)  # warm-up (compiles, allocator caches)
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out, _ = _loss_and_grads(model, input_ids=ids, labels=labels)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        del model, out
+    fp32_logits = ids.numel() * 32000 * 4
+    assert peaks[1] <= peaks[0] - 0.9 * fp32_logits, (peaks, fp32_logits)
 
 
 def test_patching_one_instance_leaves_other_models_alone():
