@@ -1,6 +1,6 @@
 """Peak memory of the patched *unfused* causal-LM loss (``fused_linear_cross_entropy=False``: HF's logits,
-then ``liger_core.ops.cross_entropy``) beside HF eager, with the gradient in a new buffer (the session-5 path) and
-written over the loss's own fp32 upcast (now). bf16 tiny llama, vocabulary 32000, 4 x 512 tokens, one GPU.
+then ``liger_core.ops.cross_entropy``) beside HF eager, with the gradient in a new buffer (the session-5
+path) and written over the loss's own fp32 upcast (now). bf16 tiny llama, vocabulary 32000, 4 x 512 tokens.
 
     PYTHONPATH=.:tests/patching python benchmarks/unfused_loss_memory.py
 """
