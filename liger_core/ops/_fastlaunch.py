@@ -48,18 +48,30 @@ def _hooks_active() -> bool:
     return False
 
 
-def _arg_key(arg: object) -> object:
-    if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() & 15 == 0)
-    if isinstance(arg, bool):
-        return ("b", arg)
-    if isinstance(arg, int):
-        return (arg == 1, arg % 16 == 0, _INT32_MIN <= arg <= _INT32_MAX)
-    if isinstance(arg, float):
-        return "f"
-    if arg is None:
-        return None
-    raise TypeError  # anything else (tuples, dtypes as runtime args...): Triton's own path
+def _specialisation_key(args: tuple) -> tuple[tuple, torch.device | None]:
+    """(key, device of the first tensor): per argument what Triton specialises on, flattened into one tuple
+    (one pass, no per-argument calls: this runs on every launch). TypeError for an argument of another kind
+    (tuples, dtypes as runtime arguments...): Triton's own path then."""
+    key: list = []
+    add = key.append
+    device = None
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            if device is None:
+                device = arg.device
+            add(arg.dtype)
+            add(arg.data_ptr() & 15 == 0)
+        elif isinstance(arg, bool):
+            add(("b", arg))
+        elif isinstance(arg, int):
+            add((arg == 1, arg % 16 == 0, _INT32_MIN <= arg <= _INT32_MAX))
+        elif isinstance(arg, float):
+            add("f")
+        elif arg is None:
+            add(None)
+        else:
+            raise TypeError
+    return tuple(key), device
 
 
 class FastKernel:
@@ -100,13 +112,12 @@ class FastKernel:
         ):
             return self.fn[grid](*args, **kwargs)
         try:
-            key = (tuple(_arg_key(a) for a in args), tuple(kwargs.items()))
+            arg_key, device = _specialisation_key(args)
         except TypeError:
             return self.fn[grid](*args, **kwargs)
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         if device is None or device.type != "cuda":
             return self.fn[grid](*args, **kwargs)
-        key = (device.index, key)
+        key = (device.index, arg_key, tuple(kwargs.items()))
         entry = self._cache.get(key)
         if entry is None:
             kernel = self.fn[grid](*args, **kwargs)
@@ -124,10 +135,15 @@ class FastKernel:
                     recipe.append((True, next(positions)))
                 else:
                     recipe.append((False, self._defaults[name]))
-            self._cache[key] = (kernel, tuple(recipe))
+            # the usual signature (runtime arguments first, then constexprs) needs no recipe per launch:
+            # the full list is ``args + tail``
+            n = len(args)
+            prefix = all(recipe[i] == (True, i) for i in range(n))
+            tail = tuple(v for _, v in recipe[n:]) if prefix else None
+            self._cache[key] = (kernel, tuple(recipe), tail)
             return kernel
-        kernel, recipe = entry
-        full = [args[v] if is_pos else v for is_pos, v in recipe]
+        kernel, recipe, tail = entry
+        full = args + tail if tail is not None else [args[v] if is_pos else v for is_pos, v in recipe]
         g0 = grid[0]
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1

@@ -29,7 +29,15 @@ from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
-from liger_core.ops.rms_norm import accumulate, inv_sqrt_mean, load_tiles, rows_view, sum_partials, widen
+from liger_core.ops.rms_norm import (
+    accumulate,
+    as_shape,
+    inv_sqrt_mean,
+    load_tiles,
+    rows_view,
+    sum_partials,
+    widen,
+)
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
 
 
@@ -118,8 +126,7 @@ def _layer_norm_bwd_kernel(
     mean_ptr,
     rstd_ptr,
     dx_ptr,
-    dw_partial_ptr,
-    db_partial_ptr,
+    partials_ptr,
     n_rows,
     n_cols,
     dy_row_stride,
@@ -136,8 +143,9 @@ def _layer_norm_bwd_kernel(
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
-    dw_partial_row = dw_partial_ptr + pid * n_cols
-    db_partial_row = db_partial_ptr + pid * n_cols
+    # partials: (2 if HAS_BIAS else 1, programs, n_cols): dW's partial rows, then dB's
+    dw_partial_row = partials_ptr + pid * n_cols
+    db_partial_row = partials_ptr + (tl.num_programs(0) + pid) * n_cols
 
     if SINGLE_PASS:
         col_mask = cols < n_cols
@@ -261,15 +269,19 @@ def _layer_norm_bwd_impl(
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), layer_norm=True)
     precise = x.dtype == torch.float32
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
-    partials = torch.empty((2 if has_bias else 1, programs, n_cols), dtype=partial_dtype, device=x.device)
+    shape = (2, programs, n_cols) if has_bias else (programs, n_cols)
+    partials = torch.empty(shape, dtype=partial_dtype, device=x.device)
     _layer_norm_bwd_kernel[(programs,)](
-        dy, x, w, mean, rstd, dx, partials[0], partials[-1], n_rows, n_cols,
+        dy, x, w, mean, rstd, dx, partials, n_rows, n_cols,
         dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
         HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
         PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
     )  # fmt: skip
     sums = sum_partials(partials, w.dtype)  # dW (and dB) in one launch
-    return dx, sums[0], sums[1] if has_bias else w.new_empty(0)
+    if has_bias:
+        dw, db = sums.unbind()
+        return dx, dw, db
+    return dx, sums, w.new_empty(0)
 
 
 def _layer_norm_bwd_op_impl(
@@ -311,14 +323,14 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.save_for_backward(x2d, w, mean, rstd)
         ctx.has_bias = b is not None
         ctx.x_shape = x.shape
-        return y.view(x.shape)
+        return as_shape(y, x.shape)
 
     @staticmethod
     def backward(ctx, dy):
         x2d, w, mean, rstd = ctx.saved_tensors
         bwd = launcher(_layer_norm_bwd, _layer_norm_bwd_impl)
         dx, dw, db = bwd(rows_view(dy), x2d, w, mean, rstd, ctx.has_bias)
-        return dx.view(ctx.x_shape), dw, db if ctx.has_bias else None, None
+        return as_shape(dx, ctx.x_shape), dw, db if ctx.has_bias else None, None
 
 
 def layer_norm(

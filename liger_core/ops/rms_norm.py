@@ -115,9 +115,14 @@ def _sum_partials_kernel(
 
 
 def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(n_sums, n_partials, n_cols) partial rows -> (n_sums, n_cols) sums in ``dtype``, one launch."""
-    n_sums, n_partials, n_cols = partials.shape
-    out = torch.empty((n_sums, n_cols), dtype=dtype, device=partials.device)
+    """(n_sums, n_partials, n_cols) partial rows -> (n_sums, n_cols) sums in ``dtype``, one launch; a 2-D
+    (n_partials, n_cols) input gives the (n_cols,) sum (no view on either side: host time per call)."""
+    if partials.dim() == 2:
+        n_sums, (n_partials, n_cols) = 1, partials.shape
+        out = partials.new_empty(n_cols, dtype=dtype)
+    else:
+        n_sums, n_partials, n_cols = partials.shape
+        out = partials.new_empty((n_sums, n_cols), dtype=dtype)
     block_n = 64
     block_p = 64 if partials.dtype == torch.float32 else 32
     _sum_partials_kernel[(cdiv(n_cols, block_n),)](
@@ -290,6 +295,12 @@ def _rms_norm_bwd_kernel(
                     tl.store(dw_partial_row + chunk, dw_old + widen(dy * xn, PRECISE), mask=mask)
 
 
+def as_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``t.view(shape)``, skipped when ``t`` has that shape; ints rather than a ``torch.Size`` (whose view
+    goes through symbolic-shape checks: ~2x the host time)."""
+    return t if t.shape == shape else t.view(*shape)
+
+
 def _output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
     """What HF returns: gemma casts back to the input dtype; llama/none multiply by w with type promotion."""
     return x_dtype if casting_mode == "gemma" else torch.promote_types(x_dtype, w_dtype)
@@ -297,6 +308,8 @@ def _output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str)
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """2-D (rows, hidden) view with unit column stride (a copy only when no such view exists)."""
+    if t.dim() == 2 and t.stride(1) == 1:
+        return t  # already rows: no view op (host time on every call)
     t2d = t.reshape(-1, t.shape[-1])
     return t2d if t2d.stride(-1) == 1 else t2d.contiguous()
 
@@ -338,7 +351,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
         tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
         PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
     )  # fmt: skip
-    return sum_partials(dw_partial.unsqueeze(0), w.dtype)[0]
+    return sum_partials(dw_partial, w.dtype)
 
 
 def _rms_norm_bwd_impl(
@@ -388,7 +401,7 @@ class RMSNormFunction(torch.autograd.Function):
         ctx.offset = offset
         ctx.in_place = in_place
         ctx.x_shape = x.shape
-        return y.view(x.shape)
+        return as_shape(y, x.shape)
 
     @staticmethod
     def backward(ctx, dy):
@@ -399,7 +412,7 @@ class RMSNormFunction(torch.autograd.Function):
             dx = dy2d
         else:
             dx, dw = launcher(_rms_norm_bwd, _rms_norm_bwd_impl)(dy2d, x2d, w, rstd, ctx.offset)
-        return dx.view(ctx.x_shape), dw, None, None, None, None
+        return as_shape(dx, ctx.x_shape), dw, None, None, None, None
 
 
 def rms_norm(

@@ -23,6 +23,8 @@ Nothing is saved for backward (cos/sin are inputs).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -191,55 +193,48 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _bthd_strides(x: torch.Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
-    """(batch, token, head) strides of a 4-D q/k-shaped tensor in either HF layout."""
-    s_b, s_1, s_2, _ = x.stride()
-    return (s_b, s_2, s_1) if unsqueeze_dim == 1 else (s_b, s_1, s_2)  # (B, H, T, D) or (B, T, H, D)
+def _dense_strides(x: torch.Tensor) -> bool:
+    """Whether ``empty_like(x)`` gets x's strides (x dense, no gaps): then the output keeps x's layout (HF's
+    transposed q stays (B, T, H, D) in memory); otherwise x is read from a dense copy."""
+    return torch.empty_like(x, device="meta").stride() == x.stride()
 
 
-def _with_output(x: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, an output with x's strides): ``empty_like`` keeps a dense input's layout (HF's transposed q stays
-    (B, T, H, D) in memory); an input with gaps (a slice of a fused qkv buffer) is read from a dense copy."""
-    y = torch.empty_like(x, dtype=out_dtype)
-    if y.stride() != x.stride():
-        x = x.contiguous()
-        y = torch.empty_like(x, dtype=out_dtype)
-    return x, y
+class _Plan(NamedTuple):
+    """Everything a launch derives from the shapes and strides (cached: host time on every call)."""
+
+    copy_q: bool  # read q / k from a dense copy (inputs with gaps)
+    copy_k: bool
+    grid: tuple[int]
+    args: tuple[int, ...]  # the runtime int arguments: seq_len, then the strides
+    constexprs: dict
+    empty: bool  # nothing to launch
 
 
-def _launch(
-    x_q: torch.Tensor,
-    x_k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    unsqueeze_dim: int,
-    out_dtype: torch.dtype,
-    backward: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    x_q, y_q = _with_output(x_q, out_dtype)
-    x_k, y_k = _with_output(x_k, out_dtype)
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096  # distinct shapes (variable sequence lengths); the cache starts over beyond this
+
+
+def _plan(
+    x_q: torch.Tensor, x_k: torch.Tensor, cos: torch.Tensor, unsqueeze_dim: int, backward: bool
+) -> _Plan:
+    copy_q, copy_k = not _dense_strides(x_q), not _dense_strides(x_k)
+    q_strides = torch.empty(x_q.shape, device="meta").stride() if copy_q else x_q.stride()  # the copy's
+    k_strides = torch.empty(x_k.shape, device="meta").stride() if copy_k else x_k.stride()
     batch, dim_1, dim_2, head_dim = x_q.shape
     seq_len, n_q_heads = (dim_2, dim_1) if unsqueeze_dim == 1 else (dim_1, dim_2)
     n_k_heads = x_k.shape[unsqueeze_dim]
-    if batch * seq_len == 0 or head_dim == 0:
-        return y_q, y_k
     half = cos.shape[-1] // 2
     pass_dim = head_dim - 2 * half
     block_half = _pow2(half)
     heads_per_tile = max(1, _TILE_ELEMENTS // block_half)
     cs_stride_b, cs_stride_t, _ = cos.stride()
-    _rope_kernel[(batch * seq_len,)](
-        x_q,
-        x_k,
-        cos,
-        sin,
-        y_q,
-        y_k,
-        seq_len,
-        *_bthd_strides(x_q, unsqueeze_dim),
-        *_bthd_strides(x_k, unsqueeze_dim),
-        cs_stride_b if cos.shape[0] > 1 else 0,
-        cs_stride_t,
+
+    def bthd(strides: tuple[int, ...]) -> tuple[int, int, int]:  # (batch, token, head) in either HF layout
+        s_b, s_1, s_2, _ = strides
+        return (s_b, s_2, s_1) if unsqueeze_dim == 1 else (s_b, s_1, s_2)
+
+    args = (seq_len, *bthd(q_strides), *bthd(k_strides), cs_stride_b if cos.shape[0] > 1 else 0, cs_stride_t)
+    constexprs = dict(
         N_Q_HEADS=n_q_heads,
         N_K_HEADS=n_k_heads,
         HALF=half,
@@ -251,6 +246,36 @@ def _launch(
         BACKWARD=backward,
         num_warps=_NUM_WARPS,
     )
+    empty = batch * seq_len == 0 or head_dim == 0
+    return _Plan(copy_q, copy_k, (batch * seq_len,), args, constexprs, empty)
+
+
+def _launch(
+    x_q: torch.Tensor,
+    x_k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int,
+    out_dtype: torch.dtype,
+    backward: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (
+        x_q.shape, x_q.stride(), x_k.shape, x_k.stride(), cos.shape, cos.stride(), unsqueeze_dim, backward,
+        _TILE_ELEMENTS, _NUM_WARPS,
+    )  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = _plan(x_q, x_k, cos, unsqueeze_dim, backward)
+    if plan.copy_q:
+        x_q = x_q.contiguous()
+    if plan.copy_k:
+        x_k = x_k.contiguous()
+    y_q = torch.empty_like(x_q, dtype=out_dtype)
+    y_k = torch.empty_like(x_k, dtype=out_dtype)
+    if not plan.empty:
+        _rope_kernel[plan.grid](x_q, x_k, cos, sin, y_q, y_k, *plan.args, **plan.constexprs)
     return y_q, y_k
 
 

@@ -41,3 +41,24 @@ def test_specialisation_changes_select_another_kernel(device):
 def test_fast_launch_rejects_plain_functions():
     with pytest.raises(TypeError, match="triton.jit"):
         _fastlaunch.fast_launch(lambda x: x)
+
+
+def test_specialisation_key_separates_what_triton_specialises_on():
+    """The cache key: every property Triton compiles differently for gives a different key; equal properties
+    give equal keys (CPU-testable part of the fast path; the launch itself is checked on CUDA above)."""
+    key = _fastlaunch._specialisation_key
+    base = torch.randn(64, dtype=torch.bfloat16)
+
+    def k(*args):
+        return key(args)[0]
+
+    assert k(base, 7) == k(torch.randn(64, dtype=torch.bfloat16), 9)  # same dtype and alignment, odd ints
+    assert k(base) != k(base[1:])  # 16-byte aligned data pointer or not
+    assert k(base) != k(base.float())  # dtype
+    assert k(7) != k(1) and k(7) != k(32) and k(7) != k(2**31)  # == 1, divisible by 16, beyond int32
+    assert k(True) != k(1) and k(False) != k(0) and k(True) != k(False)  # bools are not ints
+    assert k(1.0) != k(1) and k(None) != k(0.0)
+    assert k(base, 1) != k(1, base)  # position matters
+    assert key((base, 3))[1] == base.device and key((3,))[1] is None
+    with pytest.raises(TypeError):
+        key(((1, 2),))
