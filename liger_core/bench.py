@@ -77,7 +77,8 @@ ERR_FLOOR = {
     torch.float64: 0.0,
 }
 CSV_COLUMNS = (
-    "gpu", "op", "shape", "dtype", "mode", "provider", "ms", "ms_p20", "ms_p80", "timer", "peak_extra_gib",
+    "gpu", "op", "shape", "dtype", "mode", "provider", "ms", "ms_p20", "ms_p80", "timer", "gpu_ms",
+    "gpu_timer", "gpu_pct_of_floor", "peak_extra_gib",
     "floor_ms", "floor_basis", "pct_of_floor", "rel_err", "eager_rel_err", "ref_dtype", "check",
     "worst_output",
     "writes_inputs", "error",
@@ -862,6 +863,49 @@ def time_step(run: ProviderRun, mode: str, timing: Timing) -> tuple[float, float
     return float(q[0]), float(q[1]), float(q[2]), timer
 
 
+def time_graph(run: ProviderRun, mode: str, timing: Timing) -> tuple[float, str]:
+    """(median ms, timer) of the same step captured once in a CUDA graph and replayed by
+    ``triton.testing.do_bench`` (L2 flushed between replays): the GPU's time alone, without the host's.
+    Where the host needs longer per step than the GPU (small ops: Python, autograd and launches take
+    0.2-0.7 ms per fwd+bwd on the lent machine, and that speed drifts by 2x between calls), ``ms``
+    measures the host; this column measures the kernels. Replays run on the same buffers: a provider that
+    writes into its inputs sees its own previous outputs there (its time does not depend on the values);
+    the inputs are restored afterwards. (nan, reason) where the step cannot be captured."""
+    import triton.testing
+
+    step = make_step(run, mode)
+    graph = None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture (allocator pools, lazy state)
+            for _ in range(2):
+                for t in run.diff_tensors:
+                    t.grad = None
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        for t in run.diff_tensors:
+            t.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        ms = triton.testing.do_bench(
+            graph.replay, warmup=timing.warmup_ms, rep=timing.rep_ms, return_mode="median"
+        )
+        return float(ms), "cuda-graph replay"
+    except Exception as e:  # noqa: BLE001 - a step that cannot be captured keeps its other columns
+        return math.nan, f"not capturable: {_short_error(e)}"
+    finally:
+        del graph
+        torch.cuda.synchronize()
+        for t in run.diff_tensors:
+            t.grad = None
+        if run.restore_pairs:
+            _restore(run.restore_pairs)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def peak_extra_bytes(run: ProviderRun, mode: str) -> int:
     """Peak memory of one run above what was allocated before it (inputs, pristine copies)."""
     step = make_step(run, mode)
@@ -1008,6 +1052,9 @@ def bench_case(
         ms = row.get("ms")
         if ms:
             row["pct_of_floor"] = 100.0 * floors[mode].ms / ms
+        gpu_ms = row.get("gpu_ms")
+        if gpu_ms and not math.isnan(gpu_ms):
+            row["gpu_pct_of_floor"] = 100.0 * floors[mode].ms / gpu_ms
         sink.add(row)
 
     try:
@@ -1064,6 +1111,7 @@ def bench_case(
                     ms, p20, p80, timer = time_step(run, mode, timing)
                     row.update(ms=ms, ms_p20=p20, ms_p80=p80, timer=timer)
                     row["peak_extra_gib"] = peak_extra_bytes(run, mode) / GIB
+                    row["gpu_ms"], row["gpu_timer"] = time_graph(run, mode, timing)
                 else:
                     make_step(run, mode)()  # dry run: exercise the timed code path once, untimed
                     row["timer"] = "none (dry run)"
@@ -1096,6 +1144,11 @@ def _progress_line(provider: str, mode: str, row: dict, floor: Floor) -> str:
             f"{row['ms']:9.4f} ms  {row.get('peak_extra_gib', math.nan):7.3f} GiB  "
             f"{100 * floor.ms / row['ms']:5.1f}% of floor"
         )
+    gpu_ms = _num(row.get("gpu_ms"))
+    if gpu_ms is not None:
+        parts.append(f"GPU {gpu_ms:.4f} ms ({100 * floor.ms / gpu_ms:5.1f}%)")
+    elif row.get("gpu_timer"):
+        parts.append(f"GPU time {row['gpu_timer'][:60]}")
     if row.get("check"):
         parts.append(
             f"check {row['check']} (err {row.get('rel_err', math.nan):.2e} vs eager "
@@ -1115,7 +1168,7 @@ def print_table(rows: Sequence[dict], log: Callable[[str], None] = print) -> Non
         ] = r
     head = (
         f"{'op':<14} {'shape':<26} {'provider':<14} {'fwd ms':>9} {'f+b ms':>9} {'f+b GiB':>8} {'%floor':>7}"
-        "  check"
+        f" {'f+b GPU':>9} {'%floor':>7}  check"
     )
     log(head)
     log("-" * len(head))
@@ -1133,15 +1186,20 @@ def print_table(rows: Sequence[dict], log: Callable[[str], None] = print) -> Non
             check = any_row.get("check") or ""
             err = fb.get("error") or f.get("error")
             mem = _num(fb.get("peak_extra_gib"))
+            gpu = _num(fb.get("gpu_ms"))
+            gpu_pct = 100 * floor_fb / gpu if gpu and floor_fb else None
             log(
                 f"{'':<14} {'':<26} {provider:<14} {_cell(_num(f.get('ms')))} {_cell(_num(fb.get('ms')))} "
-                f"{(f'{mem:8.3f}' if mem is not None else ' ' * 8)} {(f'{pct:6.1f}%' if pct else ' ' * 7)}  "
+                f"{(f'{mem:8.3f}' if mem is not None else ' ' * 8)} {(f'{pct:6.1f}%' if pct else ' ' * 7)} "
+                f"{_cell(gpu)} {(f'{gpu_pct:6.1f}%' if gpu_pct else ' ' * 7)}  "
                 f"{check}{'  ' + err[:60] if err else ''}"
             )
 
 
 def peer_wins(rows: Sequence[dict]) -> list[str]:
-    """Cases where a peer (or eager/compiled torch) is faster than liger_core, or leaner in fwd+bwd memory."""
+    """Cases where a peer (or eager/compiled torch) is faster than liger_core, or leaner in fwd+bwd memory.
+    Each speed line also gives both GPU times (CUDA-graph replay) where measured, so a host-bound case
+    (``ms`` far above the GPU time) is told apart from a slower kernel."""
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         by_case.setdefault((r["op"], r["shape"], r["mode"]), {})[r["provider"]] = r
@@ -1155,9 +1213,18 @@ def peer_wins(rows: Sequence[dict]) -> list[str]:
             pms, pmem = _num(r.get("ms")), _num(r.get("peak_extra_gib"))
             if p == "liger_core" or pms is None:
                 continue
+            gpu, pgpu = _num(ours.get("gpu_ms")), _num(r.get("gpu_ms"))
+            both_gpu = gpu is not None and pgpu is not None
+            gpu_note = f"; GPU time {pgpu:.4g} vs {gpu:.4g} ms" if both_gpu else ""
             if pms < ms:
                 out.append(
-                    f"{op} {shape} {mode}: {p} {100 * (ms / pms - 1):.1f}% faster ({pms:.4g} vs {ms:.4g} ms)"
+                    f"{op} {shape} {mode}: {p} {100 * (ms / pms - 1):.1f}% faster ({pms:.4g} vs {ms:.4g} ms"
+                    f"{gpu_note})"
+                )
+            elif both_gpu and pgpu < gpu:
+                out.append(
+                    f"{op} {shape} {mode}: {p} {100 * (gpu / pgpu - 1):.1f}% faster in GPU time "
+                    f"({pgpu:.4g} vs {gpu:.4g} ms; wall {pms:.4g} vs {ms:.4g})"
                 )
             if mode == "fwd+bwd" and mem is not None and pmem is not None and pmem < mem - 1e-3:
                 out.append(f"{op} {shape} {mode}: {p} leaner ({pmem:.3g} GiB vs {mem:.3g} GiB)")
@@ -1234,14 +1301,17 @@ def plot_results(rows: Sequence[dict], out_dir: Path, prefix: str) -> list[Path]
         # 2) % of floor and 3) peak extra memory, fwd+bwd, op on the x axis
         for key, ylabel, fname in (
             ("pct_of_floor", "% of floor (fwd+bwd)", "floor"),
+            ("gpu_pct_of_floor", "% of floor, GPU time (CUDA-graph replay, fwd+bwd)", "gpu_floor"),
             ("peak_extra_gib", "peak extra memory, GiB (fwd+bwd)", "memory"),
         ):
+            if not any(r.get(key) not in (None, "") for r in rows):
+                continue  # e.g. a CSV from before the GPU-time column
             fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4))
             for j, p in enumerate(providers):
                 ys = [_num(by_p.get(p, {}).get("fwd+bwd", {}).get(key)) for by_p in cases.values()]
                 xs = [i + (j - (len(providers) - 1) / 2) * width for i in range(len(cases))]
                 ax.bar(xs, [y if y is not None else 0 for y in ys], width, label=p, color=_COLORS.get(p))
-            if key == "pct_of_floor":
+            if key.endswith("pct_of_floor"):
                 ax.axhline(100, color="k", linestyle="dashed", linewidth=1)
             ax.set_xticks(range(len(cases)), [OPS[o].title if o in OPS else o for o, _ in cases], rotation=20)
             ax.set_ylabel(ylabel)
@@ -1261,8 +1331,11 @@ def plot_results(rows: Sequence[dict], out_dir: Path, prefix: str) -> list[Path]
 
         for key, ylabel, line, fname in (
             ("pct_of_floor", "% of floor (fwd+bwd)", 100.0, "floor"),
+            ("gpu_pct_of_floor", "% of floor, GPU time (CUDA-graph replay, fwd+bwd)", 100.0, "gpu_floor"),
             ("ms", "time / liger_core time (fwd+bwd; > 1: slower)", 1.0, "relative"),
         ):
+            if not any(r.get(key) not in (None, "") for r in rows):
+                continue
             cols = min(3, len(ops))
             rows_n = math.ceil(len(ops) / cols)
             fig, axes = plt.subplots(rows_n, cols, figsize=(6.5 * cols, 4.2 * rows_n), squeeze=False)

@@ -224,6 +224,16 @@ def test_plots_from_rows(tmp_path):
     assert wins == []
     assert bench.peer_wins([dict(r, ms=0.5) if r["provider"] == "torch" else r for r in rows])
 
+    # with GPU times (CUDA-graph replay): a fourth plot, and a peer slower on the wall clock but faster in GPU
+    # time is listed as such (a host-bound liger_core row must not hide a slower kernel)
+    timed = [dict(r, gpu_ms=r["ms"] / 2, gpu_pct_of_floor=20 / r["ms"]) for r in rows]
+    files = bench.plot_results(timed, tmp_path, "graphs")
+    assert "graphs_gpu_floor.png" in {f.name for f in files}
+    assert bench.peer_wins(timed) == []
+    faster_kernel = [dict(r, gpu_ms=0.1) if r["provider"] == "torch" else r for r in timed]
+    wins = bench.peer_wins(faster_kernel)
+    assert wins and all("faster in GPU time" in w for w in wins), wins
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")

@@ -31,7 +31,8 @@ Kernels, in launch order (no host sync between them):
 The target range is copied to pinned host memory right after kernel 1 (an event marks it), and the host
 waits for that event only once kernels 2 and 3 are queued, then raises a ValueError for a target outside
 [0, V) (the kernels clamp such an index, so they never read out of bounds): the GPU never idles for the
-check, and the host's next work (the backward) overlaps the loss kernel. ``check_targets=False`` skips it.
+check, and the host's next work (the backward) overlaps the loss kernel. ``check_targets=False`` skips it, and
+so does a CUDA-graph capture (no host read-back is possible there).
 Backward only multiplies the stored gradient by ``grad_output`` (a kernel that returns at once where
 ``grad_output`` is exactly 1, so a plain ``loss.backward()`` costs no pass over memory).
 """
@@ -558,9 +559,15 @@ def start_target_check(stats: torch.Tensor) -> object:
     """Start reading the stats back without stalling the stream: on CUDA a non-blocking copy into pinned
     memory and an event, right after the stats kernel. ``finish_target_check`` waits for that event only,
     after the big kernels are queued: the host then waits for the stats, not for the loss kernels, and
-    what it does next (returning, launching the backward) overlaps them."""
+    what it does next (returning, launching the backward) overlaps them.
+
+    None (no check) while the stream is being captured into a CUDA graph (``torch.cuda.graph``,
+    ``torch.compile(mode="reduce-overhead")``): a capture cannot wait for the device, and a replay would not
+    re-run a host check anyway. The kernels clamp any target index, so a replay never reads out of bounds."""
     if stats.device.type != "cuda":
         return stats
+    if torch.cuda.is_current_stream_capturing():
+        return None
     host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
     host.copy_(stats, non_blocking=True)
     event = torch.cuda.Event()
