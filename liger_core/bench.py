@@ -898,22 +898,23 @@ def time_graph(run: ProviderRun, mode: str, timing: Timing) -> tuple[float, str]
     finally:
         del graph
         torch.cuda.synchronize()
-        for t in run.diff_tensors:
-            t.grad = None
-        if run.restore_pairs:
-            _restore(run.restore_pairs)
-        gc.collect()
+        _reset_inputs(run)
         torch.cuda.empty_cache()
 
 
-def peak_extra_bytes(run: ProviderRun, mode: str) -> int:
-    """Peak memory of one run above what was allocated before it (inputs, pristine copies)."""
-    step = make_step(run, mode)
+def _reset_inputs(run: ProviderRun) -> None:
+    """Gradients dropped, written inputs restored from their pristine copies, garbage collected."""
     for t in run.diff_tensors:
         t.grad = None
     if run.restore_pairs:
         _restore(run.restore_pairs)
     gc.collect()
+
+
+def peak_extra_bytes(run: ProviderRun, mode: str) -> int:
+    """Peak memory of one run above what was allocated before it (inputs, pristine copies)."""
+    step = make_step(run, mode)
+    _reset_inputs(run)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()

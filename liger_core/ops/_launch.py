@@ -110,16 +110,17 @@ _NORM_SETTINGS: dict[tuple, NormSettings] = {}
 def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False) -> NormSettings:
     """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``;
     cached (host time on every launch), keyed on the knobs too since benchmarks change them."""
-    wide_rows = _next_power_of_2(n_cols) >= 4096
-    tile_elements = (
-        NORM_BWD_TILE_ELEMENTS_LAYER_NORM if backward and layer_norm and wide_rows else NORM_TILE_ELEMENTS
-    )
     key = (
-        n_cols, backward, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS, tile_elements,
-        NORM_FWD_ELEMENTS_PER_THREAD, NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH,
+        n_cols, backward, layer_norm, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS,
+        NORM_TILE_ELEMENTS, NORM_BWD_TILE_ELEMENTS_LAYER_NORM, NORM_FWD_ELEMENTS_PER_THREAD,
+        NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH,
     )  # fmt: skip
     settings = _NORM_SETTINGS.get(key)
     if settings is None:
+        wide_rows = _next_power_of_2(n_cols) >= 4096
+        tile_elements = (
+            NORM_BWD_TILE_ELEMENTS_LAYER_NORM if backward and layer_norm and wide_rows else NORM_TILE_ELEMENTS
+        )
         settings = _NORM_SETTINGS[key] = _norm_settings(n_cols, backward, tile_elements)
     return settings
 
