@@ -94,6 +94,21 @@ def _pick(page, label: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).first.click()
 
 
+def _fill_and_keep(page, label: str, value: str) -> None:
+    """Type ``value`` into the textbox ``label`` and check it is still there a moment later (a UI event
+    handler may reset the box after it was filled); retyped if it was reset."""
+    from playwright.sync_api import expect
+
+    box = _textbox(page, label)
+    for _ in range(5):
+        box.fill(value)
+        box.press("Tab")
+        page.wait_for_timeout(1500)
+        if box.input_value() == value:
+            break
+    expect(box).to_have_value(value)
+
+
 def test_checkbox_starts_training_with_liger_core(webui, tiny_llama, tiny_dataset_dir):
     from playwright.sync_api import expect, sync_playwright
 
@@ -112,7 +127,6 @@ def test_checkbox_starts_training_with_liger_core(webui, tiny_llama, tiny_datase
             expect(checkbox).to_be_checked()
 
             _pick(page, "Model name", "Custom")
-            _textbox(page, "Model path").fill(str(tiny_llama))
             _pick(page, "Finetuning method", "full")
             _textbox(page, "Data dir").fill(str(tiny_dataset_dir))
             _pick(page, "Dataset", "tiny_alpaca")  # focusing it lists the datasets of the data dir
@@ -120,6 +134,9 @@ def test_checkbox_starts_training_with_liger_core(webui, tiny_llama, tiny_datase
             extra = _textbox(page, "Extra arguments")
             extra.fill(json.dumps(EXTRA_ARGS))
             extra.press("Tab")
+            # The model path last: picking "Custom" makes LLaMA Board reset it asynchronously, which once
+            # cleared a path typed right after the pick ("Model not found." on Start); wait until it holds.
+            _fill_and_keep(page, "Model path", str(tiny_llama))
 
             page.get_by_role("button", name="Start", exact=True).click()
             # The UI shows the run's log (LLaMA Board's running_log.txt) while it trains, then "Finished."
