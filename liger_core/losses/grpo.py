@@ -588,12 +588,15 @@ def fused_linear_grpo_loss(
         "ignore_index": ignore_index,
     }
     chunking = {"chunk_size": chunk_size, "max_chunk_bytes": max_chunk_bytes}
+    # fp64 log-probs: the formula runs in fp64 anyway, and its per-token gradients then reach the kernels
+    # unrounded (an fp32 rounding of each sequence's gradient would scale its whole dW contribution)
     policy = fused_linear_logprobs(
         hidden,
         weight,
         scored,
         bias,
         outputs=("log_probs", "entropy") if compute_entropy else ("log_probs",),
+        log_probs_dtype=torch.float64,
         **head,
         **chunking,
     )
@@ -609,7 +612,7 @@ def fused_linear_grpo_loss(
             **head,
             **chunking,
         )
-    return grpo_loss_from_logps(
+    loss, metrics = grpo_loss_from_logps(
         policy.log_probs,
         old_per_token_logps,
         ref_per_token_logps,
@@ -618,6 +621,8 @@ def fused_linear_grpo_loss(
         entropies=policy.entropy,
         **loss_keywords,
     )
+    # fp32 as from fp32 log-probs: the fp64 loss rounded once, so is its gradient on the way back
+    return loss.float(), {name: value.float() for name, value in metrics.items()}
 
 
 class LigerFusedLinearGRPOLoss(nn.Module):

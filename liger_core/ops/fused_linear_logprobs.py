@@ -286,10 +286,12 @@ def _entropy_backward_loop(
     device = hidden.device
     chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, hidden.dtype, device, chunk_size)
     grads = _grad_buffers(hidden, weight, need_hidden, need_weight, need_bias, accum_dtype)
-    # dx = (logit_scale / temperature) dz: the factor folded into the per-token gradients
-    g_h = (grad_entropy.to(torch.float32) * scale).contiguous()
-    g_logp = (grad_log_probs.to(torch.float32) * scale).contiguous() if grad_log_probs is not None else None
     fp64_math = hidden.dtype == torch.float32 and CE_FP32_MATH == "fp64"
+    # dx = (logit_scale / temperature) dz: the factor folded into the per-token gradients, kept in fp64 for
+    # fp64 math (fp64 log-probs get fp64 gradients: no rounding before the kernel's own)
+    g_dtype = torch.float64 if fp64_math else torch.float32
+    g_h = (grad_entropy.to(g_dtype) * scale).contiguous()
+    g_logp = (grad_log_probs.to(g_dtype) * scale).contiguous() if grad_log_probs is not None else None
     block, warps = looped_row_settings(vocab, device, fp64_math)
     gemm_scale, post_scale = _scaling(hidden.dtype, scale)
     for start, end, hidden_c, logits in _chunk_logits(hidden, weight, bias, chunk, gemm_scale):
@@ -317,12 +319,13 @@ def _fwd_impl(
     stats_mask: int,
     chunk_size: int | None,
     check_targets: bool = True,
+    float64_log_probs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1, state) for 2-D hidden; ``scale`` and
     ``softcap`` are those of the rescaled logits x (``logit_scale / temperature``, ``softcap /
     temperature``); bit i of ``stats_mask`` requests statistic ``_STATS[i]``; ``state`` (N, 2) fp64
     (logsumexp z and the entropy, for the entropy's gradient) comes with the entropy. Fields not requested
-    are empty."""
+    are empty. log_probs are fp32 (one rounding of the fp64 per-token values), or those fp64 values."""
     n = hidden.shape[0]
     device = hidden.device
     stats = {
@@ -365,7 +368,9 @@ def _fwd_impl(
             logit_scale=gemm_scale,
             on_logits=on_logits if has_stats or post_scale is not None else None,
         )
-    log_probs = loss_rows.neg().to(torch.float32)  # one rounding of the fp64 per-token loss
+    log_probs = loss_rows.neg()
+    if not float64_log_probs:
+        log_probs = log_probs.to(torch.float32)  # one rounding of the fp64 per-token loss
     state = stats.pop("state")
     return (
         log_probs,
@@ -378,11 +383,13 @@ _fwd = torch.library.custom_op("liger_core::fused_linear_logprobs_fwd", _fwd_imp
 
 
 @_fwd.register_fake
-def _(hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, chunk_size, check_targets=True):
+def _(
+    hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, chunk_size, check_targets=True,
+    float64_log_probs=False,
+):  # fmt: skip
     n = hidden.shape[0]
-    f32 = hidden.new_empty(n, dtype=torch.float32)
     return (
-        f32,
+        hidden.new_empty(n, dtype=torch.float64 if float64_log_probs else torch.float32),
         *(
             (hidden.new_empty(n, dtype=torch.bool if name == "is_top1" else torch.float32))
             if stats_mask >> i & 1
@@ -472,7 +479,7 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, accum_dtype, chunk_size,
-        check_targets,
+        check_targets, float64_log_probs,
     ):  # fmt: skip
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
         ctx.needs = (need_hidden, need_weight, need_bias and bias is not None)
@@ -480,8 +487,9 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
         ctx.accum = (accum_dtype, chunk_size)
         ctx.set_materialize_grads(False)
         *out, state = launcher(_fwd, _fwd_impl)(
-            hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, chunk_size, check_targets
-        )
+            hidden, weight, target, bias, ignore_index, scale, softcap, stats_mask, chunk_size, check_targets,
+            float64_log_probs,
+        )  # fmt: skip
         log_probs, entropy, *stats = out
         ctx.save_for_backward(hidden, weight, target, bias, state)
         # log_probs and the entropy (when asked for) carry gradients; the other statistics do not
@@ -495,7 +503,7 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
         if not state.numel():
             grad_entropy = None
         if grad_log_probs is None and grad_entropy is None:  # only the detached statistics were used
-            return (None,) * 11
+            return (None,) * 12
         gh, gw, gb = launcher(_bwd, _bwd_impl)(
             grad_log_probs if grad_log_probs is not None else _empty(state).float(),
             grad_entropy if grad_entropy is not None else _empty(state).float(),
@@ -507,7 +515,7 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
             gw if need_weight else None,
             None,
             gb if need_bias else None,
-            *(None,) * 7,
+            *(None,) * 8,
         )
 
 
@@ -526,6 +534,7 @@ def fused_linear_logprobs(
     max_chunk_bytes: int | None = None,
     accum_dtype: torch.dtype | None = torch.float32,
     check_targets: bool = True,
+    log_probs_dtype: torch.dtype = torch.float32,
 ) -> FusedLogProbs:
     """Per-token ``log_softmax(z)[target]`` of ``z = softcap * tanh(logit_scale * (hidden @ weight.T + bias) /
     softcap) / temperature`` (TRL's transform and order) without materialising the (tokens, V) logits, plus
@@ -541,8 +550,10 @@ def fused_linear_logprobs(
     ``chunk_size``/``max_chunk_bytes``: tokens per chunk, or a bound on one chunk's logits (default as
     ``fused_linear_cross_entropy``). ``accum_dtype``: dtype of the dW/dh accumulators (default fp32, as TRL;
     None: the weight's dtype, 2 bytes less per element of W). ``check_targets``: a ValueError for a target
-    outside [0, V) (one host sync after the kernels are queued). Under autocast, hidden/weight/bias are cast
-    to the autocast dtype first, as ``F.linear`` would be.
+    outside [0, V) (one host sync after the kernels are queued). ``log_probs_dtype``: fp32, or fp64 (the
+    kernels' fp64 per-token values unrounded, and their gradient taken in fp64: for a float64 loss formula on
+    top, such as GRPO's, whose per-token gradients then reach the kernels without an fp32 rounding). Under
+    autocast, hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
     """
     _, vocab = check_linear_inputs(hidden, weight, target, bias)
     check_same_device("hidden", hidden, weight=weight, target=target, bias=bias)
@@ -563,6 +574,8 @@ def fused_linear_logprobs(
     if unknown:
         raise ValueError(f"outputs has unknown field(s) {unknown}; choose among {OUTPUTS}")
     check_chunk_options(accum_dtype, chunk_size, max_chunk_bytes)
+    if log_probs_dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"log_probs_dtype={log_probs_dtype} must be torch.float32 or torch.float64")
     hidden, weight, bias = autocast_linear_inputs(hidden, weight, bias)
     temperature, logit_scale = float(temperature), float(logit_scale)
     softcap = float(softcap) if softcap is not None else None
@@ -571,7 +584,7 @@ def fused_linear_logprobs(
     if not use_triton(hidden):
         if check_targets:
             check_targets_host(target.reshape(-1), ignore_index, vocab)  # the kernel path's ValueError
-        return reference.fused_linear_logprobs(
+        result = reference.fused_linear_logprobs(
             hidden,
             weight,
             target,
@@ -582,6 +595,7 @@ def fused_linear_logprobs(
             ignore_index=ignore_index,
             outputs=("log_probs", *outputs),
         )
+        return result._replace(log_probs=result.log_probs.to(log_probs_dtype))
 
     out_shape = target.shape
     hidden2d, target1d, chunk_size = flatten_for_chunks(hidden, weight, target, chunk_size, max_chunk_bytes)
@@ -591,10 +605,11 @@ def fused_linear_logprobs(
     softcap_x = softcap / temperature if softcap is not None else None
     stats_mask = sum(1 << i for i, name in enumerate(_STATS) if name in outputs)
     args = (hidden2d, weight, target1d, bias, ignore_index, scale, softcap_x, stats_mask)
+    float64 = log_probs_dtype == torch.float64
     if wants_grad(hidden, weight, bias):
-        out = FusedLinearLogProbsFunction.apply(*args, accum_dtype, chunk_size, bool(check_targets))
+        out = FusedLinearLogProbsFunction.apply(*args, accum_dtype, chunk_size, bool(check_targets), float64)
     else:
-        out = launcher(_fwd, _fwd_impl)(*args, chunk_size, bool(check_targets))
+        out = launcher(_fwd, _fwd_impl)(*args, chunk_size, bool(check_targets), float64)
     log_probs, *stats, _state = out
     fields = [log_probs.view(out_shape)]
     for name, value in zip(_STATS, stats):

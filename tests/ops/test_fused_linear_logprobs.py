@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 from helpers import assert_no_worse_than_eager, devices, dyadic_linear_inputs, leaf, noncontiguous
@@ -7,6 +9,8 @@ from liger_core.ops import FusedLogProbs, fused_linear_logprobs
 from liger_core.ops.fused_linear_logprobs import OUTPUTS
 from liger_core.reference.fused_linear_logprobs import transform_logits
 
+# the module (``liger_core.ops.fused_linear_logprobs`` is the function of the same name)
+fused_linear_logprobs_module = importlib.import_module("liger_core.ops.fused_linear_logprobs")
 IGNORE = -100
 STATS = OUTPUTS[1:]
 FLOAT_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits")
@@ -279,6 +283,46 @@ def test_logprobs_matches_trl_kernel():
         g_trl = torch.autograd.grad(objective_trl, [h2, w2, b2], retain_graph=True)
         for a, b in zip(g_ours, g_trl):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("with_entropy", [False, True], ids=["logp", "logp+entropy"])
+def test_logprobs_float64_output(device, with_entropy, monkeypatch):
+    """log_probs_dtype=float64: the fp32 output is those values rounded once (bit for bit); the gradient takes
+    an fp64 grad_output unrounded: no worse than the fp32 output fed the same grad_output rounded to fp32
+    would be, against float64; float64 log-probs of the CPU reference path too."""
+    hidden, weight, bias, target = _inputs(device, torch.float32, 37, 67, 131, bias=True, exact=True)
+    outputs = ("log_probs", "entropy") if with_entropy else ("log_probs",)
+    runs = {}
+    for name, dtype in (("fp32", torch.float32), ("fp64", torch.float64)):
+        h, w = leaf(hidden), leaf(weight)
+        out = fused_linear_logprobs(
+            h, w, target, bias, temperature=0.7, outputs=outputs, chunk_size=8, log_probs_dtype=dtype
+        )
+        assert out.log_probs.dtype == dtype
+        runs[name] = (out, h, w)
+    assert torch.equal(runs["fp64"][0].log_probs.float(), runs["fp32"][0].log_probs)
+    g = torch.randn(37, dtype=torch.float64, device=device) * 3
+    g_entropy = torch.randn(37, dtype=torch.float32, device=device)
+
+    def objective(out, grad):
+        value = (out.log_probs * grad.to(out.log_probs.dtype)).sum()
+        return value + (out.entropy * g_entropy).sum() if with_entropy else value
+
+    h64, w64 = leaf(hidden, torch.float64), leaf(weight, torch.float64)
+    ref = reference.fused_linear_logprobs(h64, w64, target, bias.double(), temperature=0.7, outputs=outputs)
+    want = torch.autograd.grad(objective(ref, g), (h64, w64))
+    got64 = torch.autograd.grad(objective(runs["fp64"][0], g), runs["fp64"][1:])
+    got32 = torch.autograd.grad(objective(runs["fp32"][0], g.float()), runs["fp32"][1:])
+    for name, a, b, r in zip(("dhidden", "dweight"), got64, got32, want):
+        assert a.dtype == torch.float32
+        assert_no_worse_than_eager(name, a, b, r)
+    with monkeypatch.context() as patch:  # the pure-PyTorch path (CPU tensors without the interpreter)
+        patch.setattr(fused_linear_logprobs_module, "use_triton", lambda *_: False)
+        fallback = fused_linear_logprobs(hidden, weight, target, bias, log_probs_dtype=torch.float64)
+    assert fallback.log_probs.dtype == torch.float64
+    with pytest.raises(ValueError, match="log_probs_dtype"):
+        fused_linear_logprobs(hidden, weight, target, log_probs_dtype=torch.bfloat16)
 
 
 def test_logprobs_bad_inputs():
