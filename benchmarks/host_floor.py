@@ -127,6 +127,10 @@ def main() -> int:
         print(f"  {name:60s} {rows:6d} rows  {fwd_bwd_ms(fn, rows, 4096):.4f} ms", flush=True)
     graphed = [
         ("liger_core rms_norm", lambda x, w: rms_norm(x, w, 1e-6)),
+        (
+            "liger_core rms_norm in_place=True (the suite's setting)",
+            lambda x, w: rms_norm(x, w, 1e-6, in_place=True),
+        ),
         ("liger_core layer_norm", lambda x, w: layer_norm(x, w, None, 1e-5)),
         ("torch F.layer_norm", lambda x, w: torch.nn.functional.layer_norm(x, (x.shape[1],), w)),
     ]

@@ -211,8 +211,22 @@ class Case:
     grad_layout: Callable[[torch.Size, torch.dtype, torch.device], torch.Tensor] | None = None
 
 
+_GENERATORS: dict[torch.device, torch.Generator] = {}
+
+
+def _generator(device) -> torch.Generator:
+    """The suite's own random generator per device, never the default one: a CUDA-graph capture that fails
+    (a peer that syncs with the host) can leave the default CUDA generator in capture mode, after which every
+    default-generator draw raises ("Offset increment outside graph capture")."""
+    device = torch.device(device)
+    if device not in _GENERATORS:
+        _GENERATORS[device] = torch.Generator(device=device)
+        _GENERATORS[device].manual_seed(0)
+    return _GENERATORS[device]
+
+
 def _randn(*shape: int, dtype: torch.dtype, device: torch.device, scale: float = 1.0, shift: float = 0.0):
-    t = torch.randn(*shape, dtype=dtype, device=device)
+    t = torch.randn(*shape, dtype=dtype, device=device, generator=_generator(device))
     if scale != 1.0:
         t.mul_(scale)
     if shift != 0.0:
@@ -240,7 +254,7 @@ def build_glu(shape: dict, dtype, device) -> Case:
 def _hf_layout(shape: torch.Size, dtype, device) -> torch.Tensor:
     """(B, H, T, D) view of a contiguous (B, T, H, D) buffer: the layout HF attention hands to RoPE."""
     b, h, t, d = shape
-    return torch.randn(b, t, h, d, dtype=dtype, device=device).transpose(1, 2)
+    return _randn(b, t, h, d, dtype=dtype, device=device).transpose(1, 2)
 
 
 def build_rope(shape: dict, dtype, device) -> Case:
@@ -257,7 +271,7 @@ def build_rope(shape: dict, dtype, device) -> Case:
 def build_ce(shape: dict, dtype, device) -> Case:
     n, v = shape["N"], shape["V"]
     logits = _randn(n, v, dtype=dtype, device=device, scale=2.0)
-    target = torch.randint(0, v, (n,), device=device)
+    target = torch.randint(0, v, (n,), device=device, generator=_generator(device))
     return Case((logits, target), (0,))
 
 
@@ -265,21 +279,21 @@ def build_flce(shape: dict, dtype, device) -> Case:
     bt, h, v = shape["BT"], shape["H"], shape["V"]
     hidden = _randn(bt, h, dtype=dtype, device=device)
     weight = _randn(v, h, dtype=dtype, device=device, scale=h**-0.5)  # logits ~ N(0, 1)
-    target = torch.randint(0, v, (bt,), device=device)
+    target = torch.randint(0, v, (bt,), device=device, generator=_generator(device))
     return Case((hidden, weight, target), (0, 1))
 
 
 def build_kl(shape: dict, dtype, device) -> Case:
     n, v = shape["N"], shape["V"]
-    logp = torch.log_softmax(torch.randn(n, v, device=device), -1).to(dtype)
-    p = torch.softmax(torch.randn(n, v, device=device), -1).to(dtype)
+    logp = torch.log_softmax(_randn(n, v, dtype=torch.float32, device=device), -1).to(dtype)
+    p = torch.softmax(_randn(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     return Case((logp, p), (0,))
 
 
 def build_jsd(shape: dict, dtype, device) -> Case:
     n, v = shape["N"], shape["V"]
-    student = torch.log_softmax(torch.randn(n, v, device=device), -1).to(dtype)
-    teacher = torch.log_softmax(torch.randn(n, v, device=device), -1).to(dtype)
+    student = torch.log_softmax(_randn(n, v, dtype=torch.float32, device=device), -1).to(dtype)
+    teacher = torch.log_softmax(_randn(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     return Case((student, teacher), (0,))
 
 
@@ -619,7 +633,7 @@ class CaseRunner:
             elif self.case.grad_layout is not None:
                 grads.append(self.case.grad_layout(o.shape, self.dtype, self.device))
             else:
-                grads.append(torch.randn(o.shape, dtype=self.dtype, device=self.device))
+                grads.append(_randn(*o.shape, dtype=self.dtype, device=self.device))
         return grads
 
     def compute_reference(self) -> None:
@@ -894,12 +908,25 @@ def time_graph(run: ProviderRun, mode: str, timing: Timing) -> tuple[float, str]
         )
         return float(ms), "cuda-graph replay"
     except Exception as e:  # noqa: BLE001 - a step that cannot be captured keeps its other columns
+        _end_generator_capture()
         return math.nan, f"not capturable: {_short_error(e)}"
     finally:
         del graph
         torch.cuda.synchronize()
         _reset_inputs(run)
         torch.cuda.empty_cache()
+
+
+def _end_generator_capture() -> None:
+    """After a failed capture: the default CUDA generator can stay in capture mode (the failed capture_end
+    never ran its epilogue); an empty capture begins and ends it again. Best effort (the suite itself draws
+    from ``_generator``)."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+        torch.randn(1, device="cuda")
+    except Exception as e:  # noqa: BLE001
+        print(f"  (default CUDA generator still unusable after a failed capture: {_short_error(e)})")
 
 
 def _reset_inputs(run: ProviderRun) -> None:

@@ -103,6 +103,10 @@ def test_rms_norm_in_place_backward(device, dtype):
     assert torch.equal(dx_ip, dx) and torch.equal(dw_ip, dw)
     assert dx_ip.data_ptr() == dy.data_ptr() and torch.equal(dy, dx)  # the gradient buffer was reused
     assert torch.equal(dy_copy, dy_copy_before)  # out of place (the default): the gradient is left alone
+    # into a leaf's .grad without a copy (AccumulateGrad copies a gradient object something else holds)
+    x.grad = None
+    rms_norm(x, w, in_place=True).backward(dy_copy)
+    assert x.grad.data_ptr() == dy_copy.data_ptr() and torch.equal(x.grad, dx)
 
 
 HALF_DTYPE_PAIRS = [
