@@ -4,6 +4,7 @@ from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
 
 import liger_core.ops._launch as launch
 from liger_core import reference
+from liger_core.dispatch import use_triton
 from liger_core.ops import rms_norm
 
 # CPU: small odd shapes with >= ~20 rows (a row's rstd error is shared by the whole row, so a tensor of 2 rows
@@ -101,9 +102,12 @@ def test_rms_norm_in_place_backward(device, dtype):
     dx_ip, dw_ip = torch.autograd.grad(rms_norm(x, w, in_place=True), (x, w), dy)
     dx, dw = torch.autograd.grad(rms_norm(x, w), (x, w), dy_copy)
     assert torch.equal(dx_ip, dx) and torch.equal(dw_ip, dw)
-    assert dx_ip.data_ptr() == dy.data_ptr() and torch.equal(dy, dx)  # the gradient buffer was reused
     assert torch.equal(dy_copy, dy_copy_before)  # out of place (the default): the gradient is left alone
-    # into a leaf's .grad without a copy (AccumulateGrad copies a gradient object something else holds)
+    if not use_triton(x):  # the pure-PyTorch path (CPU without the interpreter) has no in-place backward
+        return
+    assert dx_ip.data_ptr() == dy.data_ptr() and torch.equal(dy, dx)  # the gradient buffer was reused
+    # into a leaf's .grad without a copy (AccumulateGrad copies a gradient object something else holds; on
+    # the H100 that copy took the fwd+bwd from 0.247 to 0.335 ms)
     x.grad = None
     rms_norm(x, w, in_place=True).backward(dy_copy)
     assert x.grad.data_ptr() == dy_copy.data_ptr() and torch.equal(x.grad, dx)
