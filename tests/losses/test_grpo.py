@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, dyadic_linear_inputs, rel_err
+from helpers import FLOOR, SLACK, assert_no_worse_than_eager, dyadic_linear_inputs, rel_err
 
 from liger_core.losses.grpo import (
     CLIPPED_LOSS_TYPES,
@@ -512,6 +512,21 @@ def float64_grads_at(logps64, hidden, weight, bias, target, case):
     return torch.autograd.grad(logps, inputs, g)
 
 
+def assert_grad_no_worse(name, ours, eager, ref64):
+    """The on-policy gradient rule: bf16 as everywhere (1.25 x eager's + floor). fp32: eager's dW / db are
+    one GEMM / one sum of nearly exact terms, often within a few tenths of the output's own final rounding,
+    where the ratio of two such errors is noise (eight completions: dr_grpo's db at 1.76 x eager in 1 of 50
+    runs); so the budget adds that rounding (the error of the float64 result rounded to fp32), which every
+    fp32 result carries."""
+    if ours.dtype != torch.float32:
+        assert_no_worse_than_eager(name, ours, eager, ref64)
+        return
+    rounding = rel_err(ref64.to(ours.dtype), ref64)
+    e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
+    bound = SLACK * e_eager + rounding + FLOOR[ours.dtype]
+    assert e_ours <= bound, f"{name}: {e_ours:.3e} > 1.25 x eager's {e_eager:.3e} + rounding {rounding:.3e}"
+
+
 FUSED_B = 8  # completions in test_fused_matches_float64 (see its docstring)
 
 FUSED_CASES = [
@@ -531,9 +546,9 @@ def test_fused_matches_float64(loss_type, level, beta, with_bias, off_policy, dt
     weight, bias) against float64, no worse than the unfused composition (logits -> log_softmax -> formula).
 
     Eight completions, not three: the per-token gradient is nearly one factor per completion, so dW and db
-    are sums of a few large terms, and with three completions the ratio of two fp32 errors had a tail past
-    1.25 (dr_grpo's db: median 0.54, 5 of 300 above, 2.2 at most; eight: median 0.44, none above, 1.02 at
-    most; `/tmp`-free rerun: benchmarks/results/run_2026-11-23-s8/grpo_ratio_tail.txt).
+    are sums of a few large terms, and with three completions the ratio of two fp32 errors had a long tail
+    (dr_grpo's db: 5 of 300 runs above 1.25 x eager, 2.2 at most); the fp32 rule is
+    ``assert_grad_no_worse``'s (benchmarks/results/run_2026-11-23-s8/grpo_ratio_tail.txt).
 
     Temperature 1: the op and eager then round the same logits of the same GEMM, so their errors compare
     draw for draw (the temperature is checked by the exact composition test below and by layer 1's tests).
@@ -592,7 +607,7 @@ def test_fused_matches_float64(loss_type, level, beta, with_bias, off_policy, dt
     names = ("grad_hidden", "grad_weight", "grad_bias")
     if not off_policy:
         for name, a, e, r in zip(names, grads, eager[0][1:], ref[0][1:]):
-            assert_no_worse_than_eager(name, a, e, r)
+            assert_grad_no_worse(name, a, e, r)
     else:
         scored = target.masked_fill(case["completion_mask"] == 0, -100)
         op_logps = fused_linear_logprobs(hidden, weight, scored, bias, chunk_size=4).log_probs
