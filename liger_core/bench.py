@@ -944,8 +944,9 @@ def time_graph(
 
 def _end_generator_capture() -> None:
     """After a failed capture: the default CUDA generator can stay in capture mode (the failed capture_end
-    never ran its epilogue); an empty capture begins and ends it again. Best effort (the suite itself draws
-    from ``_generator``)."""
+    never ran its epilogue); an empty capture begins and ends one again, which should clear it. Best effort
+    and not yet seen working (since ``_host_sync_in``, no capture has failed in a suite run); the suite draws
+    its own inputs from ``_generator`` either way."""
     try:
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             pass
