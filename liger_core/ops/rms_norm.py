@@ -412,8 +412,7 @@ class RMSNormFunction(torch.autograd.Function):
             # a new view object, never ``dy`` itself: AccumulateGrad takes a gradient without copying it only
             # when nothing else holds that object (a leaf x's .grad would otherwise be a full copy of dx)
             return dy2d.view(*ctx.x_shape), dw, None, None, None, None
-        else:
-            dx, dw = launcher(_rms_norm_bwd, _rms_norm_bwd_impl)(dy2d, x2d, w, rstd, ctx.offset)
+        dx, dw = launcher(_rms_norm_bwd, _rms_norm_bwd_impl)(dy2d, x2d, w, rstd, ctx.offset)
         return as_shape(dx, ctx.x_shape), dw, None, None, None, None
 
 
