@@ -68,6 +68,13 @@ BWD_VARIANTS = {  # name -> _launch knobs
     # the chunked two-pass loop, and wider column chunks
     "fused16384": {"NORM_BWD_FUSED_MAX_COLS": 16384},
     "fused16384 E32": {"NORM_BWD_FUSED_MAX_COLS": 16384, "NORM_BWD_ELEMENTS_PER_THREAD": 32},
+    # session 9: wide rows re-load w, dy, x after the row reductions instead of holding them (default at
+    # >= 16384 columns); "noreload" is session 5's spilling single pass
+    "reload16384 (current)": {},
+    "noreload": {"NORM_BWD_RELOAD_MIN_COLS": 1 << 30},
+    "reload8192": {"NORM_BWD_RELOAD_MIN_COLS": 8192},
+    "reload E32": {"NORM_BWD_ELEMENTS_PER_THREAD": 32},
+    "reload8192 E32": {"NORM_BWD_RELOAD_MIN_COLS": 8192, "NORM_BWD_ELEMENTS_PER_THREAD": 32},
     "chunk8192": {"NORM_CHUNK_COLS": 8192},
     "chunk2048": {"NORM_CHUNK_COLS": 2048},
     # LayerNorm backward occupancy (its kernel holds ~166 registers a thread at 16 elements: 8 warps per SM);

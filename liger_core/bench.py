@@ -1453,6 +1453,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="sweep shapes (hidden 1024..16384 x tokens 1k..64k incl. odd counts; vocab 32k..256k)",
     )
+    p.add_argument(
+        "--where",
+        nargs="+",
+        default=[],
+        metavar="KEY=V[,V]",
+        help="keep only the shapes whose KEY is one of the values, e.g. --sweep --where N=8192,16384 "
+        "(norms/GLUs at those hidden sizes; shape keys: M, N for the row ops, B, T, Hq, Hk, D for rope, "
+        "N/BT, V, H for the losses; a shape without the key is left out)",
+    )
     p.add_argument("--quick", action="store_true", help="shorter timing (warmup 10 ms, rep 40 ms)")
     p.add_argument("--out", default="benchmarks/results", help="directory for the CSV and PNG files")
     p.add_argument("--no-plots", action="store_true")
@@ -1469,6 +1478,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.ops == ["all"]:
         args.ops = list(ALL_OPS)
+    try:
+        args.where = {k: set(v.split(",")) for k, v in (w.split("=", 1) for w in args.where)}
+    except ValueError:
+        p.error(f"--where takes KEY=V[,V] terms, got {args.where}")
     unknown = [o for o in args.ops if o not in OPS]
     if unknown:
         p.error(f"unknown op(s) {unknown}; choose from {list(ALL_OPS)} or 'all'")
@@ -1517,7 +1530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.ops
         for i, shape in enumerate(OPS[name].shapes[shapes_key])
         if not (name == args.ops[0] and i < args.resume_shape)
+        and all(str(shape.get(k)) in values for k, values in args.where.items())
     ]
+    if not cases:
+        print(f"liger-core bench: no shape of {args.ops} matches --where {args.where}", file=sys.stderr)
+        return 2
     t0 = time.time()
     child_rc = 0
     for k, (name, _, shape) in enumerate(cases):
@@ -1576,6 +1593,8 @@ def continue_in_fresh_process(args: argparse.Namespace, rest: Sequence[tuple[str
     ops = list(dict.fromkeys(name for name, _, _ in rest))
     argv = ["--ops", *ops, "--resume-shape", str(rest[0][1]), "--append", "--no-plots"]
     argv += ["--providers", *args.providers, "--modes", *args.modes, "--dtype", args.dtype, "--out", args.out]
+    if args.where:
+        argv += ["--where", *(f"{k}={','.join(sorted(v))}" for k, v in args.where.items())]
     argv += [
         flag
         for flag, on in (("--sweep", args.sweep), ("--quick", args.quick), ("--dry-run", args.dry_run))

@@ -200,6 +200,17 @@ def test_bench_continues_in_a_fresh_process_after_a_crash(tmp_path, monkeypatch,
     assert all(r["check"] == "ok" for r in rows), rows
 
 
+def test_bench_where_keeps_only_matching_shapes(tmp_path, capsys):
+    """--where N=... keeps the shapes with that value (the CPU shape of swiglu is 37 x 123); none left is an
+    error, not an empty run."""
+    common = ["--dry-run", "--ops", "swiglu", "--providers", "torch", "--modes", "fwd", "--no-plots"]
+    assert bench.main([*common, "--out", str(tmp_path / "none"), "--where", "N=999,1000"]) == 2
+    assert "no shape" in capsys.readouterr().err
+    assert bench.main([*common, "--out", str(tmp_path), "--where", "N=999,123", "M=37"]) == 0
+    rows = list(csv.DictReader((tmp_path / "ops_cpu-dryrun.csv").open()))
+    assert [(r["op"], r["provider"], r["mode"]) for r in rows] == [("swiglu", "torch", "fwd")]
+
+
 def test_plots_from_rows(tmp_path):
     pytest.importorskip("matplotlib")
 

@@ -79,6 +79,11 @@ NORM_BWD_PROGRAMS_PER_SM = 2
 NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM = 1
 # Backward: issue the next tile's loads before this tile's math (tiles up to NORM_TILE_ELEMENTS).
 NORM_BWD_PREFETCH = True
+# Backward of rows at least this wide (single pass): w is not held in registers across rows, and dy, x, w are
+# loaded again (from L1/L2: the row was just read) after the row's reductions instead of keeping dy * w and
+# the normalised x live across them. Why: at 16384 columns the held values spill (LayerNorm keeps w, dW and
+# dB accumulators, g and xhat: ~80 registers a thread at the 64-register cap of 32 warps).
+NORM_BWD_RELOAD_MIN_COLS = 16384
 
 
 def _next_power_of_2(n: int) -> int:
@@ -102,6 +107,7 @@ class NormSettings(NamedTuple):
     num_warps: int
     single_pass: bool  # the whole row fits in one tile
     prefetch: bool  # backward: load the next tile before computing this one
+    reload: bool  # backward: re-load dy, x, w after the row reductions (see NORM_BWD_RELOAD_MIN_COLS)
 
 
 _NORM_SETTINGS: dict[tuple, NormSettings] = {}
@@ -113,7 +119,7 @@ def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False)
     key = (
         n_cols, backward, layer_norm, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS,
         NORM_TILE_ELEMENTS, NORM_BWD_TILE_ELEMENTS_LAYER_NORM, NORM_FWD_ELEMENTS_PER_THREAD,
-        NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH,
+        NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH, NORM_BWD_RELOAD_MIN_COLS,
     )  # fmt: skip
     settings = _NORM_SETTINGS.get(key)
     if settings is None:
@@ -138,7 +144,8 @@ def _norm_settings(n_cols: int, backward: bool, tile_elements: int) -> NormSetti
     else:
         per_thread = NORM_FWD_ELEMENTS_PER_THREAD
     warps = min(32, max(4, tile // (32 * per_thread)))
-    return NormSettings(block_m, block_n, warps, single_pass, prefetch)
+    reload = backward and single_pass and block_n >= NORM_BWD_RELOAD_MIN_COLS
+    return NormSettings(block_m, block_n, warps, single_pass, prefetch, reload)
 
 
 def norm_bwd_programs(device, n_tiles: int, layer_norm: bool = False) -> tuple[int, int]:

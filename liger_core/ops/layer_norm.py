@@ -139,6 +139,7 @@ def _layer_norm_bwd_kernel(
     SINGLE_PASS: tl.constexpr,
     PREFETCH: tl.constexpr,
     PRECISE: tl.constexpr,
+    RELOAD: tl.constexpr,  # wide rows: w, dy, x re-loaded after the reductions (see rms_norm)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
@@ -149,7 +150,8 @@ def _layer_norm_bwd_kernel(
 
     if SINGLE_PASS:
         col_mask = cols < n_cols
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if not RELOAD:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         # per-row-lane accumulators over this program's tiles, summed once at the end (see rms_norm)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -176,19 +178,29 @@ def _layer_norm_bwd_kernel(
             x = x.to(tl.float32)
             mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            if RELOAD:
+                w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
+                w = w.to(tl.float32)
             xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
             g = dy * w[None, :]
             mean_gxhat = tl.sum(g * xhat, axis=1) / n_cols
             mean_g = tl.sum(g, axis=1) / n_cols
+            dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xhat, PRECISE)
+            if HAS_BIAS:
+                db_acc, db_comp = accumulate(db_acc, db_comp, dy, PRECISE)
+            if RELOAD:  # same values, read again (L1/L2) rather than held across the reductions
+                dy, x = load_tiles(
+                    dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask, "evict_first"
+                )
+                w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+                xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+                g = dy.to(tl.float32) * w[None, :]
             dx = rstd[:, None] * (g - xhat * mean_gxhat[:, None] - mean_g[:, None])
             tl.store(
                 dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
                 dx.to(dx_ptr.dtype.element_ty),
                 mask=mask,
             )
-            dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xhat, PRECISE)
-            if HAS_BIAS:
-                db_acc, db_comp = accumulate(db_acc, db_comp, dy, PRECISE)
             rows += BLOCK_M
         dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
         tl.store(dw_partial_row + cols, dw, mask=col_mask)
@@ -275,7 +287,7 @@ def _layer_norm_bwd_impl(
         dy, x, w, mean, rstd, dx, partials, n_rows, n_cols,
         dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
         HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
-        PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
+        PREFETCH=s.prefetch, PRECISE=precise, RELOAD=s.reload, num_warps=s.num_warps,
     )  # fmt: skip
     sums = sum_partials(partials, w.dtype)  # dW (and dB) in one launch
     if has_bias:

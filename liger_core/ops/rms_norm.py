@@ -83,10 +83,15 @@ def accumulate(acc, comp, value, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
-    """The (dy, x) tiles of ``rows`` x ``cols`` (int64 rows), in their storage dtype."""
-    dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
-    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+def load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask, POLICY: tl.constexpr = ""):
+    """The (dy, x) tiles of ``rows`` x ``cols`` (int64 rows), in their storage dtype. A re-load of the same
+    tile passes a different ``POLICY`` (eviction policy) so the compiler does not merge it with the first."""
+    dy = tl.load(
+        dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0, eviction_policy=POLICY
+    )
+    x = tl.load(
+        x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0, eviction_policy=POLICY
+    )
     return dy, x
 
 
@@ -217,6 +222,7 @@ def _rms_norm_bwd_kernel(
     SINGLE_PASS: tl.constexpr,
     PREFETCH: tl.constexpr,
     PRECISE: tl.constexpr,
+    RELOAD: tl.constexpr,  # wide rows: w, dy, x re-loaded after the reduction (``NORM_BWD_RELOAD_MIN_COLS``)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
@@ -225,7 +231,8 @@ def _rms_norm_bwd_kernel(
 
     if SINGLE_PASS:
         col_mask = cols < n_cols
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
+        if not RELOAD:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
         # dw accumulates per row lane over this program's tiles (no cross-warp reduction per tile); the
         # BLOCK_M lanes are summed once at the end (in fp64 when PRECISE)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -250,16 +257,26 @@ def _rms_norm_bwd_kernel(
             dy = dy.to(tl.float32)
             x = x.to(tl.float32)
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            if RELOAD:
+                w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
+                w = w.to(tl.float32) + offset
             xn = x * rstd[:, None]
             g = dy * w[None, :]
             mean_gxn = tl.sum(g * xn, axis=1) / n_cols
+            dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xn, PRECISE)
+            if RELOAD:  # same values, read again (L1/L2) rather than held across the reduction
+                dy, x = load_tiles(
+                    dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask, "evict_first"
+                )
+                w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
+                xn = x.to(tl.float32) * rstd[:, None]
+                g = dy.to(tl.float32) * w[None, :]
             dx = rstd[:, None] * (g - xn * mean_gxn[:, None])
             tl.store(
                 dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
                 dx.to(dx_ptr.dtype.element_ty),
                 mask=mask,
             )
-            dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xn, PRECISE)
             rows += BLOCK_M
         dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
         tl.store(dw_partial_row + cols, dw, mask=col_mask)
@@ -349,7 +366,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     _rms_norm_bwd_kernel[(programs,)](
         dy, x, w, rstd, dx, dw_partial, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), offset,
         tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
-        PREFETCH=s.prefetch, PRECISE=precise, num_warps=s.num_warps,
+        PREFETCH=s.prefetch, PRECISE=precise, RELOAD=s.reload, num_warps=s.num_warps,
     )  # fmt: skip
     return sum_partials(dw_partial, w.dtype)
 

@@ -103,6 +103,26 @@ def test_layer_norm_long_rows_loop_over_column_chunks(dtype, bias, monkeypatch):
     _check_against_float64(_make_x(shape, dtype, "cpu"), w, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(23, 301), (3, 7, 1031)])
+def test_layer_norm_wide_rows_reload_after_reduction(dtype, bias, shape, monkeypatch, poison_empty):
+    """The wide-row backward (w, dy, x re-loaded after the row's reductions) gives the same bits as the one
+    holding them; the threshold is lowered so small rows take it."""
+    x = _make_x(shape, dtype, "cpu")
+    w, b = _make_params(shape[-1], dtype, "cpu", bias)
+    monkeypatch.setattr(launch, "NORM_BWD_RELOAD_MIN_COLS", 1 << 30)
+    assert not launch.norm_settings(shape[-1], backward=True, layer_norm=True).reload
+    seed = int(torch.randint(0, 2**31 - 1, ()))  # the same fresh dy for both runs
+    torch.manual_seed(seed)
+    _, *held = _check_against_float64(x, w, b)
+    monkeypatch.setattr(launch, "NORM_BWD_RELOAD_MIN_COLS", 256)
+    assert launch.norm_settings(shape[-1], backward=True, layer_norm=True).reload
+    torch.manual_seed(seed)
+    _, *grads = _check_against_float64(x, w, b)
+    assert all(torch.equal(g, h) for g, h in zip(grads, held, strict=True))
+
+
 def test_layer_norm_hidden_size_above_fused_limit(poison_empty):
     n = 2 * launch.NORM_FUSED_MAX_COLS + 11
     w, b = _make_params(n, torch.bfloat16, "cpu")

@@ -159,6 +159,26 @@ def test_rms_norm_long_rows_loop_over_column_chunks(dtype, mode, offset, monkeyp
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode,offset", MODES[:2])
+@pytest.mark.parametrize("shape", [(23, 301), (3, 7, 1031)])
+def test_rms_norm_wide_rows_reload_after_reduction(dtype, mode, offset, shape, monkeypatch, poison_empty):
+    """The wide-row backward (w, dy, x re-loaded after the row's reduction) gives the same bits as the one
+    holding them; the threshold is lowered so small rows take it (tiles of one and of several rows)."""
+    x = _make_x(shape, dtype, "cpu")
+    w = _make_w(shape[-1], dtype, "cpu", offset)
+    monkeypatch.setattr(launch, "NORM_BWD_RELOAD_MIN_COLS", 1 << 30)
+    assert not launch.norm_settings(shape[-1], backward=True).reload
+    seed = int(torch.randint(0, 2**31 - 1, ()))  # the same fresh dy for both runs
+    torch.manual_seed(seed)
+    _, dx_held, dw_held = _check_against_float64(x, w, mode, offset)
+    monkeypatch.setattr(launch, "NORM_BWD_RELOAD_MIN_COLS", 256)
+    assert launch.norm_settings(shape[-1], backward=True).reload
+    torch.manual_seed(seed)
+    _, dx, dw = _check_against_float64(x, w, mode, offset)
+    assert torch.equal(dx, dx_held) and torch.equal(dw, dw_held)
+
+
 def test_rms_norm_hidden_size_above_fused_limit(poison_empty):
     n = 2 * launch.NORM_FUSED_MAX_COLS + 11
     x = _make_x((3, n), torch.bfloat16, "cpu")
