@@ -73,8 +73,18 @@ BWD_VARIANTS = {  # name -> _launch knobs
     "reload16384 (current)": {},
     "noreload": {"NORM_BWD_RELOAD_MIN_COLS": 1 << 30},
     "reload8192": {"NORM_BWD_RELOAD_MIN_COLS": 8192},
-    "reload E32": {"NORM_BWD_ELEMENTS_PER_THREAD": 32},
-    "reload8192 E32": {"NORM_BWD_RELOAD_MIN_COLS": 8192, "NORM_BWD_ELEMENTS_PER_THREAD": 32},
+    "reload P1": {"NORM_BWD_PROGRAMS_PER_SM": 1},
+    "reload W32 P1": {"NORM_BWD_WIDE_ELEMENTS_PER_THREAD": 32, "NORM_BWD_PROGRAMS_PER_SM": 1},
+    "reload8192 W32 P1": {
+        "NORM_BWD_RELOAD_MIN_COLS": 8192,
+        "NORM_BWD_WIDE_ELEMENTS_PER_THREAD": 32,
+        "NORM_BWD_PROGRAMS_PER_SM": 1,
+    },
+    "noreload W32 P1 (liger-like)": {
+        "NORM_BWD_RELOAD_MIN_COLS": 1 << 30,
+        "NORM_BWD_WIDE_ELEMENTS_PER_THREAD": 32,
+        "NORM_BWD_PROGRAMS_PER_SM": 1,
+    },
     "chunk8192": {"NORM_CHUNK_COLS": 8192},
     "chunk2048": {"NORM_CHUNK_COLS": 2048},
     # LayerNorm backward occupancy (its kernel holds ~166 registers a thread at 16 elements: 8 warps per SM);

@@ -73,6 +73,7 @@ NORM_BWD_TILE_ELEMENTS_LAYER_NORM = 8192
 # 5120-8192) already have twice the bytes in flight and take 16 without prefetch.
 NORM_FWD_ELEMENTS_PER_THREAD = 16
 NORM_BWD_ELEMENTS_PER_THREAD = 16
+NORM_BWD_WIDE_ELEMENTS_PER_THREAD = 16  # backward tiles without the prefetch (above NORM_TILE_ELEMENTS)
 # Programs per SM of the persistent backward grid (each writes one partial row of dW/dB). Measured best:
 # RMSNorm 2 (0.157 vs 0.174 ms with 1), LayerNorm 1 (0.177 vs 0.189 with 2; its kernel holds more registers).
 NORM_BWD_PROGRAMS_PER_SM = 2
@@ -120,6 +121,7 @@ def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False)
         n_cols, backward, layer_norm, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS,
         NORM_TILE_ELEMENTS, NORM_BWD_TILE_ELEMENTS_LAYER_NORM, NORM_FWD_ELEMENTS_PER_THREAD,
         NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH, NORM_BWD_RELOAD_MIN_COLS,
+        NORM_BWD_WIDE_ELEMENTS_PER_THREAD,
     )  # fmt: skip
     settings = _NORM_SETTINGS.get(key)
     if settings is None:
@@ -141,6 +143,8 @@ def _norm_settings(n_cols: int, backward: bool, tile_elements: int) -> NormSetti
     prefetch = NORM_BWD_PREFETCH and backward and single_pass and block_n <= NORM_TILE_ELEMENTS
     if backward and (prefetch or not single_pass or not NORM_BWD_PREFETCH):
         per_thread = NORM_BWD_ELEMENTS_PER_THREAD
+    elif backward:
+        per_thread = NORM_BWD_WIDE_ELEMENTS_PER_THREAD
     else:
         per_thread = NORM_FWD_ELEMENTS_PER_THREAD
     warps = min(32, max(4, tile // (32 * per_thread)))

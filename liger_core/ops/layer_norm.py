@@ -34,6 +34,7 @@ from liger_core.ops.rms_norm import (
     as_shape,
     inv_sqrt_mean,
     load_tiles,
+    reload_tiles,
     rows_view,
     sum_partials,
     widen,
@@ -189,9 +190,7 @@ def _layer_norm_bwd_kernel(
             if HAS_BIAS:
                 db_acc, db_comp = accumulate(db_acc, db_comp, dy, PRECISE)
             if RELOAD:  # same values, read again (L1/L2) rather than held across the reductions
-                dy, x = load_tiles(
-                    dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask, "evict_first"
-                )
+                dy, x = reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
                 w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
                 xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
                 g = dy.to(tl.float32) * w[None, :]

@@ -83,14 +83,24 @@ def accumulate(acc, comp, value, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask, POLICY: tl.constexpr = ""):
-    """The (dy, x) tiles of ``rows`` x ``cols`` (int64 rows), in their storage dtype. A re-load of the same
-    tile passes a different ``POLICY`` (eviction policy) so the compiler does not merge it with the first."""
-    dy = tl.load(
-        dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0, eviction_policy=POLICY
-    )
+def load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
+    """The (dy, x) tiles of ``rows`` x ``cols`` (int64 rows), in their storage dtype."""
+    dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+    return dy, x
+
+
+@triton.jit
+def reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
+    """``load_tiles`` again, for a tile just read: evict-first, which also keeps the compiler from merging it
+    with the first load (a string constexpr default argument does not compile in Triton 3.6)."""
+    dy_tile = dy_ptr + rows[:, None] * dy_row_stride + cols[None, :]
+    dy = tl.load(dy_tile, mask=mask, other=0.0, eviction_policy="evict_first")
     x = tl.load(
-        x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0, eviction_policy=POLICY
+        x_ptr + rows[:, None] * x_row_stride + cols[None, :],
+        mask=mask,
+        other=0.0,
+        eviction_policy="evict_first",
     )
     return dy, x
 
@@ -265,9 +275,7 @@ def _rms_norm_bwd_kernel(
             mean_gxn = tl.sum(g * xn, axis=1) / n_cols
             dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xn, PRECISE)
             if RELOAD:  # same values, read again (L1/L2) rather than held across the reduction
-                dy, x = load_tiles(
-                    dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask, "evict_first"
-                )
+                dy, x = reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
                 w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
                 xn = x.to(tl.float32) * rstd[:, None]
                 g = dy.to(tl.float32) * w[None, :]
