@@ -45,6 +45,13 @@ SUMMARY: list[str] = []
 ONLY_VARIANTS: list[str] = []  # --variants: name prefixes to run
 GRAPH = False  # --graph: time the launchers as CUDA-graph replays
 
+
+def _wide(per_thread: int, reload: bool) -> dict:
+    """Knobs giving both norms' wide-row backward tiles (8192 and 16384 columns) one setting."""
+    table = {8192: (per_thread, reload), 16384: (per_thread, reload)}
+    return {"NORM_BWD_WIDE_RMS_NORM": table, "NORM_BWD_WIDE_LAYER_NORM": table}
+
+
 BWD_VARIANTS = {  # name -> _launch knobs
     "P2 E8 pf (current)": {},
     "P1 E8 pf": {"NORM_BWD_PROGRAMS_PER_SM": 1},
@@ -68,23 +75,14 @@ BWD_VARIANTS = {  # name -> _launch knobs
     # the chunked two-pass loop, and wider column chunks
     "fused16384": {"NORM_BWD_FUSED_MAX_COLS": 16384},
     "fused16384 E32": {"NORM_BWD_FUSED_MAX_COLS": 16384, "NORM_BWD_ELEMENTS_PER_THREAD": 32},
-    # session 9: wide rows re-load w, dy, x after the row reductions instead of holding them (default at
-    # >= 16384 columns); "noreload" is session 5's spilling single pass
-    "reload16384 (current)": {},
-    "noreload": {"NORM_BWD_RELOAD_MIN_COLS": 1 << 30},
-    "reload8192": {"NORM_BWD_RELOAD_MIN_COLS": 8192},
-    "reload P1": {"NORM_BWD_PROGRAMS_PER_SM": 1},
-    "reload W32 P1": {"NORM_BWD_WIDE_ELEMENTS_PER_THREAD": 32, "NORM_BWD_PROGRAMS_PER_SM": 1},
-    "reload8192 W32 P1": {
-        "NORM_BWD_RELOAD_MIN_COLS": 8192,
-        "NORM_BWD_WIDE_ELEMENTS_PER_THREAD": 32,
-        "NORM_BWD_PROGRAMS_PER_SM": 1,
-    },
-    "noreload W32 P1 (liger-like)": {
-        "NORM_BWD_RELOAD_MIN_COLS": 1 << 30,
-        "NORM_BWD_WIDE_ELEMENTS_PER_THREAD": 32,
-        "NORM_BWD_PROGRAMS_PER_SM": 1,
-    },
+    # session 9: backward of wide rows (one row per tile above NORM_TILE_ELEMENTS): (elements per thread,
+    # re-load after the reductions) per padded width, both ops alike; "held E16 P2" is session 5's setting
+    "wide (current)": {},
+    "wide held E16 P2": {**_wide(16, False), "NORM_BWD_WIDE_PROGRAMS_PER_SM": 2},
+    "wide held E16": _wide(16, False),
+    "wide held E32": _wide(32, False),
+    "wide reload E16": _wide(16, True),
+    "wide reload E32": _wide(32, True),
     "chunk8192": {"NORM_CHUNK_COLS": 8192},
     "chunk2048": {"NORM_CHUNK_COLS": 2048},
     # LayerNorm backward occupancy (its kernel holds ~166 registers a thread at 16 elements: 8 warps per SM);

@@ -69,22 +69,30 @@ NORM_BWD_TILE_ELEMENTS_LAYER_NORM = 8192
 # Elements of a tile per thread (sets num_warps). Forward: 16. Backward: 16 with a software prefetch of the
 # next tile (8 warps at hidden 4096: RMSNorm 113-124 registers, LayerNorm 166, no spills; H100, triton 3.6).
 # Measured (GPU time, CUDA-graph replays, bf16 16384x4096): RMSNorm bwd 0.200 ms at 8 elements (16 warps) ->
-# 0.157 at 16; LayerNorm 0.191 -> 0.178 (with 1 program per SM). Tiles above NORM_TILE_ELEMENTS (hidden
-# 5120-8192) already have twice the bytes in flight and take 16 without prefetch.
+# 0.157 at 16; LayerNorm 0.191 -> 0.178 (with 1 program per SM).
 NORM_FWD_ELEMENTS_PER_THREAD = 16
 NORM_BWD_ELEMENTS_PER_THREAD = 16
-NORM_BWD_WIDE_ELEMENTS_PER_THREAD = 16  # backward tiles without the prefetch (above NORM_TILE_ELEMENTS)
 # Programs per SM of the persistent backward grid (each writes one partial row of dW/dB). Measured best:
 # RMSNorm 2 (0.157 vs 0.174 ms with 1), LayerNorm 1 (0.177 vs 0.189 with 2; its kernel holds more registers).
 NORM_BWD_PROGRAMS_PER_SM = 2
 NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM = 1
 # Backward: issue the next tile's loads before this tile's math (tiles up to NORM_TILE_ELEMENTS).
 NORM_BWD_PREFETCH = True
-# Backward of rows at least this wide (single pass): w is not held in registers across rows, and dy, x, w are
-# loaded again (from L1/L2: the row was just read) after the row's reductions instead of keeping dy * w and
-# the normalised x live across them. Why: at 16384 columns the held values spill (LayerNorm keeps w, dW and
-# dB accumulators, g and xhat: ~80 registers a thread at the 64-register cap of 32 warps).
-NORM_BWD_RELOAD_MIN_COLS = 16384
+# Backward of wide rows (one row per tile, more than NORM_TILE_ELEMENTS columns, no prefetch), by the row's
+# padded width: (elements per thread, reload). reload: w is not held in registers across rows, and dy, x, w
+# are loaded again (L1/L2: the row was just read) after the row's reductions instead of holding dy * w and
+# the normalised x across them; the held values spill at 16384 columns (LayerNorm: w, dW and dB accumulators,
+# g, xhat at the 64-register cap of 32 warps). One program per SM (NORM_BWD_WIDE_PROGRAMS_PER_SM): a second
+# one does not fit beside it in registers, so it only formed a second wave. Measured (session 9, H100, bf16,
+# kernel alone, `variants_norm.py --shapes 16384x16384,32768x16384,4093x16384,16384x8192,65536x8192`), ms:
+# RMSNorm 16384 cols: 32 elements + reload 0.578 / 1.134 / 0.160 vs 16 elements 0.619 / 1.207 / 0.195 (held
+#   or reloaded alike); 8192 cols: held 0.321 / 1.223, reloaded 0.346 / 1.296.
+# LayerNorm 16384 cols: 16 elements + reload 0.848 / 1.663 / 0.242 vs held 1.104 / 2.172 / 0.307 (32
+#   elements + reload 0.869); 8192 cols: 32 elements + reload 0.373 / 1.400 vs 16 held 0.388 / 1.458.
+NORM_BWD_WIDE_RMS_NORM = {8192: (16, False), 16384: (32, True)}
+NORM_BWD_WIDE_LAYER_NORM = {8192: (32, True), 16384: (16, True)}
+NORM_BWD_WIDE_DEFAULT = (16, False)  # other widths (none between 4096 and 8192 or above 16384 single-pass)
+NORM_BWD_WIDE_PROGRAMS_PER_SM = 1
 
 
 def _next_power_of_2(n: int) -> int:
@@ -108,7 +116,8 @@ class NormSettings(NamedTuple):
     num_warps: int
     single_pass: bool  # the whole row fits in one tile
     prefetch: bool  # backward: load the next tile before computing this one
-    reload: bool  # backward: re-load dy, x, w after the row reductions (see NORM_BWD_RELOAD_MIN_COLS)
+    reload: bool  # backward: re-load dy, x, w after the row reductions (see NORM_BWD_WIDE_RMS_NORM)
+    programs_per_sm: int  # backward: of the persistent grid
 
 
 _NORM_SETTINGS: dict[tuple, NormSettings] = {}
@@ -117,11 +126,13 @@ _NORM_SETTINGS: dict[tuple, NormSettings] = {}
 def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False) -> NormSettings:
     """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``;
     cached (host time on every launch), keyed on the knobs too since benchmarks change them."""
+    wide = NORM_BWD_WIDE_LAYER_NORM if layer_norm else NORM_BWD_WIDE_RMS_NORM
     key = (
         n_cols, backward, layer_norm, NORM_FUSED_MAX_COLS, NORM_BWD_FUSED_MAX_COLS, NORM_CHUNK_COLS,
         NORM_TILE_ELEMENTS, NORM_BWD_TILE_ELEMENTS_LAYER_NORM, NORM_FWD_ELEMENTS_PER_THREAD,
-        NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH, NORM_BWD_RELOAD_MIN_COLS,
-        NORM_BWD_WIDE_ELEMENTS_PER_THREAD,
+        NORM_BWD_ELEMENTS_PER_THREAD, NORM_BWD_PREFETCH, NORM_BWD_PROGRAMS_PER_SM,
+        NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM, tuple(sorted(wide.items())), NORM_BWD_WIDE_DEFAULT,
+        NORM_BWD_WIDE_PROGRAMS_PER_SM,
     )  # fmt: skip
     settings = _NORM_SETTINGS.get(key)
     if settings is None:
@@ -129,11 +140,13 @@ def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False)
         tile_elements = (
             NORM_BWD_TILE_ELEMENTS_LAYER_NORM if backward and layer_norm and wide_rows else NORM_TILE_ELEMENTS
         )
-        settings = _NORM_SETTINGS[key] = _norm_settings(n_cols, backward, tile_elements)
+        settings = _NORM_SETTINGS[key] = _norm_settings(n_cols, backward, layer_norm, tile_elements, wide)
     return settings
 
 
-def _norm_settings(n_cols: int, backward: bool, tile_elements: int) -> NormSettings:
+def _norm_settings(
+    n_cols: int, backward: bool, layer_norm: bool, tile_elements: int, wide: dict[int, tuple[int, bool]]
+) -> NormSettings:
     block_n = _next_power_of_2(n_cols)
     if block_n > (NORM_BWD_FUSED_MAX_COLS if backward else NORM_FUSED_MAX_COLS):
         block_m, block_n, single_pass = 1, NORM_CHUNK_COLS, False
@@ -141,21 +154,20 @@ def _norm_settings(n_cols: int, backward: bool, tile_elements: int) -> NormSetti
         block_m, single_pass = max(1, tile_elements // block_n), True
     tile = block_m * block_n
     prefetch = NORM_BWD_PREFETCH and backward and single_pass and block_n <= NORM_TILE_ELEMENTS
-    if backward and (prefetch or not single_pass or not NORM_BWD_PREFETCH):
-        per_thread = NORM_BWD_ELEMENTS_PER_THREAD
-    elif backward:
-        per_thread = NORM_BWD_WIDE_ELEMENTS_PER_THREAD
-    else:
-        per_thread = NORM_FWD_ELEMENTS_PER_THREAD
-    warps = min(32, max(4, tile // (32 * per_thread)))
-    reload = backward and single_pass and block_n >= NORM_BWD_RELOAD_MIN_COLS
-    return NormSettings(block_m, block_n, warps, single_pass, prefetch, reload)
-
-
-def norm_bwd_programs(device, n_tiles: int, layer_norm: bool = False) -> tuple[int, int]:
-    """(programs, tiles per program) for the persistent backward grid: NORM_BWD_PROGRAMS_PER_SM (LayerNorm:
-    NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM) programs per SM, each with a contiguous block of >= 1 tile."""
+    per_thread, reload = NORM_FWD_ELEMENTS_PER_THREAD, False
     per_sm = NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM if layer_norm else NORM_BWD_PROGRAMS_PER_SM
-    target = num_sms(device) * per_sm
+    if backward and single_pass and block_m == 1 and block_n > NORM_TILE_ELEMENTS:
+        per_thread, reload = wide.get(block_n, NORM_BWD_WIDE_DEFAULT)
+        per_sm = NORM_BWD_WIDE_PROGRAMS_PER_SM
+    elif backward and (prefetch or not single_pass or not NORM_BWD_PREFETCH):
+        per_thread = NORM_BWD_ELEMENTS_PER_THREAD
+    warps = min(32, max(4, tile // (32 * per_thread)))
+    return NormSettings(block_m, block_n, warps, single_pass, prefetch, reload, per_sm)
+
+
+def norm_bwd_programs(device, n_tiles: int, settings: NormSettings) -> tuple[int, int]:
+    """(programs, tiles per program) for the persistent backward grid: ``settings.programs_per_sm`` programs
+    per SM, each with a contiguous block of >= 1 tile."""
+    target = num_sms(device) * settings.programs_per_sm
     tiles_per_program = cdiv(n_tiles, max(1, min(target, n_tiles)))
     return cdiv(n_tiles, tiles_per_program), tiles_per_program

@@ -277,7 +277,7 @@ def _layer_norm_bwd_impl(
     if n_rows == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
     s = norm_settings(n_cols, backward=True, layer_norm=True)
-    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), layer_norm=True)
+    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     precise = x.dtype == torch.float32
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
     shape = (2, programs, n_cols) if has_bias else (programs, n_cols)

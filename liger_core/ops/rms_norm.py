@@ -232,7 +232,7 @@ def _rms_norm_bwd_kernel(
     SINGLE_PASS: tl.constexpr,
     PREFETCH: tl.constexpr,
     PRECISE: tl.constexpr,
-    RELOAD: tl.constexpr,  # wide rows: w, dy, x re-loaded after the reduction (``NORM_BWD_RELOAD_MIN_COLS``)
+    RELOAD: tl.constexpr,  # wide rows: w, dy, x re-loaded after the reduction (``NORM_BWD_WIDE_RMS_NORM``)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
@@ -366,7 +366,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     if n_rows == 0:
         return torch.zeros_like(w)
     s = norm_settings(n_cols, backward=True)
-    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m))
+    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     precise = x.dtype == torch.float32
     # partial rows in fp64 only where the data is fp32 (bf16/fp16: fp32 partials, summed in fp32)
     partial_dtype = torch.float64 if precise else torch.float32

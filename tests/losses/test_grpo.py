@@ -516,8 +516,8 @@ def assert_grad_no_worse(name, ours, eager, ref64):
     """The on-policy gradient rule: bf16 as everywhere (1.25 x eager's + floor). fp32: eager's dW / db are
     one GEMM / one sum of nearly exact terms, often within a few tenths of the output's own final rounding,
     where the ratio of two such errors is noise (eight completions: dr_grpo's db failed the plain rule once
-    in ~1000 runs, 5.64e-8 vs eager's 3.21e-8); so the budget adds that rounding (the error of the float64 result rounded to fp32), which every
-    fp32 result carries."""
+    in ~1000 runs, 5.64e-8 vs eager's 3.21e-8); so the budget adds that rounding (the error of the float64
+    result rounded to fp32), which every fp32 result carries."""
     if ours.dtype != torch.float32:
         assert_no_worse_than_eager(name, ours, eager, ref64)
         return

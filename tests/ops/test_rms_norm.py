@@ -164,15 +164,17 @@ def test_rms_norm_long_rows_loop_over_column_chunks(dtype, mode, offset, monkeyp
 @pytest.mark.parametrize("shape", [(23, 301), (3, 7, 1031)])
 def test_rms_norm_wide_rows_reload_after_reduction(dtype, mode, offset, shape, monkeypatch, poison_empty):
     """The wide-row backward (w, dy, x re-loaded after the row's reduction) gives the same bits as the one
-    holding them; the threshold is lowered so small rows take it (tiles of one and of several rows)."""
+    holding them; the tile size is lowered so small rows take that path."""
     x = _make_x(shape, dtype, "cpu")
     w = _make_w(shape[-1], dtype, "cpu", offset)
-    monkeypatch.setattr(launch, "NORM_BWD_RELOAD_MIN_COLS", 1 << 30)
+    monkeypatch.setattr(launch, "NORM_TILE_ELEMENTS", 256)  # one row per tile: the wide-row backward
+    padded = launch.next_power_of_2(shape[-1])
+    monkeypatch.setattr(launch, "NORM_BWD_WIDE_RMS_NORM", {padded: (16, False)})
     assert not launch.norm_settings(shape[-1], backward=True).reload
     seed = int(torch.randint(0, 2**31 - 1, ()))  # the same fresh dy for both runs
     torch.manual_seed(seed)
     _, dx_held, dw_held = _check_against_float64(x, w, mode, offset)
-    monkeypatch.setattr(launch, "NORM_BWD_RELOAD_MIN_COLS", 256)
+    monkeypatch.setattr(launch, "NORM_BWD_WIDE_RMS_NORM", {padded: (16, True)})
     assert launch.norm_settings(shape[-1], backward=True).reload
     torch.manual_seed(seed)
     _, dx, dw = _check_against_float64(x, w, mode, offset)
