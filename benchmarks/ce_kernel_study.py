@@ -10,6 +10,16 @@ It runs at ~79 % of the HBM floor
 
 - ``prefetch``: one program per row; pass 1 issues the next block's load before reducing the current block, so
   the SM keeps loads in flight during the two block reductions;
+- ``prefetch ..., pass 1 num_stages S, no prefetch`` (S = 2, 3): pass 1 as ``tl.range(..., num_stages=S)``
+  without the register prefetch, i.e. Triton's software pipeliner (cp.async through shared memory, S - 1
+  blocks ahead): does a deeper load queue keep HBM busy through the reductions? (With the register prefetch
+  kept, Triton 3.9 does not pipeline the loop: the same PTX as plain ``prefetch``, so not run.)
+- ``staggered B/W, P/SM``: persistent, P programs per SM (program p owns rows p, p + G, ...); iteration k
+  runs pass 2 of row k interleaved block by block with pass 1 of row k + 1, so that each SM streams HBM reads
+  (pass 1), L2 re-reads and HBM writes (pass 2) at the same time, and the pass-1 reductions overlap the
+  gradient stores. Tests whether the production kernel loses HBM time because each SM alternates a pass-1
+  phase (reads stalled by block reductions) with a pass-2 phase (no HBM reads). ``, prefetch``: the register
+  prefetch of pass 1 inside that loop too;
 - ``split S``: S programs per row (consecutive program ids), each loads its 1/S slice once and keeps it in
   registers, publishes (max, sum) to a scratch buffer, waits for its S - 1 siblings through an atomic counter,
   combines, and writes the gradient from registers: HBM sees exactly one read and one write. Safe from
@@ -18,7 +28,8 @@ It runs at ~79 % of the HBM floor
 - ``cluster``: a whole row in one block spread over a thread-block cluster (``num_ctas``), if this Triton
   lowers cross-CTA reductions.
 Each variant is checked against float64 (loss rows and gradient) beside the production kernel, then timed with
-``triton.testing.do_bench`` (L2 flushed before each run). On CPU it checks ``prefetch`` at a tiny shape.
+``triton.testing.do_bench`` (L2 flushed before each run). On CPU it checks ``prefetch`` (plain and with
+``num_stages``, which the interpreter ignores) and ``staggered`` (3 programs, 5 rows) at a tiny shape.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ DEVICE = torch.device("cuda" if GPU else "cpu")
 def _ce_prefetch_kernel(
     x_ptr, g_ptr, t_ptr, loss_ptr, stride, n_cols, inv_n, BLOCK: tl.constexpr,
     P1: tl.constexpr, P2: tl.constexpr, PS: tl.constexpr, EARLY_RETURN: tl.constexpr = False,
+    NUM_STAGES: tl.constexpr = None, PREFETCH: tl.constexpr = True,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     xr = x_ptr + row * stride
@@ -61,13 +73,19 @@ def _ce_prefetch_kernel(
             return
     x_y = tl.load(xr + y).to(tl.float32)
     cols = tl.arange(0, BLOCK)
-    x_next = tl.load(xr + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy=P1)
+    if PREFETCH:
+        x_next = tl.load(xr + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy=P1)
     m = tl.full([], -float("inf"), tl.float32)
     d = tl.full([], 0.0, tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        x = x_next.to(tl.float32)
-        nxt = start + BLOCK + cols
-        x_next = tl.load(xr + nxt, mask=nxt < n_cols, other=-float("inf"), eviction_policy=P1)
+    # NUM_STAGES None: the same loop as a plain range; else Triton's software pipeliner on pass 1
+    for start in tl.range(0, n_cols, BLOCK, num_stages=NUM_STAGES):
+        if PREFETCH:
+            x = x_next.to(tl.float32)
+            nxt = start + BLOCK + cols
+            x_next = tl.load(xr + nxt, mask=nxt < n_cols, other=-float("inf"), eviction_policy=P1)
+        else:
+            c = start + cols
+            x = tl.load(xr + c, mask=c < n_cols, other=-float("inf"), eviction_policy=P1).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, 0))
         d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
         m = m_new
@@ -81,6 +99,71 @@ def _ce_prefetch_kernel(
         dx = coef * tl.exp(x - m)
         dx = tl.where(c == y, dx - inv_n, dx)
         tl.store(gr + c, dx.to(g_ptr.dtype.element_ty), mask=mask, eviction_policy=PS)
+
+
+@triton.jit
+def _ce_staggered_kernel(
+    x_ptr, g_ptr, t_ptr, loss_ptr, stride, n_rows, n_cols, inv_n, BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
+):  # fmt: skip
+    """Persistent: program p owns rows p, p + G, p + 2G, ... (G programs). Iteration k runs pass 1 of row r_k
+    (evict_last reads from HBM) interleaved block by block with pass 2 of row r_{k-1} (evict_first re-reads
+    from L2, gradient stores), so that HBM reads and writes are in flight together and the pass-1 reductions
+    overlap the gradient stores. Iteration 0 has no pass 2, iteration n_mine no pass 1: both are masked
+    off (per-row column limits of 0, so their loads touch no memory). Ignored rows (-100): no pass-1 reads,
+    loss 0, zero gradient."""
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    n_mine = tl.cdiv(n_rows - pid, n_progs)
+    cols = tl.arange(0, BLOCK)
+    # the row in pass 2: its column limits for loads (0 if none or ignored) and for stores (0 if none),
+    # target, max and gradient coefficient
+    lim_c = n_cols * 0
+    slim_c = n_cols * 0
+    y_c = tl.full([], -100, tl.int64)
+    m_c = tl.full([], 0.0, tl.float32)
+    coef_c = tl.full([], 0.0, tl.float32)
+    for k in range(0, n_mine + 1):
+        row_n = pid.to(tl.int64) + k * n_progs  # the row in pass 1 (row_n < n_rows iff k < n_mine)
+        row_c = row_n - n_progs  # the row in pass 2
+        has_n = k < n_mine
+        y_n = tl.load(t_ptr + row_n, mask=has_n, other=-100).to(tl.int64)
+        valid_n = has_n & (y_n != -100)
+        lim_n = tl.where(valid_n, n_cols, 0)
+        # masked lanes: -inf (exp gives 0); 0 in an ignored row (all masked), so that m and d stay finite
+        fill = tl.where(valid_n, -float("inf"), 0.0)
+        xn = x_ptr + row_n * stride
+        xc = x_ptr + row_c * stride
+        gc = g_ptr + row_c * stride
+        x_y = tl.load(xn + y_n, mask=valid_n, other=0.0).to(tl.float32)
+        m = tl.full([], -float("inf"), tl.float32)
+        d = tl.full([], 0.0, tl.float32)
+        if PREFETCH:
+            a_next = tl.load(xn + cols, mask=cols < lim_n, other=fill, eviction_policy="evict_last")
+        for start in range(0, n_cols, BLOCK):
+            c = start + cols
+            if PREFETCH:
+                a = a_next
+                nxt = c + BLOCK
+                a_next = tl.load(xn + nxt, mask=nxt < lim_n, other=fill, eviction_policy="evict_last")
+            else:
+                a = tl.load(xn + c, mask=c < lim_n, other=fill, eviction_policy="evict_last")
+            b = tl.load(xc + c, mask=c < lim_c, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dx = coef_c * tl.exp(b - m_c)
+            dx = tl.where(c == y_c, dx - inv_n, dx)
+            tl.store(gc + c, dx.to(g_ptr.dtype.element_ty), mask=c < slim_c, eviction_policy="evict_first")
+            a = a.to(tl.float32)
+            m_new = tl.maximum(m, tl.max(a, 0))
+            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(a - m_new), 0)
+            m = m_new
+        d64 = d.to(tl.float64)
+        loss_n = m.to(tl.float64) - x_y.to(tl.float64) + tl.log(d64)
+        tl.store(loss_ptr + row_n, tl.where(valid_n, loss_n, 0.0), mask=has_n)
+        lim_c = lim_n
+        slim_c = tl.where(has_n, n_cols, 0)
+        y_c = y_n
+        m_c = tl.where(valid_n, m, 0.0)
+        coef_c = tl.where(valid_n, (inv_n / d64).to(tl.float32), 0.0)
 
 
 @triton.jit
@@ -136,6 +219,10 @@ def _ce_whole_row_kernel(x_ptr, g_ptr, t_ptr, loss_ptr, stride, n_cols, inv_n, B
     dx = (inv_n / d).to(tl.float32) * tl.exp(x - m)
     dx = tl.where(c == y, dx - inv_n, dx)
     tl.store(gr + c, dx.to(g_ptr.dtype.element_ty), mask=mask)
+
+
+# staggered kernel configurations on GPU: (BLOCK, num_warps, programs per SM)
+STAGGERED = ((8192, 16, 1), (8192, 32, 1), (16384, 32, 1), (4096, 16, 2), (8192, 16, 2))
 
 
 def p2(n: int) -> int:
@@ -242,6 +329,40 @@ def main() -> int:
             )  # fmt: skip
 
         variants["prefetch 32768/32 hints, ignored-row early return"] = pf_exit
+    for stages, prefetch in ((2, False), (3, False)) if GPU else ((2, False),):
+        block, warps = (16384, 32) if GPU else (256, 4)
+
+        def pf_stages(block=block, warps=warps, stages=stages, prefetch=prefetch):
+            _ce_prefetch_kernel[(n,)](
+                x, g, t, loss, x.stride(0), v, 1.0 / n, BLOCK=block, P1="evict_last", P2="evict_first",
+                PS="evict_first", NUM_STAGES=stages, PREFETCH=prefetch, num_warps=warps,
+            )  # fmt: skip
+
+        name = (
+            f"prefetch {block}/{warps} hints, pass 1 num_stages {stages}{'' if prefetch else ', no prefetch'}"
+        )
+        variants[name] = pf_stages
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count if GPU else 0
+    stag = (
+        [(b, w, pps, pf) for b, w, pps in STAGGERED for pf in (False, True)]
+        if GPU
+        else [(256, 4, 0, False), (256, 4, 0, True)]
+    )
+    for block, warps, pps, prefetch in stag:
+        grid = min(n, n_sms * pps) if GPU else min(n, 3)
+
+        # P programs of W warps resident per SM need <= 65536 / (P * W * 32) registers per thread
+        # (8192/16 with the prefetch needs 79 uncapped, so only one would be resident)
+        cap = {"maxnreg": 65536 // (pps * warps * 32)} if pps > 1 else {}
+
+        def st(block=block, warps=warps, grid=grid, prefetch=prefetch, cap=cap):
+            _ce_staggered_kernel[(grid,)](
+                x, g, t, loss, x.stride(0), n, v, 1.0 / n, BLOCK=block, PREFETCH=prefetch, num_warps=warps,
+                **cap,
+            )  # fmt: skip
+
+        per_sm = f"{pps}/SM, " if GPU else ""
+        variants[f"staggered {block}/{warps}, {per_sm}{grid} progs{', prefetch' if prefetch else ''}"] = st
     if GPU and args.all:
         for split, warps in ((4, 32), (8, 16), (8, 32), (16, 8), (16, 16)):
             block = p2(-(-v // split))
@@ -277,16 +398,21 @@ def main() -> int:
             floor = 2 * n * v * 2 / 3.0e12 * 1e3
             new = set()
             if GPU:
-                for k in (ce_mod._cross_entropy_kernel, _ce_prefetch_kernel, _ce_split_kernel):
+                for k in (
+                    ce_mod._cross_entropy_kernel,
+                    _ce_prefetch_kernel,
+                    _ce_split_kernel,
+                    _ce_staggered_kernel,
+                ):
                     new |= {f"{getattr(k, '__name__', 'kernel')}: {c}" for c in compiled(k)}
             regs = "; ".join(sorted(new - seen))
             seen |= new
             print(
-                f"  {name:48s} {ms:.4f} ms ({100 * floor / ms:3.0f}%)  loss {e_rows:.2e} grad {e_grad:.2e}"
+                f"  {name:62s} {ms:.4f} ms ({100 * floor / ms:3.0f}%)  loss {e_rows:.2e} grad {e_grad:.2e}"
                 + (f"  [{regs}]" if regs else "")
             )
         except Exception as e:  # noqa: BLE001
-            print(f"  {name:48s} ERROR {type(e).__name__}: {str(e)[:400]}")
+            print(f"  {name:62s} ERROR {type(e).__name__}: {str(e)[:400]}")
             traceback.print_exc(limit=2)
     return 0
 
