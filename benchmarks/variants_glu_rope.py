@@ -86,6 +86,11 @@ def measure(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], ti
                 for mode in bench.MODES:
                     med, p20, p80, _ = bench.time_step(run, mode, timing)
                     cells.append(f"{mode} {med:.4f} ({100 * floors[mode] / med:3.0f}%)")
+                if (
+                    DEVICE.type == "cuda"
+                ):  # the kernels' time alone (CUDA-graph replay), as the suite's column
+                    gpu_ms, _ = bench.time_graph(run, "fwd+bwd", timing, check_host_sync=False)
+                    cells.append(f"GPU f+b {gpu_ms:.4f} ({100 * floors['fwd+bwd'] / gpu_ms:3.0f}%)")
                 mem = bench.peak_extra_bytes(run, "fwd+bwd") / 2**30
                 written = "writes inputs" if run.restore_pairs else ""
                 log(
@@ -257,6 +262,10 @@ def rope_variants() -> dict[str, tuple[Callable, dict]]:
         "liger_core direct launch": (rope, {}),
         "liger_core direct, 8 warps": (rope, {rope_module: {"_NUM_WARPS": 8}}),
         "liger_core direct, head loop (tile 1024)": (rope, {rope_module: {"_TILE_ELEMENTS": 1024}}),
+        # session 9: many heads of few tokens (the sweep's GPU-time losers): a token's heads in one tile
+        "liger_core tile 4096": (rope, {rope_module: {"_TILE_ELEMENTS": 4096}}),
+        "liger_core tile 4096, 8 warps": (rope, {rope_module: {"_TILE_ELEMENTS": 4096, "_NUM_WARPS": 8}}),
+        "liger_core tile 8192, 8 warps": (rope, {rope_module: {"_TILE_ELEMENTS": 8192, "_NUM_WARPS": 8}}),
         "liger_kernel": (liger_kernel_fn("rope"), {}),
     }
 
@@ -275,6 +284,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="rope,glu,host,profile")
+    parser.add_argument(
+        "--rope-shapes",
+        default="",
+        help="rope section: e.g. 1x64x1024x128x16,4x32x4096x128x8 (B x Hq x T x D x Hk)",
+    )
     args = parser.parse_args()
     parts = set(args.only.split(","))
     bench.prepare_triton()
@@ -288,9 +302,18 @@ def main() -> int:
     if DEVICE.type == "cpu":
         rope_shape, glu_shape = {"B": 2, "T": 5, "Hq": 4, "Hk": 2, "D": 16}, {"M": 7, "N": 33}
         parts -= {"host", "profile"}  # they need CUDA events
+    rope_shapes = [rope_shape]
+    if args.rope_shapes and DEVICE.type == "cuda":
+        rope_shapes = [
+            dict(zip(("B", "Hq", "T", "D", "Hk"), (int(v) for v in shape.split("x")), strict=True))
+            for shape in args.rope_shapes.split(",")
+        ]
     log(f"device {DEVICE}, torch {torch.__version__}")
     sections = [
-        ("rope", lambda: measure("rope", rope_shape, rope_variants(), timing)),
+        *(
+            ("rope", lambda shape=shape: measure("rope", shape, rope_variants(), timing))
+            for shape in rope_shapes
+        ),
         ("profile", lambda: profile("rope", rope_shape, rope_variants())),
         ("hostprof", lambda: host_profile("rope", rope_shape)),
         ("host", lambda: host_time("rope", {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}, rope_variants())),
