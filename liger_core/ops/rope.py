@@ -38,6 +38,14 @@ from liger_core.ops._fastlaunch import fast_launch
 # issued before its first store.
 _TILE_ELEMENTS = 2048
 _NUM_WARPS = 4
+# Few tokens with many heads each (B * T <= _FEW_TOKENS and (Hq + Hk) * rotary_dim >= _MANY_HEAD_ELEMENTS):
+# 8 warps. Measured (H100, bf16 fwd+bwd GPU time, `benchmarks/variants_glu_rope.py --only rope --rope-shapes
+# ...`, session 9): q1x64x1024 kv16 0.0400 -> 0.0376 ms, q1x128x1024 kv32 0.0717 -> 0.0671 (liger-kernel
+# 0.0368 / 0.0679); 8 warps lose elsewhere: q4x32x4096 kv8 0.2379 -> 0.2457, q1x32x65536 kv8 0.924 -> 0.955,
+# q1x8x4093 kv2 0.0247 -> 0.0266.
+_NUM_WARPS_FEW_TOKENS_MANY_HEADS = 8
+_FEW_TOKENS = 2048
+_MANY_HEAD_ELEMENTS = 8192
 
 
 @triton.jit
@@ -244,7 +252,11 @@ def _plan(
         BLOCK_HALF=block_half,
         BLOCK_PASS=_pow2(pass_dim),
         BACKWARD=backward,
-        num_warps=_NUM_WARPS,
+        num_warps=(
+            _NUM_WARPS_FEW_TOKENS_MANY_HEADS
+            if batch * seq_len <= _FEW_TOKENS and (n_q_heads + n_k_heads) * 2 * half >= _MANY_HEAD_ELEMENTS
+            else _NUM_WARPS
+        ),
     )
     empty = batch * seq_len == 0 or head_dim == 0
     return _Plan(copy_q, copy_k, (batch * seq_len,), args, constexprs, empty)
@@ -261,7 +273,7 @@ def _launch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     key = (
         x_q.shape, x_q.stride(), x_k.shape, x_k.stride(), cos.shape, cos.stride(), unsqueeze_dim, backward,
-        _TILE_ELEMENTS, _NUM_WARPS,
+        _TILE_ELEMENTS, _NUM_WARPS, _NUM_WARPS_FEW_TOKENS_MANY_HEADS, _FEW_TOKENS, _MANY_HEAD_ELEMENTS,
     )  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:

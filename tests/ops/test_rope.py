@@ -123,6 +123,20 @@ def test_rope_head_loop(monkeypatch):
     check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
 
 
+@pytest.mark.parametrize(
+    "batch,tokens,q_heads,k_heads,warps",
+    [(1, 1024, 64, 16, 8), (2, 1024, 64, 16, 8), (1, 1024, 128, 32, 8), (1, 4096, 64, 16, 4),
+     (4, 4096, 32, 8, 4), (1, 1024, 32, 8, 4), (1, 4093, 8, 2, 4)],
+)  # fmt: skip
+def test_rope_launch_warps(batch, tokens, q_heads, k_heads, warps):
+    """8 warps only for few tokens with many heads each (where they were measured faster), 4 elsewhere."""
+    q = torch.empty(batch, q_heads, tokens, 128, device="meta")
+    k = torch.empty(batch, k_heads, tokens, 128, device="meta")
+    cos = torch.empty(1, tokens, 128, device="meta")
+    for backward in (False, True):
+        assert rope_module._plan(q, k, cos, 1, backward).constexprs["num_warps"] == warps
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_arbitrary_tables(dtype):
     """HF's formula holds for any cos/sin, not only tables with equal halves (where the backward's transpose
