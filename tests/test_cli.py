@@ -240,6 +240,13 @@ def test_plots_from_rows(tmp_path):
     timed = [dict(r, gpu_ms=r["ms"] / 2, gpu_pct_of_floor=20 / r["ms"]) for r in rows]
     files = bench.plot_results(timed, tmp_path, "graphs")
     assert "graphs_gpu_floor.png" in {f.name for f in files}
+    timed_sweep = timed + [dict(r, shape="16x16") for r in timed]
+    assert [f.name for f in bench.plot_results(timed_sweep, tmp_path, "gsweep")] == [
+        "gsweep_floor.png",
+        "gsweep_gpu_floor.png",
+        "gsweep_relative.png",
+        "gsweep_gpu_relative.png",
+    ]
     assert bench.peer_wins(timed) == []
     faster_kernel = [dict(r, gpu_ms=0.1) if r["provider"] == "torch" else r for r in timed]
     wins = bench.peer_wins(faster_kernel)
