@@ -57,6 +57,7 @@ from liger_core.dispatch import (
     launcher,
     use_triton,
 )
+from liger_core.ops import _cross_entropy_resident as resident
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, next_power_of_2, num_sms
 
@@ -77,6 +78,9 @@ CE_PASS2_POLICY = "evict_first"
 CE_STORE_POLICY = "evict_first"
 CE_PASS1_PREFETCH = True  # pass 1: next block's load issued before this block's reductions
 CE_STORE_CACHE = ""  # cache modifier of the gradient stores ("" or ".cs": streaming)
+# 16-bit logits on Hopper with rows of up to resident.RESIDENT_MAX_COLS columns: the Gluon kernel that keeps
+# the row in shared memory and registers between the passes (``_cross_entropy_resident``)
+CE_RESIDENT = True
 CE_FP32_MATH = (
     "fp64"  # per-element math for fp32 logits: "fp64" (exact, see the kernel) or "fp32" (a benchmark)
 )
@@ -610,6 +614,18 @@ def launch_cross_entropy(
     None."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
+        return
+    if CE_RESIDENT and resident.resident_supported(logits, weight, softcap):
+        slots, reg_cols = resident.resident_layout(n_cols)
+        grad_arg = grad if grad is not None else logits
+        resident._cross_entropy_resident_kernel[(n_rows,)](
+            logits, logits.stride(0), grad_arg, grad_arg.stride(0), target, loss_rows, z_rows,
+            grad_scale if grad_scale is not None else loss_rows, stats, n_cols, ignore_index,
+            *split_f64(label_smoothing), *split_f64(lse_square_scale),
+            MEAN=mean, HAS_SMOOTHING=label_smoothing != 0.0, HAS_GRAD_SCALE=grad_scale is not None,
+            COMPUTE_GRAD=grad is not None, SLOT=resident.SLOT, NUM_SLOTS=slots, REG_COLS=reg_cols,
+            NUM_WARPS=resident.NUM_WARPS, num_warps=resident.NUM_WARPS,
+        )  # fmt: skip
         return
     fp64_math = logits.dtype == torch.float32 and CE_FP32_MATH == "fp64"
     block, warps = looped_row_settings(n_cols, logits.device, fp64_math)

@@ -426,3 +426,72 @@ def test_cross_entropy_under_torch_compile():
     compiled = torch.compile(cross_entropy, backend="aot_eager")
     compiled(x_c * 1.0, target, label_smoothing=0.1, inplace_backward=True).backward()
     torch.testing.assert_close(x_c.grad, x.grad)
+
+
+RESIDENT_SHAPES = [(4093, 128256), (1031, 32000), (257, 131072), (33, 2064)]
+RESIDENT_CASES = {
+    "plain": dict(),
+    "smoothing": dict(label_smoothing=0.1),
+    "zloss": dict(lse_square_scale=1e-3),
+    "smoothing_zloss": dict(label_smoothing=0.2, lse_square_scale=1e-2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", RESIDENT_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("case", list(RESIDENT_CASES))
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_resident_kernel_matches_float64_cuda(dtype, shape, case, reduction, poison_empty):
+    """The Gluon kernel that keeps each row on chip (16-bit logits, Hopper, no weights/softcap): loss, z-loss
+    and gradient at eager's accuracy and at least as exact as the streaming kernel, on rows that fill shared
+    memory and registers (131072), leave both partly masked (128256, 32000, 2064), with ignored rows, extreme
+    logits (+-1e4 in a few rows) and per-token grad_output."""
+    ce_mod = importlib.import_module("liger_core.ops.cross_entropy")
+    n, vocab = shape
+    logits, target, _ = _inputs("cuda", dtype, n, vocab)
+    logits[1, ::5] = 1e4  # a row of tied huge logits
+    logits[2, ::3] = -1e4
+    if not ce_mod.resident.resident_supported(logits, None, None):
+        pytest.skip("resident kernel not available on this GPU / Triton")
+    opts = dict(RESIDENT_CASES[case], reduction=reduction)
+    grad_out = (
+        torch.randn(n, device="cuda") if reduction == "none" else torch.tensor(2.5, device="cuda")
+    ).to(dtype)
+    (loss, z, dx), (loss_e, z_e, dx_e), (loss_r, z_r, dx_r) = _three_ways(
+        logits, target, None, grad_out, **opts
+    )
+    assert_loss_no_worse("loss", loss, loss_e, loss_r)
+    if opts.get("lse_square_scale"):
+        assert_loss_no_worse("z_loss", z, z_e, z_r)
+    assert_no_worse_than_eager("dlogits", dx, dx_e, dx_r)
+    assert (dx[target == IGNORE] == 0).all()
+    # the streaming kernel on the same inputs: the resident one is no less exact
+    try:
+        ce_mod.CE_RESIDENT = False
+        (loss_s, _, dx_s), _, _ = _three_ways(logits, target, None, grad_out, **opts)
+    finally:
+        ce_mod.CE_RESIDENT = True
+    assert_no_worse_than_eager("dlogits vs streaming kernel", dx, dx_s, dx_r)
+    if loss.dim():
+        assert_no_worse_than_eager("loss vs streaming kernel", loss, loss_s, loss_r)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_cross_entropy_resident_kernel_used_only_where_supported_cuda():
+    """Which calls take the resident kernel: 16-bit logits with 16-aligned rows of <= 131072 columns, no class
+    weights or softcap; fp32 logits, weights, softcap, wider or odd rows take the streaming kernel."""
+    ce_mod = importlib.import_module("liger_core.ops.cross_entropy")
+    if not ce_mod.resident.RESIDENT_AVAILABLE or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("resident kernel needs Gluon and a Hopper GPU")
+    supported = ce_mod.resident.resident_supported
+    x = torch.zeros(4, 128256, device="cuda", dtype=torch.bfloat16)
+    assert supported(x, None, None)
+    assert not supported(x.float(), None, None)
+    assert not supported(x, torch.ones(128256, device="cuda"), None)
+    assert not supported(x, None, 30.0)
+    assert not supported(torch.zeros(4, 151936, device="cuda", dtype=torch.bfloat16), None, None)
+    assert not supported(torch.zeros(4, 50257, device="cuda", dtype=torch.bfloat16), None, None)
+    assert not supported(torch.zeros(4, 128264, device="cuda", dtype=torch.bfloat16)[:, 8:], None, None)
