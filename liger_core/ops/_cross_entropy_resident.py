@@ -42,7 +42,9 @@ except Exception:  # noqa: BLE001 - any failure (missing module, renamed API) me
 SLOT = 4096
 MAX_SLOTS = 28
 MAX_REG_COLS = 16384
-NUM_WARPS = 8
+# H100 (benchmarks/ce_resident_study.py, call 1): 16 warps 1-1.5 % faster at 65536-131072 columns, 8 warps at
+# 32000; None: that rule, an int: always that many (the study compares)
+NUM_WARPS: int | None = None
 RESIDENT_MAX_COLS = MAX_SLOTS * SLOT + MAX_REG_COLS
 
 
@@ -208,6 +210,12 @@ if _GLUON_IMPORTED:
         RESIDENT_AVAILABLE = False
 else:
     RESIDENT_AVAILABLE = False
+
+
+def resident_warps(n_cols: int) -> int:
+    if NUM_WARPS is not None:
+        return NUM_WARPS
+    return 16 if n_cols >= 65536 else 8
 
 
 def resident_supported(logits: torch.Tensor, weight: torch.Tensor | None, softcap: float | None) -> bool:

@@ -617,6 +617,7 @@ def launch_cross_entropy(
         return
     if CE_RESIDENT and resident.resident_supported(logits, weight, softcap):
         slots, reg_cols = resident.resident_layout(n_cols)
+        warps = resident.resident_warps(n_cols)
         grad_arg = grad if grad is not None else logits
         resident._cross_entropy_resident_kernel[(n_rows,)](
             logits, logits.stride(0), grad_arg, grad_arg.stride(0), target, loss_rows, z_rows,
@@ -624,7 +625,7 @@ def launch_cross_entropy(
             *split_f64(label_smoothing), *split_f64(lse_square_scale),
             MEAN=mean, HAS_SMOOTHING=label_smoothing != 0.0, HAS_GRAD_SCALE=grad_scale is not None,
             COMPUTE_GRAD=grad is not None, SLOT=resident.SLOT, NUM_SLOTS=slots, REG_COLS=reg_cols,
-            NUM_WARPS=resident.NUM_WARPS, num_warps=resident.NUM_WARPS,
+            NUM_WARPS=warps, num_warps=warps,
         )  # fmt: skip
         return
     fp64_math = logits.dtype == torch.float32 and CE_FP32_MATH == "fp64"
