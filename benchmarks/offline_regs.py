@@ -1,4 +1,5 @@
-"""Compile kernels for the H100 (sm_90) on a machine without a GPU and print registers / stack (spills).
+"""Compile kernels for the H100 (sm_90) on a machine without a GPU and print registers / stack (spills): the
+norm backward kernels and the row-resident cross-entropy kernel (Gluon: the interpreter cannot run it).
 
     python benchmarks/offline_regs.py
     # the GPU machine's Triton (3.6) instead of this venv's, installed beside it once:
@@ -65,6 +66,35 @@ def compile_norm_bwd(kernel, constexprs: dict, num_warps: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
+def compile_ce_resident(n_cols: int, num_warps: int):
+    """The row-resident cross-entropy kernel (Gluon) for bf16 rows of ``n_cols``, with the 16-divisibility
+    that Triton's launch specialises on for aligned tensors and strides (the kernel needs it: see
+    ``resident_supported``)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    res = sys.modules["liger_core.ops._cross_entropy_resident"]
+    fn = jit_function(res._cross_entropy_resident_kernel)
+    slots, reg_cols = res.resident_layout(n_cols)
+    constexprs = dict(
+        MEAN=True, HAS_SMOOTHING=True, HAS_GRAD_SCALE=False, COMPUTE_GRAD=True, SLOT=res.SLOT,
+        NUM_SLOTS=slots, REG_COLS=reg_cols, NUM_WARPS=num_warps,
+    )  # fmt: skip
+    types = {"logits_ptr": "*bf16", "grad_ptr": "*bf16", "target_ptr": "*i64"}
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name.endswith("_ptr"):
+            signature[name] = types.get(name, "*fp64")
+        else:
+            signature[name] = "fp32" if name.endswith(("_hi", "_lo")) else "i32"
+        if name.endswith("_ptr") or name in ("logits_row_stride", "grad_row_stride", "n_cols"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90, bf16 backward kernels (BLOCK_M 1)")
     failed = 0
@@ -86,6 +116,15 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - report every configuration
                 failed += 1
                 print(f"  {label}  ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+    print("cross-entropy, row-resident Gluon kernel (shared memory + registers), bf16")
+    for n_cols, warps in ((128256, 8), (128256, 16), (32000, 8)):
+        label = f"  {n_cols:6d} cols {warps:2d} warps"
+        try:
+            compiled = compile_ce_resident(n_cols, warps)
+            print(f"{label}  {resource_usage(compiled)} (allocated {compiled.metadata.shared} B)", flush=True)
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"{label}  ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
     return 1 if failed else 0
 
 

@@ -26,7 +26,11 @@ changes.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from liger_core.ops._fastlaunch import fast_launch
 
 try:
     from triton.experimental import gluon
@@ -64,6 +68,7 @@ if _GLUON_IMPORTED:
         def _f64(hi, lo):
             return hi.to(gl.float64) + lo.to(gl.float64)
 
+        @fast_launch  # Gluon's own launch path costs ~0.2 ms of host time per call (H100 machine, sweep)
         @gluon.jit
         def _cross_entropy_resident_kernel(
             logits_ptr,
@@ -232,4 +237,9 @@ def resident_supported(logits: torch.Tensor, weight: torch.Tensor | None, softca
     # compile for this specialisation
     if n_cols % 16 or logits.stride(0) % 16 or logits.data_ptr() % 16:
         return False
-    return torch.cuda.get_device_capability(logits.device)[0] == 9
+    return _is_hopper(logits.device.index if logits.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _is_hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
