@@ -62,7 +62,7 @@ def study_shape(n: int, v: int, warps: list[int]) -> None:
     floor = 2 * n * v * 2 / 3.0e12 * 1e3
     x = (torch.randn(n, v, device="cuda") * 2).to(torch.bfloat16)
     t = torch.randint(0, v, (n,), device="cuda")
-    t[::7] = -100
+    t[::97] = -100  # a few ignored rows (they skip the read: many would flatter the time)
     xr = x.double().requires_grad_(True)
     ref_rows = torch.nn.functional.cross_entropy(xr, t, reduction="none")
     (ref_rows.sum() / (t != -100).sum()).backward()  # mean over the kept rows, as the kernel
