@@ -34,7 +34,13 @@ waits for that event only once kernels 2 and 3 are queued, then raises a ValueEr
 check, and the host's next work (the backward) overlaps the loss kernel. ``check_targets=False`` skips it, and
 so does a CUDA-graph capture (no host read-back is possible there).
 Backward only multiplies the stored gradient by ``grad_output`` (a kernel that returns at once where
-``grad_output`` is exactly 1, so a plain ``loss.backward()`` costs no pass over memory).
+``grad_output`` is exactly 1, so a plain ``loss.backward()`` costs no pass over memory). fp16 logits are the
+exception: their gradient entries are mostly subnormal, which that second rounding would lose (a loss scaler's
+2^16 then multiplies the loss), so for fp16 the forward pass computes only the losses and backward runs kernel
+2 with ``grad_output`` inside the one rounding (one more read of the logits).
+
+On Hopper GPUs, kernel 2 for 16-bit logits of up to 131072 classes (no class weights, no softcap) is the Gluon
+kernel of ``_cross_entropy_resident``, which keeps the row in shared memory and registers between the passes.
 """
 
 from __future__ import annotations
@@ -724,6 +730,7 @@ def _forward_impl(
     softcap,
     check_targets,
     denominator=None,
+    grad_scale=None,
 ):
     n_cols = logits.shape[1]
     if denominator is not None:  # reduction "sum" divided by it: a "mean" over the given count
@@ -748,6 +755,7 @@ def _forward_impl(
         label_smoothing=label_smoothing,
         lse_square_scale=lse_square_scale,
         softcap=softcap,
+        grad_scale=grad_scale,
     )
     loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, logits.dtype)
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
@@ -881,6 +889,41 @@ def _(x, scale):
     return None
 
 
+def _grad_in_backward_impl(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    grad_loss: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    lse_square_scale: float,
+    softcap: float | None,
+    denominator: torch.Tensor | None,
+    grad: torch.Tensor,
+) -> None:
+    """The gradient with ``grad_loss`` folded in before its one rounding, written into ``grad`` (may be
+    ``logits``): the kernel again, with per-row gradient scales (the losses it computes are discarded)."""
+    scale = grad_loss.reshape(-1).to(torch.float64)
+    if scale.numel() == 1:
+        scale = scale.expand(logits.shape[0]).contiguous()
+    _forward_impl(
+        logits, target, weight, grad, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+        False, denominator, grad_scale=scale,
+    )  # fmt: skip
+
+
+_grad_in_backward = torch.library.custom_op(
+    "liger_core::cross_entropy_grad_", _grad_in_backward_impl, mutates_args=("grad",)
+)
+
+
+@_grad_in_backward.register_fake
+def _(logits, target, weight, grad_loss, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+      denominator, grad):  # fmt: skip
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Autograd and the functional entry point
 # ----------------------------------------------------------------------------------------------------------
@@ -903,6 +946,21 @@ class CrossEntropyFunction(torch.autograd.Function):
         denominator=None,
     ):
         args = (target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
+        ctx.grad_consumed = False
+        if logits.dtype == torch.float16:
+            # fp16: most gradient entries of a reduced loss (p / N) are subnormal, and scaling a stored
+            # gradient by grad_output in backward would round them twice (a loss scaler's 2^16 then
+            # multiplies what the first rounding lost; benchmarks/NOTES.md, session 10). So the forward
+            # pass computes the losses only, and backward runs the kernel with grad_output folded in: one
+            # more read of the logits, eager's single rounding.
+            loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
+                logits, *args, False, check_targets, denominator
+            )
+            ctx.grad_in_backward = (args, denominator, inplace and not torch.compiler.is_compiling())
+            ctx.save_for_backward(logits)
+            ctx.mark_non_differentiable(z)
+            return loss, z
+        ctx.grad_in_backward = None
         # under torch.compile the traced graph stays functional (the compiler plans its own buffers)
         if inplace and not torch.compiler.is_compiling():
             loss, z = launcher(_cross_entropy_fwd_inplace, _cross_entropy_fwd_inplace_impl)(
@@ -918,7 +976,6 @@ class CrossEntropyFunction(torch.autograd.Function):
             )
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(z)
-        ctx.grad_consumed = False
         return loss, z
 
     @staticmethod
@@ -928,6 +985,19 @@ class CrossEntropyFunction(torch.autograd.Function):
                 "cross_entropy: the stored gradient was consumed by the first backward (scaled in place); "
                 "backward through it twice (retain_graph=True) is not supported"
             )
+        if ctx.grad_in_backward is not None:
+            (logits,) = ctx.saved_tensors
+            args, denominator, inplace = ctx.grad_in_backward
+            # in place, the logits become the gradient: a second backward would read it as logits
+            ctx.grad_consumed = inplace
+            grad = logits if inplace else torch.empty_like(logits, memory_format=torch.contiguous_format)
+            target, weight, *options = args
+            launcher(_grad_in_backward, _grad_in_backward_impl)(
+                logits, target, weight, grad_loss, *options, denominator, grad
+            )
+            if inplace:  # another node that saved these logits must not read the gradient as logits
+                torch.autograd.graph.increment_version(logits)
+            return grad.detach(), *(None,) * 10
         ctx.grad_consumed = True
         (grad,) = ctx.saved_tensors
         launcher(_scale_rows, _scale_rows_impl)(grad, grad_loss)
@@ -955,7 +1025,8 @@ def cross_entropy(
     logit softcapping ``softcap * tanh(logits / softcap)`` applied first.
 
     The gradient is computed in the forward pass (fp32 math, one rounding to the logits dtype); backward only
-    scales it by ``grad_output``, per token for ``reduction="none"``.
+    scales it by ``grad_output``, per token for ``reduction="none"``. fp16 logits: computed in backward
+    instead, with ``grad_output`` inside its one rounding (see the module doc).
 
     ``denominator`` (a number >= 0 or a 0-dim tensor, with ``reduction="sum"``): the sum divided by it, as
     Hugging Face's causal-LM loss divides by ``num_items_in_batch``; the division is in the stored gradient
@@ -971,9 +1042,10 @@ def cross_entropy(
         class weight 0) returns 0 with zero gradients, where torch returns NaN (0 / 0).
       - the z-loss is not multiplied by class weights; ``mean`` divides it by the non-ignored token count.
 
-    ``inplace_backward=True`` writes the gradient into the logits buffer during the forward pass (~0 extra
-    memory instead of one logits-sized buffer). The caller promises that nothing reads ``logits`` afterwards:
-    their values are gone (autograd's version counter still raises if another autograd node saved them).
+    ``inplace_backward=True`` writes the gradient into the logits buffer during the forward pass (fp16:
+    during backward), ~0 extra memory instead of one logits-sized buffer. The caller promises that nothing
+    reads ``logits`` afterwards: their values are gone (autograd's version counter still raises if another
+    autograd node saved them).
     Use it where the logits are a temporary made for this loss (e.g. an fp32 upcast); the default never
     modifies ``logits``.
 
