@@ -74,10 +74,10 @@ def compile_ce_resident(n_cols: int, num_warps: int):
 
     res = sys.modules["liger_core.ops._cross_entropy_resident"]
     fn = jit_function(res._cross_entropy_resident_kernel)
-    slots, reg_cols, stream = res.resident_layout(n_cols)
+    slots, reg_cols = res.resident_layout(n_cols)
     constexprs = dict(
         MEAN=True, HAS_SMOOTHING=True, HAS_GRAD_SCALE=False, COMPUTE_GRAD=True, SLOT=res.SLOT,
-        NUM_SLOTS=slots, REG_COLS=reg_cols, STREAM=stream, NUM_WARPS=num_warps,
+        NUM_SLOTS=slots, REG_COLS=reg_cols, NUM_WARPS=num_warps,
     )  # fmt: skip
     types = {"logits_ptr": "*bf16", "grad_ptr": "*bf16", "target_ptr": "*i64"}
     signature, attrs = {}, {}
@@ -117,7 +117,7 @@ def main() -> int:
                 failed += 1
                 print(f"  {label}  ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
     print("cross-entropy, row-resident Gluon kernel (shared memory + registers), bf16")
-    for n_cols, warps in ((128256, 8), (128256, 16), (32000, 8), (152064, 16), (256000, 16)):
+    for n_cols, warps in ((128256, 8), (128256, 16), (32000, 8)):
         label = f"  {n_cols:6d} cols {warps:2d} warps"
         try:
             compiled = compile_ce_resident(n_cols, warps)

@@ -8,10 +8,7 @@ the floor (one read + one write) at 8192 x 128256 (``benchmarks/NOTES.md``, sess
 Here the row never leaves the SM between the passes: the first ``NUM_SLOTS * SLOT`` columns are copied into
 shared memory (``cp.async``, all slots in flight at once), the rest (at most ``REG_COLS``) into registers.
 H100: 28 slots of 4096 bf16 columns (224 KB of the 227 KB a block may use) + 16384 in registers hold rows of
-up to 131072 columns, every Llama-3 vocabulary (128256). Wider rows (Qwen's 152064, Gemma's 256000) keep the
-first 114688 columns in shared memory and stream the rest (``STREAM``): read in pass 1 with a per-lane running
-max and rescaled sum, read again in pass 2, last block first, while it is still in L2. The math is that of
-``_cross_entropy_kernel``::
+up to 131072 columns, every Llama-3 vocabulary (128256). The math is that of ``_cross_entropy_kernel``::
 
     pass 1a  m      = max_c x_c                        (per lane as the slots land, one reduction)
              acc    = sum_c (x_c - x_y)                (label smoothing only)
@@ -55,16 +52,13 @@ NUM_WARPS: int | None = None
 RESIDENT_MAX_COLS = MAX_SLOTS * SLOT + MAX_REG_COLS
 
 
-def resident_layout(n_cols: int) -> tuple[int, int, bool]:
-    """(NUM_SLOTS, REG_COLS, STREAM) for a row of ``n_cols``: shared memory first, the rest in registers (a
-    power of two, or 0); rows wider than RESIDENT_MAX_COLS stream the columns past the slots instead (read
-    twice, the second time from L2: STREAM)."""
+def resident_layout(n_cols: int) -> tuple[int, int]:
+    """(NUM_SLOTS, REG_COLS) for a row of ``n_cols``: shared memory first, the rest (a power of two, or 0)
+    in registers."""
     slots = min(MAX_SLOTS, -(-n_cols // SLOT))
     rest = n_cols - slots * SLOT
-    if rest > MAX_REG_COLS:
-        return slots, 0, True
     reg_cols = 0 if rest <= 0 else max(1024, 1 << (rest - 1).bit_length())
-    return slots, reg_cols, False
+    return slots, reg_cols
 
 
 if _GLUON_IMPORTED:
@@ -97,7 +91,6 @@ if _GLUON_IMPORTED:
             SLOT: gl.constexpr,
             NUM_SLOTS: gl.constexpr,
             REG_COLS: gl.constexpr,
-            STREAM: gl.constexpr,  # columns past the slots streamed in SLOT blocks (no REG_COLS then)
             NUM_WARPS: gl.constexpr,
         ):  # fmt: skip
             # 8 contiguous 16-bit columns (16 bytes) per thread and access; the copy and the reads of a slot
@@ -152,27 +145,9 @@ if _GLUON_IMPORTED:
                 coef_c = (ce_s * eps / n_classes).to(gl.float32)
                 coef_y = (ce_s * (1.0 - eps)).to(gl.float32)
 
-            s_lane = gl.zeros([SLOT], gl.float32, layout)
-            if STREAM:
-                # the columns past the slots, while the copies land: per-lane running max and rescaled sum
-                # (no block reductions in the loop); pass 2 re-reads them, last block first (L2-hot)
-                m_str = gl.full([SLOT], -float("inf"), gl.float32, layout)
-                d_str = gl.zeros([SLOT], gl.float32, layout)
-                for start in range(NUM_SLOTS * SLOT, n_cols, SLOT):
-                    cols = start + offs
-                    valid = cols < n_cols
-                    x = gl.load(logits_row + cols, mask=valid, other=-float("inf")).to(gl.float32)
-                    m_new = gl.maximum(m_str, x)
-                    # a lane that has seen only -inf keeps 0 (exp(-inf - -inf) would be NaN)
-                    d_str = gl.where(
-                        m_new == -float("inf"), 0.0, d_str * gl.exp(m_str - m_new) + gl.exp(x - m_new)
-                    )
-                    m_str = m_new
-                    if HAS_SMOOTHING:
-                        s_lane += gl.where(valid, x - x_y, 0.0)
-
             # pass 1a: max (and the smoothing sum) per lane as the slots land
             m_lane = gl.full([SLOT], -float("inf"), gl.float32, layout)
+            s_lane = gl.zeros([SLOT], gl.float32, layout)
             for k in gl.static_range(NUM_SLOTS):
                 cp.wait_group(NUM_SLOTS - 1 - k)
                 cols = k * SLOT + offs
@@ -182,8 +157,6 @@ if _GLUON_IMPORTED:
                 if HAS_SMOOTHING:
                     s_lane += gl.where(valid, x - x_y, 0.0)
             m = gl.max(m_lane, axis=0)
-            if STREAM:
-                m = gl.maximum(m, gl.max(m_str, axis=0))
             smooth_acc = gl.sum(s_lane, axis=0) if HAS_SMOOTHING else 0.0
             if REG_COLS > 0:
                 x_reg32 = x_reg.to(gl.float32)
@@ -197,8 +170,6 @@ if _GLUON_IMPORTED:
                 cols = k * SLOT + offs
                 x = gl.where(cols < n_cols, smem.index(k).load(layout).to(gl.float32), -float("inf"))
                 d_lane += gl.exp(x - m)
-            if STREAM:
-                d_lane += gl.where(m_str == -float("inf"), 0.0, d_str * gl.exp(m_str - m))
             d = gl.sum(d_lane, axis=0)
             if REG_COLS > 0:
                 d += gl.sum(gl.exp(x_reg32 - m), axis=0)
@@ -217,20 +188,6 @@ if _GLUON_IMPORTED:
 
             if COMPUTE_GRAD:
                 coef_p = ((p_ce + p_z * lse) / d64).to(gl.float32)
-                if STREAM:  # the streamed columns first, last block first: the most recently read
-                    n_stream = gl.cdiv(n_cols - NUM_SLOTS * SLOT, SLOT)
-                    for i in range(n_stream):
-                        cols = NUM_SLOTS * SLOT + (n_stream - 1 - i) * SLOT + offs
-                        valid = cols < n_cols
-                        x_s = gl.load(logits_row + cols, mask=valid, other=0.0, eviction_policy="evict_first")
-                        dx = coef_p * gl.exp(x_s.to(gl.float32) - m)
-                        if HAS_SMOOTHING:
-                            dx -= coef_c
-                        dx = gl.where(cols == y, dx - coef_y, dx)
-                        gl.store(
-                            grad_row + cols, dx.to(grad_ptr.dtype.element_ty), mask=valid,
-                            eviction_policy="evict_first",
-                        )  # fmt: skip
                 # pass 2: gradient from shared memory, then the register columns
                 for k in range(NUM_SLOTS):
                     cols = k * SLOT + offs
@@ -273,7 +230,7 @@ def resident_supported(logits: torch.Tensor, weight: torch.Tensor | None, softca
     if logits.dtype not in (torch.bfloat16, torch.float16) or weight is not None or softcap is not None:
         return False
     n_cols = logits.shape[1]
-    if logits.stride(1) != 1:
+    if n_cols > RESIDENT_MAX_COLS or logits.stride(1) != 1:
         return False
     # cp.async moves at least 4 bytes per thread: Triton vectorises the copies only where it can prove 16-byte
     # alignment (pointer, row stride and column count divisible by 16 elements); otherwise the kernel does not

@@ -84,8 +84,8 @@ CE_PASS2_POLICY = "evict_first"
 CE_STORE_POLICY = "evict_first"
 CE_PASS1_PREFETCH = True  # pass 1: next block's load issued before this block's reductions
 CE_STORE_CACHE = ""  # cache modifier of the gradient stores ("" or ".cs": streaming)
-# 16-bit logits on Hopper: the Gluon kernel that keeps the row (up to resident.RESIDENT_MAX_COLS columns;
-# of wider rows the first 114688) in shared memory and registers between the passes
+# 16-bit logits on Hopper with rows of up to resident.RESIDENT_MAX_COLS columns: the Gluon kernel that keeps
+# the row in shared memory and registers between the passes (``_cross_entropy_resident``)
 CE_RESIDENT = True
 CE_FP32_MATH = (
     "fp64"  # per-element math for fp32 logits: "fp64" (exact, see the kernel) or "fp32" (a benchmark)
@@ -622,7 +622,7 @@ def launch_cross_entropy(
     if n_rows == 0:
         return
     if CE_RESIDENT and resident.resident_supported(logits, weight, softcap):
-        slots, reg_cols, stream = resident.resident_layout(n_cols)
+        slots, reg_cols = resident.resident_layout(n_cols)
         warps = resident.resident_warps(n_cols)
         grad_arg = grad if grad is not None else logits
         resident._cross_entropy_resident_kernel[(n_rows,)](
@@ -631,7 +631,6 @@ def launch_cross_entropy(
             *split_f64(label_smoothing), *split_f64(lse_square_scale),
             MEAN=mean, HAS_SMOOTHING=label_smoothing != 0.0, HAS_GRAD_SCALE=grad_scale is not None,
             COMPUTE_GRAD=grad is not None, SLOT=resident.SLOT, NUM_SLOTS=slots, REG_COLS=reg_cols,
-            STREAM=stream,
             NUM_WARPS=warps, num_warps=warps,
         )  # fmt: skip
         return
