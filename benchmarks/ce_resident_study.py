@@ -9,8 +9,7 @@ relative error), then timed with ``triton.testing.do_bench`` (L2 flushed before 
 fwd+bwd in place (``cross_entropy(..., inplace_backward=True)`` and ``.backward()``, as the suite times it),
 GPU time replayed as a CUDA graph. ``--warps`` also times the resident kernel with other warp counts
 (``NUM_WARPS``); "pass 1a + 1b" is the resident kernel with ``ONLINE_PASS1 = False`` (max, then the sum from
-shared memory) at the default warps. Floor: one read + one write of the logits at 3.0 TB/s. No GPU: prints
-why and exits 0.
+shared memory) at the default warps. Floor: one read + one write of the logits at 3.0 TB/s. No GPU: prints why and exits 0.
 """
 
 from __future__ import annotations
