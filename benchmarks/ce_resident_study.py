@@ -8,8 +8,7 @@ reduction) with ``CE_RESIDENT`` off and on, each checked against float64 first (
 relative error), then timed with ``triton.testing.do_bench`` (L2 flushed before each run); then the op's
 fwd+bwd in place (``cross_entropy(..., inplace_backward=True)`` and ``.backward()``, as the suite times it),
 GPU time replayed as a CUDA graph. ``--warps`` also times the resident kernel with other warp counts
-(``NUM_WARPS``); "pass 1a + 1b" is the resident kernel with ``ONLINE_PASS1 = False`` (max, then the sum from
-shared memory) at the default warps. Floor: one read + one write of the logits at 3.0 TB/s. No GPU: prints why and exits 0.
+(``NUM_WARPS``). Floor: one read + one write of the logits at 3.0 TB/s. No GPU: prints why and exits 0.
 """
 
 from __future__ import annotations
@@ -80,11 +79,10 @@ def study_shape(n: int, v: int, warps: list[int]) -> None:
             lse_square_scale=0.0, softcap=None,
         )  # fmt: skip
 
-    variants = [("streaming kernel", False, None, True)]
-    variants += [(f"resident kernel, {w} warps", True, w, True) for w in warps]
-    variants += [("resident, pass 1a + 1b", True, None, False)]
-    for name, on, num_warps, online in variants:
-        ce_mod.CE_RESIDENT, resident.NUM_WARPS, resident.ONLINE_PASS1 = on, num_warps, online
+    variants = [("streaming kernel", False, None)]
+    variants += [(f"resident kernel, {w} warps", True, w) for w in warps]
+    for name, on, num_warps in variants:
+        ce_mod.CE_RESIDENT, resident.NUM_WARPS = on, num_warps
         try:
             g.fill_(float("nan"))
             loss.fill_(float("nan"))
@@ -95,7 +93,7 @@ def study_shape(n: int, v: int, warps: list[int]) -> None:
             print(f"{shape:>14s} {name:26s} {ms:8.4f} {100 * floor / ms:6.1f}% {errors}")
         except Exception as e:  # noqa: BLE001 - report and go on
             print(f"{shape:>14s} {name:26s} ERROR {type(e).__name__}: {str(e)[:300]}")
-    resident.NUM_WARPS, resident.ONLINE_PASS1 = None, True
+    resident.NUM_WARPS = None
     for name, on in (("op fwd+bwd, streaming", False), ("op fwd+bwd, resident", True)):
         ce_mod.CE_RESIDENT = on
         work = x.clone().requires_grad_(True)

@@ -66,7 +66,7 @@ def compile_norm_bwd(kernel, constexprs: dict, num_warps: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def compile_ce_resident(n_cols: int, num_warps: int, online: bool = True):
+def compile_ce_resident(n_cols: int, num_warps: int):
     """The row-resident cross-entropy kernel (Gluon) for bf16 rows of ``n_cols``, with the 16-divisibility
     that Triton's launch specialises on for aligned tensors and strides (the kernel needs it: see
     ``resident_supported``)."""
@@ -77,7 +77,7 @@ def compile_ce_resident(n_cols: int, num_warps: int, online: bool = True):
     slots, reg_cols = res.resident_layout(n_cols)
     constexprs = dict(
         MEAN=True, HAS_SMOOTHING=True, HAS_GRAD_SCALE=False, COMPUTE_GRAD=True, SLOT=res.SLOT,
-        NUM_SLOTS=slots, REG_COLS=reg_cols, NUM_WARPS=num_warps, ONLINE=online,
+        NUM_SLOTS=slots, REG_COLS=reg_cols, NUM_WARPS=num_warps,
     )  # fmt: skip
     types = {"logits_ptr": "*bf16", "grad_ptr": "*bf16", "target_ptr": "*i64"}
     signature, attrs = {}, {}
@@ -117,15 +117,10 @@ def main() -> int:
                 failed += 1
                 print(f"  {label}  ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
     print("cross-entropy, row-resident Gluon kernel (shared memory + registers), bf16")
-    for n_cols, warps, online in (
-        (128256, 8, True),
-        (128256, 16, True),
-        (128256, 16, False),
-        (32000, 8, True),
-    ):
-        label = f"  {n_cols:6d} cols {warps:2d} warps {'online pass 1' if online else 'pass 1a + 1b '}"
+    for n_cols, warps in ((128256, 8), (128256, 16), (32000, 8)):
+        label = f"  {n_cols:6d} cols {warps:2d} warps"
         try:
-            compiled = compile_ce_resident(n_cols, warps, online)
+            compiled = compile_ce_resident(n_cols, warps)
             print(f"{label}  {resource_usage(compiled)} (allocated {compiled.metadata.shared} B)", flush=True)
         except Exception as e:  # noqa: BLE001
             failed += 1

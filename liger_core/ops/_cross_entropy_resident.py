@@ -49,8 +49,6 @@ MAX_REG_COLS = 16384
 # H100 (benchmarks/ce_resident_study.py, call 1): 16 warps 1-1.5 % faster at 65536-131072 columns, 8 warps at
 # 32000; None: that rule, an int: always that many (the study compares)
 NUM_WARPS: int | None = None
-# pass 1 as one online pass per thread (True) or max then sum (False); the study compares
-ONLINE_PASS1 = True
 RESIDENT_MAX_COLS = MAX_SLOTS * SLOT + MAX_REG_COLS
 
 
@@ -94,7 +92,6 @@ if _GLUON_IMPORTED:
             NUM_SLOTS: gl.constexpr,
             REG_COLS: gl.constexpr,
             NUM_WARPS: gl.constexpr,
-            ONLINE: gl.constexpr,  # pass 1 as one online pass per thread (else 1a + 1b)
         ):  # fmt: skip
             # 8 contiguous 16-bit columns (16 bytes) per thread and access; the copy and the reads of a slot
             # use the same layout, so each thread reads back only what its own cp.async wrote (wait_group
@@ -148,70 +145,34 @@ if _GLUON_IMPORTED:
                 coef_c = (ce_s * eps / n_classes).to(gl.float32)
                 coef_y = (ce_s * (1.0 - eps)).to(gl.float32)
 
-            if ONLINE:
-                # pass 1 in one go as the slots land: each thread keeps the max and rescaled sum of its own
-                # 8-column groups (same thread-to-column map as the copies: 8 per thread, threads in order),
-                # so the exponentials overlap the copies still in flight and no block reduction runs per slot
-                layout2d: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [NUM_WARPS, 1], [1, 0])
-                r2 = gl.arange(0, SLOT // 8, layout=gl.SliceLayout(1, layout2d))
-                c2 = gl.arange(0, 8, layout=gl.SliceLayout(0, layout2d))
-                offs2 = r2[:, None] * 8 + c2[None, :]
-                m_t = gl.full([SLOT // 8], -float("inf"), gl.float32, gl.SliceLayout(1, layout2d))
-                d_t = gl.zeros([SLOT // 8], gl.float32, gl.SliceLayout(1, layout2d))
-                s_t = gl.zeros([SLOT // 8], gl.float32, gl.SliceLayout(1, layout2d))
-                for k in gl.static_range(NUM_SLOTS):
-                    cp.wait_group(NUM_SLOTS - 1 - k)
-                    valid2 = k * SLOT + offs2 < n_cols
-                    x2 = smem.index(k).reshape([SLOT // 8, 8]).load(layout2d).to(gl.float32)
-                    x2 = gl.where(valid2, x2, -float("inf"))
-                    m_new = gl.maximum(m_t, gl.max(x2, axis=1))
-                    alive = m_new != -float("inf")  # a group that saw only padding keeps 0
-                    m_safe = gl.where(alive, m_new, 0.0)
-                    d_t = gl.where(
-                        alive, d_t * gl.exp(m_t - m_safe) + gl.sum(gl.exp(x2 - m_safe[:, None]), axis=1), 0.0
-                    )
-                    m_t = m_new
-                    if HAS_SMOOTHING:
-                        s_t += gl.sum(gl.where(valid2, x2 - x_y, 0.0), axis=1)
-                m = gl.max(m_t, axis=0)
-                smooth_acc = gl.sum(s_t, axis=0) if HAS_SMOOTHING else 0.0
-                if REG_COLS > 0:
-                    x_reg32 = x_reg.to(gl.float32)
-                    m = gl.maximum(m, gl.max(x_reg32, axis=0))
-                    if HAS_SMOOTHING:
-                        smooth_acc += gl.sum(gl.where(reg_mask, x_reg32 - x_y, 0.0), axis=0)
-                d = gl.sum(gl.where(m_t != -float("inf"), d_t * gl.exp(m_t - m), 0.0), axis=0)
-                if REG_COLS > 0:
-                    d += gl.sum(gl.exp(x_reg32 - m), axis=0)
-            else:
-                # pass 1a: max (and the smoothing sum) per lane as the slots land
-                m_lane = gl.full([SLOT], -float("inf"), gl.float32, layout)
-                s_lane = gl.zeros([SLOT], gl.float32, layout)
-                for k in gl.static_range(NUM_SLOTS):
-                    cp.wait_group(NUM_SLOTS - 1 - k)
-                    cols = k * SLOT + offs
-                    valid = cols < n_cols
-                    x = gl.where(valid, smem.index(k).load(layout).to(gl.float32), -float("inf"))
-                    m_lane = gl.maximum(m_lane, x)
-                    if HAS_SMOOTHING:
-                        s_lane += gl.where(valid, x - x_y, 0.0)
-                m = gl.max(m_lane, axis=0)
-                smooth_acc = gl.sum(s_lane, axis=0) if HAS_SMOOTHING else 0.0
-                if REG_COLS > 0:
-                    x_reg32 = x_reg.to(gl.float32)
-                    m = gl.maximum(m, gl.max(x_reg32, axis=0))
-                    if HAS_SMOOTHING:
-                        smooth_acc += gl.sum(gl.where(reg_mask, x_reg32 - x_y, 0.0), axis=0)
+            # pass 1a: max (and the smoothing sum) per lane as the slots land
+            m_lane = gl.full([SLOT], -float("inf"), gl.float32, layout)
+            s_lane = gl.zeros([SLOT], gl.float32, layout)
+            for k in gl.static_range(NUM_SLOTS):
+                cp.wait_group(NUM_SLOTS - 1 - k)
+                cols = k * SLOT + offs
+                valid = cols < n_cols
+                x = gl.where(valid, smem.index(k).load(layout).to(gl.float32), -float("inf"))
+                m_lane = gl.maximum(m_lane, x)
+                if HAS_SMOOTHING:
+                    s_lane += gl.where(valid, x - x_y, 0.0)
+            m = gl.max(m_lane, axis=0)
+            smooth_acc = gl.sum(s_lane, axis=0) if HAS_SMOOTHING else 0.0
+            if REG_COLS > 0:
+                x_reg32 = x_reg.to(gl.float32)
+                m = gl.maximum(m, gl.max(x_reg32, axis=0))
+                if HAS_SMOOTHING:
+                    smooth_acc += gl.sum(gl.where(reg_mask, x_reg32 - x_y, 0.0), axis=0)
 
-                # pass 1b: sum of exp(x - m) from shared memory (masked lanes are -inf: exp gives 0)
-                d_lane = gl.zeros([SLOT], gl.float32, layout)
-                for k in range(NUM_SLOTS):
-                    cols = k * SLOT + offs
-                    x = gl.where(cols < n_cols, smem.index(k).load(layout).to(gl.float32), -float("inf"))
-                    d_lane += gl.exp(x - m)
-                d = gl.sum(d_lane, axis=0)
-                if REG_COLS > 0:
-                    d += gl.sum(gl.exp(x_reg32 - m), axis=0)
+            # pass 1b: sum of exp(x - m) from shared memory (masked lanes are -inf: exp gives 0)
+            d_lane = gl.zeros([SLOT], gl.float32, layout)
+            for k in range(NUM_SLOTS):
+                cols = k * SLOT + offs
+                x = gl.where(cols < n_cols, smem.index(k).load(layout).to(gl.float32), -float("inf"))
+                d_lane += gl.exp(x - m)
+            d = gl.sum(d_lane, axis=0)
+            if REG_COLS > 0:
+                d += gl.sum(gl.exp(x_reg32 - m), axis=0)
 
             # per-row fp64 scalars (as _cross_entropy_kernel: m and log(d) kept apart)
             d64 = d.to(gl.float64)

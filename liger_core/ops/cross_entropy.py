@@ -631,7 +631,7 @@ def launch_cross_entropy(
             *split_f64(label_smoothing), *split_f64(lse_square_scale),
             MEAN=mean, HAS_SMOOTHING=label_smoothing != 0.0, HAS_GRAD_SCALE=grad_scale is not None,
             COMPUTE_GRAD=grad is not None, SLOT=resident.SLOT, NUM_SLOTS=slots, REG_COLS=reg_cols,
-            NUM_WARPS=warps, ONLINE=resident.ONLINE_PASS1, num_warps=warps,
+            NUM_WARPS=warps, num_warps=warps,
         )  # fmt: skip
         return
     fp64_math = logits.dtype == torch.float32 and CE_FP32_MATH == "fp64"
