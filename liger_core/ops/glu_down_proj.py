@@ -8,15 +8,17 @@ the whole step (the backward of the first layer, every parameter gradient alread
 ``h`` is one more intermediate-sized tensor saved per layer. This op saves ``a`` and ``b`` only and
 recomputes ``h`` inside the activation's backward kernel, which writes it over ``dh`` once ``dh`` is read::
 
-    forward:   h = act(a) * b          (kernel, temporary; a, b and W recorded for backward)
-               y = h @ W.T + bias      (cuBLAS, a second node that saves nothing); h freed
+    forward:   node 1 records a, b and W for backward and computes nothing
+               node 2: h = act(a) * b (kernel, temporary), y = h @ W.T + bias (cuBLAS); saves nothing
     backward:  dh = dy @ W             (cuBLAS)
                da, db, h = kernel(dh, a, b)     da over a, db over b, h over dh (read before written)
                dW = dy.T @ h,  dbias = sum(dy)  (cuBLAS)
 
 Peak in the backward: three intermediate-sized tensors instead of four, for one extra write of ``h`` (a tenth
-of the MLP backward's bytes). ``h`` is recomputed with the forward kernel's math, so ``dW`` is what the
-unfused composition gives. ``a`` and ``b`` are overwritten with their gradients (the ``inplace_backward``
+of the MLP backward's bytes). Under non-reentrant activation checkpointing the forward's recomputation stops
+once node 1 has recorded its tensors: it reruns the gate and up projections, not the product or the GEMM.
+The backward kernel computes ``h`` with the forward kernel's math, so ``dW`` is what the unfused composition
+gives. ``a`` and ``b`` are overwritten with their gradients (the ``inplace_backward``
 contract of ``liger_core.ops.swiglu``): only for callers that own them, e.g. ``glu_down_proj(gate(x), up(x),
 down.weight)``; when they share storage (one fused gate_up projection) the gradients get their own memory.
 Under torch.compile the op is the plain composition (the compiler plans memory itself).
@@ -51,44 +53,51 @@ def _backward_kernel(dh, a, b, da, db, activation: str, approximate: str) -> Non
 
 
 class _GradientMailbox:
-    """Carries dy from the down projection's node to the activation's node (see GLUProductFunction)."""
+    """What the two nodes pass each other outside autograd (see GLUProductFunction): the activation's inputs
+    forward (node 1 to node 2, dropped as soon as node 2 has read them) and dy backward (node 2 to node 1)."""
 
-    __slots__ = ("dy",)
+    __slots__ = ("a", "b", "activation", "approximate", "dy")
 
-    def __init__(self) -> None:
+    def __init__(self, activation: str, approximate: str) -> None:
+        self.activation, self.approximate = activation, approximate
+        self.a: torch.Tensor | None = None
+        self.b: torch.Tensor | None = None
         self.dy: torch.Tensor | None = None
 
 
 class GLUProductFunction(torch.autograd.Function):
-    """h = act(a) * b; saves a, b and the down projection's weight, and computes every gradient of the op.
+    """Node 1: records a, b and the down projection's weight, and computes every gradient of the op. Its
+    forward computes nothing: it returns an empty token that links it to node 2 and leaves a and b in the
+    mailbox, from which node 2 computes h = act(a) * b and the down projection.
 
-    Two nodes instead of one so that the saved tensors are recorded *before* the down projection's GEMM runs:
-    under non-reentrant activation checkpointing the recomputation stops at the last saved tensor of the
-    region, so the GEMM (whose output only the discarded recomputed forward would use) is skipped, as it is
-    for ``nn.Linear``, which records its saved inputs before computing."""
+    Two nodes so that the saved tensors are recorded *before* any work: under non-reentrant activation
+    checkpointing the recomputation stops at the last saved tensor of the region, so the product and the GEMM
+    (which only the discarded recomputed forward would use) are skipped, as the GEMM is for ``nn.Linear``,
+    which records its saved inputs before computing."""
 
     @staticmethod
-    def forward(ctx, a, b, weight, bias, mailbox, activation: str, approximate: str):
+    def forward(ctx, a, b, weight, bias, mailbox):
         ctx.inplace = use_inplace_backward(True, a, b)
-        ctx.activation, ctx.approximate = activation, approximate
         ctx.has_bias = bias is not None
         ctx.mailbox = mailbox
         ctx.save_for_backward(a, b, weight)
-        return _product(a, b, activation, approximate)
+        mailbox.a, mailbox.b = a, b
+        return a.new_empty(0)
 
     @staticmethod
-    def backward(ctx, _grad_h):
-        # _grad_h is the down projection node's placeholder; the real incoming gradient is its dy
-        dy2, ctx.mailbox.dy = ctx.mailbox.dy, None
+    def backward(ctx, _grad_token):
+        # _grad_token is node 2's placeholder; the real incoming gradient is its dy
+        mailbox = ctx.mailbox
+        dy2, mailbox.dy = mailbox.dy, None
         if dy2 is None:  # the output was not used by the loss
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None
         a, b, weight = ctx.saved_tensors
         dh = torch.mm(dy2, weight)  # (tokens, intermediate), in the layout of a
         if ctx.inplace:
             da, db = a, b
         else:
             da, db = torch.empty_like(a), torch.empty_like(b)
-        _backward_kernel(dh, a, b, da, db, ctx.activation, ctx.approximate)
+        _backward_kernel(dh, a, b, da, db, mailbox.activation, mailbox.approximate)
         if ctx.inplace:
             da, db = gradients_in_saved_inputs(a, b)
         grad_weight = grad_bias = None
@@ -96,24 +105,26 @@ class GLUProductFunction(torch.autograd.Function):
             grad_weight = torch.mm(dy2.t(), dh)  # dh now holds the product h
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_bias = dy2.sum(0)
-        return da.view(a.shape), db.view(b.shape), grad_weight, grad_bias, None, None, None
+        return da.view(a.shape), db.view(b.shape), grad_weight, grad_bias, None
 
 
 class DownProjFunction(torch.autograd.Function):
-    """y = h @ W.T + bias, saving nothing: its backward hands dy to GLUProductFunction's node (through the
-    mailbox) and returns a zero-strided placeholder gradient for h (no memory)."""
+    """Node 2: h = act(a) * b from the mailbox, y = h @ W.T + bias; saves nothing. Its backward hands dy to
+    node 1 through the mailbox and returns an empty gradient for the token."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, mailbox):
+    def forward(ctx, token, weight, bias, mailbox):
+        # read and drop a and b: a reference kept here would keep them alive past checkpointing
+        a, b, mailbox.a, mailbox.b = mailbox.a, mailbox.b, None, None
         ctx.mailbox = mailbox
-        ctx.h_shape = h.shape
+        h = _product(a, b, mailbox.activation, mailbox.approximate)
         return F.linear(h, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
         dy2 = dy.reshape(-1, dy.shape[-1])
         ctx.mailbox.dy = dy2 if dy2.is_contiguous() else dy2.contiguous()
-        return dy.new_zeros(()).expand(ctx.h_shape), None, None, None
+        return dy.new_empty(0), None, None, None
 
 
 def glu_down_proj(
@@ -155,6 +166,6 @@ def glu_down_proj(
         return F.linear(h, weight, bias)
     a = a.contiguous()
     b = b.contiguous()
-    mailbox = _GradientMailbox()
-    h = GLUProductFunction.apply(a, b, weight, bias, mailbox, activation, approximate)
-    return DownProjFunction.apply(h, weight, bias, mailbox)
+    mailbox = _GradientMailbox(activation, approximate)
+    token = GLUProductFunction.apply(a, b, weight, bias, mailbox)
+    return DownProjFunction.apply(token, weight, bias, mailbox)

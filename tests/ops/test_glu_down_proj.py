@@ -125,3 +125,43 @@ def test_glu_down_proj_under_activation_checkpointing(device, use_reentrant):
         grads[fused] = [x.grad] + [p.grad.clone() for p in params]
     for g_fused, g_plain in zip(grads[True], grads[False]):
         torch.testing.assert_close(g_fused, g_plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_glu_down_proj_recomputation_skips_the_product(device, use_reentrant, monkeypatch):
+    """Under non-reentrant checkpointing the recomputed forward stops once the op has recorded a and b: the
+    activation's forward kernel runs once per block (in the forward), not again in backward. Reentrant
+    checkpointing reruns the whole block, so there it runs twice."""
+    import importlib
+
+    from liger_core.dispatch import use_triton
+
+    module = importlib.import_module("liger_core.ops.glu_down_proj")  # the attribute is the function
+
+    x0 = torch.randn(3, 5, 24, device=device)
+    if not use_triton(x0):
+        pytest.skip("the reference path has no separate nodes")
+    gate = torch.nn.Linear(24, 40, device=device)
+    up = torch.nn.Linear(24, 40, device=device)
+    down = torch.nn.Linear(40, 24, device=device)
+    calls = {"forward": 0, "backward": 0}
+    product = module._product
+    phase = ["forward"]
+
+    def counting_product(*args):
+        calls[phase[0]] += 1
+        return product(*args)
+
+    monkeypatch.setattr(module, "_product", counting_product)
+
+    def block(x):
+        return x + glu_down_proj(gate(x), up(x), down.weight, down.bias)
+
+    x = leaf(x0)
+    y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=use_reentrant)
+    y = torch.utils.checkpoint.checkpoint(block, y, use_reentrant=use_reentrant)
+    phase[0] = "backward"
+    y.square().sum().backward()
+    assert calls == {"forward": 2, "backward": 0 if not use_reentrant else 2}
+    assert x.grad is not None and torch.isfinite(x.grad).all()
