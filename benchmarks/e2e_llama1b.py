@@ -287,6 +287,31 @@ def _profile_step(step) -> dict:
         by_category_ms={k: round(v, 2) for k, v in sorted(categories.items(), key=lambda kv: -kv[1])},
         kernels_ms=round(sum(categories.values()), 2),
         profiled_step_wall_ms=round(wall_ms, 2),
+        idle=_idle_gaps(prof),
+    )
+
+
+def _idle_gaps(prof, min_us: float = 20.0, top: int = 8) -> dict:
+    """Where the GPU waits within the step: the gaps between one kernel's end (the latest end so far) and the
+    next kernel's start, in total and the largest ones with the kernels on each side (a host sync or slow host
+    code shows up as a gap before the first kernel it launches)."""
+    import torch
+
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    gaps, end, before = [], None, None
+    for e in kernels:
+        if end is not None and e.time_range.start - end > min_us:
+            gaps.append((e.time_range.start - end, before, e.name))
+        if end is None or e.time_range.end > end:
+            end, before = e.time_range.end, e.name
+    gaps.sort(key=lambda g: -g[0])
+    return dict(
+        total_ms=round(sum(g[0] for g in gaps) / 1e3, 3),
+        n_gaps=len(gaps),
+        largest=[dict(ms=round(g / 1e3, 3), after=a[:60], before=b[:60]) for g, a, b in gaps[:top]],
     )
 
 
@@ -443,6 +468,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {ms:9.2f} ms  {category}")
             for k in kernels["top"]:
                 print(f"    {k['ms']:9.3f} ms {k['calls']:5d}x  {k['name']}", flush=True)
+            idle = kernels.get("idle")
+            if idle:
+                print(f"    GPU idle {idle['total_ms']:.2f} ms in {idle['n_gaps']} gaps > 20 us; largest:")
+                for g in idle["largest"]:
+                    print(f"    {g['ms']:9.3f} ms  after {g['after']}  before {g['before']}", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"e2e_llama1b_{tag}"

@@ -165,8 +165,8 @@ def per_call_us(call: Callable[[], object], n: int = 1000) -> float:
     return sorted(samples)[2]
 
 
-def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]]) -> None:
-    """GPU kernels of one fwd+bwd (after warm-up): name, count, total µs."""
+def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], repeat: int = 1) -> None:
+    """GPU kernels of one fwd+bwd (after warm-up; the mean of ``repeat`` profiled ones): name, count, µs."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -189,17 +189,19 @@ def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]]) ->
                         t.grad = None
                 torch.cuda.synchronize()
                 with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    step()
+                    for _ in range(repeat):
+                        step()
+                        for t in run.diff_tensors:
+                            t.grad = None
                     torch.cuda.synchronize()
                 kernels = {}
                 for ev in prof.events():
                     if ev.device_type.name == "CUDA":
                         c, t = kernels.get(ev.name, (0, 0.0))
-                        kernels[ev.name] = (c + 1, t + ev.device_time_total)
+                        kernels[ev.name] = (c + 1 / repeat, t + ev.device_time_total / repeat)
                 total = sum(t for _, t in kernels.values())
-                parts = ", ".join(
-                    f"{k[:40]} x{c} {t:.1f}" for k, (c, t) in sorted(kernels.items(), key=lambda x: -x[1][1])
-                )
+                ranked = sorted(kernels.items(), key=lambda x: -x[1][1])
+                parts = ", ".join(f"{k[:40]} x{c:g} {t:.1f}" for k, (c, t) in ranked)
                 log(f"   {name:34s} total {total:7.1f} µs: {parts}")
                 for t in run.diff_tensors:
                     t.grad = None

@@ -93,6 +93,16 @@ BWD_VARIANTS = {  # name -> _launch knobs
     "LN-tile16384": {"NORM_BWD_TILE_ELEMENTS_LAYER_NORM": 16384},
     "LN-tile8192 P2": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2},
     "RMS-tile8192": {"NORM_TILE_ELEMENTS": 8192},
+    # session 11, LayerNorm at hidden 1024 (65536 x 1024: torch.compile 4.7 % faster in the sweep): its
+    # backward runs 4-row tiles at 8 warps, one program per SM (the 4096-column register budget); more warps
+    "LN1k E8": {"NORM_BWD_ELEMENTS_PER_THREAD": 8},
+    "LN1k E8 P2": {"NORM_BWD_ELEMENTS_PER_THREAD": 8, "NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2},
+    "LN1k E4 P2": {"NORM_BWD_ELEMENTS_PER_THREAD": 4, "NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2},
+    "LN1k P2": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2},
+    "LN1k P3": {"NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 3},
+    "LN1k nopf P2": {"NORM_BWD_PREFETCH": False, "NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2},
+    "LN1k tile8192": {"NORM_TILE_ELEMENTS": 8192},
+    "LN1k tile2048": {"NORM_TILE_ELEMENTS": 2048},
 }
 FWD_VARIANTS = {
     "E16 tile4096 (current)": {},
@@ -102,6 +112,10 @@ FWD_VARIANTS = {
     "E8 tile8192": {"NORM_TILE_ELEMENTS": 8192, "NORM_FWD_ELEMENTS_PER_THREAD": 8},
     "fwd chunked above 8192": {"NORM_FUSED_MAX_COLS": 8192},
     "fwd E32": {"NORM_FWD_ELEMENTS_PER_THREAD": 32},
+    "LN1k fwd E8": {"NORM_FWD_ELEMENTS_PER_THREAD": 8},
+    "LN1k fwd E4": {"NORM_FWD_ELEMENTS_PER_THREAD": 4},
+    "LN1k fwd tile8192": {"NORM_TILE_ELEMENTS": 8192},
+    "LN1k fwd tile2048": {"NORM_TILE_ELEMENTS": 2048},
 }
 
 
@@ -166,9 +180,9 @@ def launch(op: str, x, w, b, dy):
     return fwd, bwd, outputs
 
 
-def kernels(shapes, quick: bool) -> None:
+def kernels(shapes, quick: bool, norm_ops=("rms_norm", "layer_norm")) -> None:
     rep = 40 if quick else 100
-    for op in ("rms_norm", "layer_norm"):
+    for op in norm_ops:
         for m, n in shapes:
             x, w, b, dy = make_inputs(op, m, n)
             ref = reference(op, x, w, b, dy)
@@ -239,19 +253,21 @@ def regs() -> None:
                 log(f"   {name} ERROR {type(e).__name__}: {str(e)[:200]}")
 
 
-def ops(quick: bool) -> None:
+def ops(quick: bool, norm_ops=("rms_norm", "layer_norm"), shapes=((16384, 4096),)) -> None:
     timing = bench.QUICK if quick else bench.Timing()
-    for op in ("rms_norm", "layer_norm"):
-        shape = {"M": 16384, "N": 4096} if DEVICE.type == "cuda" else {"M": 37, "N": 123}
-        ours = bench.provider_fn(bench.OPS[op], "liger_core")[0]
-        variants = {
-            "liger_core (direct launch)": (ours, {}),
-            "liger_core (custom-op dispatch)": (ours, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
-            "liger_kernel": (vr.liger_kernel_fn(op), {}),
-        }
-        vr.measure(op, shape, variants, timing)
-        if DEVICE.type == "cuda":
-            vr.profile(op, shape, {k: v for k, v in variants.items() if "dispatch" not in k})
+    for op in norm_ops:
+        for m, n in shapes:
+            shape = {"M": m, "N": n} if DEVICE.type == "cuda" else {"M": 37, "N": 123}
+            ours = bench.provider_fn(bench.OPS[op], "liger_core")[0]
+            variants = {
+                "liger_core (direct launch)": (ours, {}),
+                "liger_core (custom-op dispatch)": (ours, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
+                "liger_kernel": (vr.liger_kernel_fn(op), {}),
+            }
+            vr.measure(op, shape, variants, timing)
+            if DEVICE.type == "cuda":
+                profiled = {k: v for k, v in variants.items() if "dispatch" not in k}
+                vr.profile(op, shape, profiled, repeat=5)
 
 
 def main() -> int:
@@ -261,6 +277,8 @@ def main() -> int:
     parser.add_argument("--graph", action="store_true", help="kernels: CUDA-graph replay timing (GPU time)")
     parser.add_argument("--variants", default="", help="kernels: comma-separated variant name prefixes")
     parser.add_argument("--shapes", default="", help="kernels: e.g. 16384x16384,4093x16384 (rows x hidden)")
+    parser.add_argument("--ops", default="rms_norm,layer_norm", help="which norms (kernels and ops sections)")
+    parser.add_argument("--ops-shapes", default="16384x4096", help="ops section: rows x hidden")
     args = parser.parse_args()
     global GRAPH
     GRAPH = args.graph
@@ -269,12 +287,14 @@ def main() -> int:
     shapes = [(16384, 4096), (4096, 4096), (16384, 8192)] if DEVICE.type == "cuda" else [(5, 257)]
     if args.shapes and DEVICE.type == "cuda":
         shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
+    norm_ops = tuple(args.ops.split(","))
     if "kernels" in sections:
-        kernels(shapes, args.quick)
+        kernels(shapes, args.quick, norm_ops)
     if "regs" in sections and DEVICE.type == "cuda":
         regs()
     if "ops" in sections:
-        ops(args.quick)
+        op_shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.ops_shapes.split(",")]
+        ops(args.quick, norm_ops, op_shapes)
     print("\n==== summary (kernel ms, % of floor) ====")
     for line in SUMMARY:
         print(line)
