@@ -262,8 +262,6 @@ def rope_variants() -> dict[str, tuple[Callable, dict]]:
     return {
         "liger_core custom-op dispatch (old)": (rope, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
         "liger_core direct launch": (rope, {}),
-        # session 11: HF's tables repeat one half; before, both halves of every row were read
-        "liger_core both halves (before s11)": (rope, {rope_module: {"SKIP_EQUAL_SECOND_HALVES": False}}),
         "liger_core direct, 8 warps": (rope, {rope_module: {"_NUM_WARPS": 8}}),
         "liger_core direct, head loop (tile 1024)": (rope, {rope_module: {"_TILE_ELEMENTS": 1024}}),
         # session 9: many heads of few tokens (the sweep's GPU-time losers): a token's heads in one tile

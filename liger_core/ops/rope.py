@@ -12,12 +12,6 @@ Math (fp32 inside the kernel, one rounding to the output dtype). With ``x1, x2``
 The backward is the forward with ``(s1, s2)`` replaced by ``(-s2, -s1)`` (with HF's duplicated tables, where
 ``s1 == s2``, simply sin negated), so one kernel serves both passes.
 
-HF's tables repeat one half (``emb = cat(freqs, freqs)``), so ``c2 == c1`` and ``s2 == s1``. The kernel reads
-the second halves only where they differ: ``_halves_differ_kernel`` compares the halves bit by bit once per
-table (a device flag, no host sync; cached per table object and version, so the passes of every layer of a
-model share one check), and the rotation kernel masks its second-half loads with that flag. Exact for any
-table; with HF's, a token's cos/sin bytes are halved (5 % of RoPE's traffic at 8 query / 2 key-value heads).
-
 One program per token (b, t): it loads that token's cos/sin row once and rotates every q head and every k
 head of the token in one launch (any head counts, so GQA needs nothing special; head counts are compile-time
 constants, one compilation per model config). q/k are read through their
@@ -29,7 +23,6 @@ Nothing is saved for backward (cos/sin are inputs).
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -134,7 +127,6 @@ def _rope_kernel(
     k_ptr,
     cos_ptr,
     sin_ptr,
-    halves_differ_ptr,
     q_out_ptr,
     k_out_ptr,
     seq_len,
@@ -165,14 +157,9 @@ def _rope_kernel(
     col_mask = cols < HALF
     cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
     c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-    # second halves only where the table's halves differ somewhere (masked-off loads move no bytes); the flag
-    # is loaded into every lane: a scalar in a mask does not run in Triton's interpreter
-    differ = tl.load(halves_differ_ptr + cols * 0) != 0
-    c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=col_mask & differ, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=col_mask & differ, other=0.0).to(tl.float32)
-    c2 = tl.where(differ, c2, c1)
-    s2 = tl.where(differ, s2, s1)
+    s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
     if BACKWARD:
         # transpose of the rotation: (s1, s2) -> (-s2, -s1)
         s1, s2 = -s2, -s1
@@ -206,88 +193,6 @@ def _rope_kernel(
         _copy_pass_through(
             k_in, k_stride_h, k_out, k_stride_h, N_K_HEADS, 2 * HALF, PASS_DIM, BLOCK_HK, BLOCK_PASS
         )
-
-
-@fast_launch
-@triton.jit
-def _halves_differ_kernel(
-    cos_bits_ptr, sin_bits_ptr, flag_ptr, n_rows, row_stride, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr
-):
-    """flag = 1 if some row of cos or sin (read as integers: a bitwise comparison) has unequal halves."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_HALF)
-    mask = cols < HALF
-    base = row * row_stride
-    c1 = tl.load(cos_bits_ptr + base + cols, mask=mask, other=0)
-    c2 = tl.load(cos_bits_ptr + base + HALF + cols, mask=mask, other=0)
-    s1 = tl.load(sin_bits_ptr + base + cols, mask=mask, other=0)
-    s2 = tl.load(sin_bits_ptr + base + HALF + cols, mask=mask, other=0)
-    differ = tl.max(((c1 != c2) | (s1 != s2)).to(tl.int32), axis=0)
-    if differ != 0:
-        tl.atomic_max(flag_ptr, 1)
-
-
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-# id(cos) -> (weakref to cos, weakref to sin, their versions, the flag): one entry per live table
-_HALVES_DIFFER: dict[int, tuple] = {}
-_MAX_TABLES = 16
-
-
-def _versions(*tables: torch.Tensor) -> tuple[int, ...] | None:
-    """The tables' version counters, or None where there are none (inference tensors): then no caching."""
-    if any(t.is_inference() for t in tables):
-        return None
-    return tuple(t._version for t in tables)
-
-
-def _halves_differ(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """A device int32 flag, 1 where some row of cos or sin has unequal halves (see the module doc).
-
-    Cached per (cos, sin) object pair and version: the same tables reach every layer of a forward, their
-    recomputation and backward. Not cached while a CUDA graph is captured: the check is then part of the
-    graph, as it must be for the tables a replay copies in."""
-    capturing = cos.is_cuda and torch.cuda.is_current_stream_capturing()
-    versions = None if capturing else _versions(cos, sin)
-    if versions is not None:
-        hit = _HALVES_DIFFER.get(id(cos))
-        if hit is not None and hit[0]() is cos and hit[1]() is sin and hit[2] == versions:
-            return hit[3]
-    flag = torch.zeros((), dtype=torch.int32, device=cos.device)
-    rows = cos.numel() // max(cos.shape[-1], 1)
-    half = cos.shape[-1] // 2
-    if rows and half:
-        bits = _BITS[cos.element_size()]
-        # unit last stride and equal strides (RopeFunction makes sure): one launch over the (B * T) rows of a
-        # contiguous table, else one per distinct batch row (each a (T, rotary_dim) matrix)
-        if cos.is_contiguous():
-            tables = [(cos, sin)]
-        elif cos.shape[0] == 1 or cos.stride(0) == 0:
-            tables = [(cos[0], sin[0])]
-        else:
-            tables = list(zip(cos.unbind(0), sin.unbind(0)))
-        for c, s in tables:
-            c2d, s2d = c.reshape(-1, c.shape[-1]), s.reshape(-1, s.shape[-1])
-            _halves_differ_kernel[(c2d.shape[0],)](
-                c2d.view(bits), s2d.view(bits), flag, c2d.shape[0], c2d.stride(0),
-                HALF=half, BLOCK_HALF=_pow2(half),
-            )  # fmt: skip
-    if versions is not None:
-        if len(_HALVES_DIFFER) >= _MAX_TABLES:
-            _HALVES_DIFFER.clear()
-        _HALVES_DIFFER[id(cos)] = (weakref.ref(cos), weakref.ref(sin), versions, flag)
-    return flag
-
-
-# False: read both halves of every table row (the kernel before session 11; a benchmark knob)
-SKIP_EQUAL_SECOND_HALVES = True
-_ALWAYS_DIFFER: dict[torch.device, torch.Tensor] = {}
-
-
-def _always_differ(device: torch.device) -> torch.Tensor:
-    flag = _ALWAYS_DIFFER.get(device)
-    if flag is None:
-        flag = _ALWAYS_DIFFER[device] = torch.ones((), dtype=torch.int32, device=device)
-    return flag
 
 
 def _pow2(n: int) -> int:
@@ -382,8 +287,7 @@ def _launch(
     y_q = torch.empty_like(x_q, dtype=out_dtype)
     y_k = torch.empty_like(x_k, dtype=out_dtype)
     if not plan.empty:
-        differ = _halves_differ(cos, sin) if SKIP_EQUAL_SECOND_HALVES else _always_differ(cos.device)
-        _rope_kernel[plan.grid](x_q, x_k, cos, sin, differ, y_q, y_k, *plan.args, **plan.constexprs)
+        _rope_kernel[plan.grid](x_q, x_k, cos, sin, y_q, y_k, *plan.args, **plan.constexprs)
     return y_q, y_k
 
 

@@ -147,53 +147,6 @@ def test_rope_arbitrary_tables(dtype):
     check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
 
 
-@pytest.mark.parametrize("table", ["contiguous", "batch_rows", "expanded", "noncontiguous"])
-@pytest.mark.parametrize("where", ["cos_last_row", "sin_first_row", "none"])
-def test_rope_reads_second_halves_where_they_differ(table, where):
-    """The kernel skips the tables' second halves only when no row of cos or sin has unequal halves: one
-    element changed in one row (first or last, of either table, in any table layout) must take the full path
-    and match eager; HF's tables take the half path."""
-    batch, seq_len, dim = 3, 6, 14
-    q, k, unsqueeze_dim = make_qk((batch, 3, 2, seq_len, dim), "hf_transpose", torch.float32, "cpu")
-    cos, sin = make_cos_sin(1 if table == "expanded" else batch, seq_len, dim, torch.float32, "cpu")
-    if where == "cos_last_row":
-        cos[-1, -1, dim // 2 + 3] += 0.25
-    elif where == "sin_first_row":
-        sin[0, 0, dim - 1] -= 0.25
-    if table == "expanded":
-        cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
-    elif table == "noncontiguous":  # every other token of a longer table
-        cos = _interleaved(cos)
-        sin = _interleaved(sin)
-    flag = rope_module._halves_differ(cos, sin)
-    assert int(flag) == (where != "none")
-    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
-
-
-def _interleaved(table):
-    """The same rows as ``table`` in a view with token stride 2 (rows of a larger buffer)."""
-    big = torch.full((table.shape[0], 2 * table.shape[1], table.shape[2]), float("nan"), dtype=table.dtype)
-    big[:, ::2] = table
-    return big[:, ::2]
-
-
-def test_rope_halves_check_cached_per_table_version():
-    """One check per table object and version: the layers of a model share it; an in-place change of the
-    table is seen (and a new check made) on the next call."""
-    q, k, unsqueeze_dim = make_qk((1, 2, 1, 4, 8), "hf_transpose", torch.float32, "cpu")
-    cos, sin = make_cos_sin(1, 4, 8, torch.float32, "cpu")
-    first = rope_module._halves_differ(cos, sin)
-    assert rope_module._halves_differ(cos, sin) is first and int(first) == 0
-    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
-    cos[0, 2, 5] = 0.5  # in place: the halves of row 2 now differ
-    second = rope_module._halves_differ(cos, sin)
-    assert second is not first and int(second) == 1
-    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
-    with torch.inference_mode():  # no version counter: checked on every call, never cached
-        c, s = cos.clone(), sin.clone()
-        assert rope_module._halves_differ(c, s) is not rope_module._halves_differ(c, s)
-
-
 @pytest.mark.parametrize("ids_shape", ["B,T", "1,T", "T"])
 def test_rope_position_ids_gather_table_rows(ids_shape):
     batch, n_q, n_k, seq_len, head_dim = SHAPES["cpu"]
@@ -302,14 +255,3 @@ def test_rope_fused_qkv_slices(device):
     ref = run(reference.rope, leaf(qkv, torch.float64), cos.double(), sin.double())
     for name, o, o_e, o_r in zip(("q_embed", "k_embed", "dqkv"), ours, eager, ref):
         assert_no_worse_than_eager(name, o, o_e, o_r)
-
-
-def test_rope_both_halves_knob_same_result(monkeypatch):
-    """The benchmark knob that reads both halves always gives the same bits as the skipping path."""
-    q, k, unsqueeze_dim = make_qk((2, 3, 2, 5, 12), "hf_transpose", torch.bfloat16, "cpu")
-    cos, sin = make_cos_sin(2, 5, 12, torch.bfloat16, "cpu")
-    skipping = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-    monkeypatch.setattr(rope_module, "SKIP_EQUAL_SECOND_HALVES", False)
-    both = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-    for a, b in zip(skipping, both):
-        assert torch.equal(a, b)
