@@ -84,20 +84,45 @@ def main() -> int:
     variants["vocab-major, default budget"] = {}
     variants.update({f"token-major, chunk {c} tokens": dict(chunk_size=c) for c in (256, 1024)})
     variants["token-major, chunk 256, accum fp32"] = dict(chunk_size=256, accum_dtype=torch.float32)
+    # session 11: a budget holding fp32 copies of dW and dh plus a 512 MiB chunk selects the fp32 token loop
+    fp32_copies = 4 * (v + bt) * hs
+    for extra in (512, 1024):
+        variants[f"budget fp32 copies + {extra} MiB"] = dict(max_chunk_bytes=fp32_copies + extra * mib)
+    peers = {}
+    if GPU:  # the same problem through the suite's peer providers, timed and measured the same way
+        from liger_core import bench
+
+        spec = bench.OPS["fused_linear_cross_entropy"]
+        for provider in ("torch.compile", "liger_kernel", "cce"):
+            fn, why = bench.provider_fn(spec, provider)
+            if fn is None:
+                print(f"  {provider}: skipped ({why})")
+            else:
+                peers[provider] = fn
     if not GPU:
         variants = {
             "vocab-major, 8-token budget": dict(max_chunk_bytes=8 * v * 2),
             "token-major 8": dict(chunk_size=8),
+            "budget fp32 copies + 512 MiB": dict(max_chunk_bytes=4 * (v + bt) * hs + 512 * mib),
         }
-    for name, kw in variants.items():
-
-        def fn(h_, w_, t_, kw=kw):
-            return fused_linear_cross_entropy(h_, w_, t_, **kw)
-
+    loops = sys.modules["liger_core.ops.fused_linear_cross_entropy"].LOOP_COUNTS
+    runs = {
+        name: (lambda h_, w_, t_, kw=kw: fused_linear_cross_entropy(h_, w_, t_, **kw))
+        for name, kw in variants.items()
+    }
+    runs.update(peers)
+    for name, fn in runs.items():
+        if GPU:  # each variant from the same state: the default's loop choice depends on the process's peak
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        counts = dict(loops)
         gh, gw = grads(fn, h, w, t)
-        errs = f"dh {rel(gh, gh64):.3e}  dW {rel(gw, gw64):.3e}"
+        ran = ",".join(k for k in loops if loops[k] != counts.get(k, 0)) or "-"
+        errs = f"dh {rel(gh, gh64):.3e}  dW {rel(gw, gw64):.3e}  loop {ran}"
         del gh, gw
         if GPU:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
             ms = fwd_bwd_ms(fn, h, w, t)
             hr = h.detach().requires_grad_()
             wr = w.detach().requires_grad_()

@@ -88,9 +88,10 @@ class LigerCrossEntropyLoss(nn.Module):
 class LigerFusedLinearCrossEntropyLoss(nn.Module):
     """lm_head projection + cross-entropy, never materialising the logits (``fused_linear_cross_entropy``).
 
-    Gradients at eager's accuracy. ``max_chunk_bytes`` bounds the logits buffer (default: the hidden-state
-    gradient's size, at least 64 MiB); a larger bound is faster (fewer GEMM launches and fewer passes over
-    the fp32 dh accumulator), see ``liger_core.ops.fused_linear_cross_entropy``."""
+    Gradients at eager's accuracy. ``max_chunk_bytes`` bounds the working memory beside the gradients
+    (default: the hidden-state gradient's size, at least 64 MiB); a larger bound is faster (fewer GEMM
+    launches and fewer passes over the fp32 dh accumulator), and one that holds fp32 copies of the gradients
+    plus 512 MiB of logits selects the fastest exact order (``liger_core.ops.fused_linear_cross_entropy``)."""
 
     ce_weight: torch.Tensor | None
 

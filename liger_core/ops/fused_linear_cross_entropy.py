@@ -22,10 +22,12 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
    buffer), 49.1 ms at 1.35 GiB (256 MiB); dW's error equals eager's (1.118e-3 vs float64).
 2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
    fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
-   iterations): chunks of ``C`` tokens, ``logits_c = h_c @ W.T``, CE kernel in place,
+   iterations), or where ``max_chunk_bytes`` grants that much (4 bytes per element of W and h plus >= 512
+   MiB of logits): chunks of ``C`` tokens, ``logits_c = h_c @ W.T``, CE kernel in place,
    ``dh_c = dlogits_c @ W``, ``dW += dlogits_c.T @ h_c`` into fp32, rounded once at the end. Exact, and
    faster there (no recomputed logits; Llama-1B shape, H100: 56.4k tokens/s vs 53.6k with the vocabulary
-   order), at no new peak.
+   order), at no new peak. H100, 8192 tokens, H 4096, V 128256 bf16: 36.6 ms of GPU kernels in one profiled
+   fwd+bwd (session 11, ``benchmarks/variants_ce.py --only profile``), at ~3.1 GiB extra.
 3. Token-major in ``accum_dtype`` (default W's dtype) when ``chunk_size`` is given: a bf16 dW rounds once per
    chunk (error up to ~sqrt(chunks) x eager's; Liger-Kernel's default order), each chunk reads W twice and
    reads and writes dW once (~4 |W| bytes). Faster than 1. at small vocabularies (V 32000, 8191 tokens: 10.4
@@ -754,17 +756,30 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
     - ``chunk_size`` given: the token-major chunk loop with that many tokens per chunk (dW accumulates in
       ``accum_dtype``: a bf16 dW rounds once per chunk);
     - otherwise, where the process's memory headroom (``choose_chunk_tokens``: below its own earlier peak, so
-      no new peak) holds fp32 dW and dh accumulators and a large chunk: the token-major loop with fp32
-      accumulation, rounded once at the end (exact; inside a training step this is the faster order);
+      no new peak) holds fp32 dW and dh accumulators and a large chunk, or where ``max_chunk_bytes`` holds
+      the fp32 accumulators and a HEADROOM_CHUNK_BYTES chunk: the token-major loop with fp32 accumulation,
+      rounded once at the end (exact, and the faster order);
     - otherwise the vocabulary-major loop (exact; ``max_chunk_bytes`` bounds its logits buffer)."""
     if chunk_size is not None:
         LOOP_COUNTS["token-major"] += 1
         return _chunk_loop(*args, chunk_size, **kwargs)
     hidden, weight, accum_dtype = args[0], args[1], args[13]
     need_hidden, need_weight = args[10], args[11]
-    if max_chunk_bytes is None and _fp32_accumulators_fit(hidden, weight, need_hidden, need_weight):
+    fp32_loop, fp32_chunk = False, None  # fp32_chunk None: the headroom chunk (choose_chunk_tokens)
+    if max_chunk_bytes is None:
+        fp32_loop = _fp32_accumulators_fit(hidden, weight, need_hidden, need_weight)
+    elif hidden.dtype != torch.float32 and (need_hidden or need_weight):
+        # a budget that holds the fp32 accumulators and a large chunk buys the faster exact order
+        logits_budget = max_chunk_bytes - 4 * _gradient_elements(hidden, weight, need_hidden, need_weight)
+        if logits_budget >= HEADROOM_CHUNK_BYTES:
+            fp32_loop = True
+            fp32_chunk = choose_chunk_tokens(
+                hidden.shape[0], hidden.shape[1], weight.shape[0], hidden.dtype, hidden.device,
+                max_chunk_bytes=logits_budget,
+            )  # fmt: skip
+    if fp32_loop:
         LOOP_COUNTS["token-major fp32"] += 1
-        loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(*args[:13], torch.float32, None, **kwargs)
+        loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(*args[:13], torch.float32, fp32_chunk, **kwargs)
         gh = gh.to(hidden_accum_dtype(hidden, weight, accum_dtype)) if gh is not None else None
         gw = gw.to(_accum_dtype(accum_dtype, weight)) if gw is not None else None
         return loss_rows, z_rows, stats, gh, gw, gb
@@ -775,13 +790,18 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
 LOOP_COUNTS: collections.Counter = collections.Counter()  # calls per loop (benchmarks report which ran)
 
 
+def _gradient_elements(hidden, weight, need_hidden: bool, need_weight: bool) -> int:
+    n_tokens, hidden_size = hidden.shape
+    return need_weight * weight.shape[0] * hidden_size + need_hidden * n_tokens * hidden_size
+
+
 def _fp32_accumulators_fit(hidden, weight, need_hidden: bool, need_weight: bool) -> bool:
     """Whether the headroom under the process's peak holds fp32 dW and dh, their rounded copies and a
     HEADROOM_CHUNK_BYTES chunk of logits (GPU, 16-bit inputs, some gradient wanted)."""
     if hidden.device.type != "cuda" or hidden.dtype == torch.float32 or not (need_hidden or need_weight):
         return False
-    n_tokens, hidden_size = hidden.shape
-    elements = need_weight * weight.shape[0] * hidden_size + need_hidden * n_tokens * hidden_size
+    # the fp32 accumulators and the gradients they are rounded to at the end (both alive then)
+    elements = _gradient_elements(hidden, weight, need_hidden, need_weight)
     need = elements * (4 + hidden.element_size()) + HEADROOM_CHUNK_BYTES
     headroom = torch.cuda.max_memory_allocated(hidden.device) - torch.cuda.memory_allocated(hidden.device)
     return headroom >= need
@@ -1091,9 +1111,12 @@ def fused_linear_cross_entropy(
     computes every gradient at eager's accuracy (vocabulary-major loop, see the module doc). ``accum_dtype``:
     dtype of the stored gradients (default: weight's dtype; ``torch.float32`` keeps them exact through a
     ``grad_output`` other than 1, at 2 more bytes per element of weight and hidden). ``max_chunk_bytes``: a
-    bound on the logits buffer (default: the hidden-state gradient's size, >= 64 MiB on a GPU; larger is
-    faster). ``chunk_size``: tokens per chunk in the token-major loop instead (a bf16 dW then rounds once per
-    chunk, as Liger-Kernel's; faster at small vocabularies). ``check_targets``: as in
+    bound on the working memory beside the gradients (default: the hidden-state gradient's size, >= 64 MiB
+    on a GPU): the logits buffer of the vocabulary-major loop; a budget that also holds fp32 copies of the
+    gradients (4 bytes per element of weight and hidden) and >= 512 MiB of logits selects the faster exact
+    token-major loop with fp32 accumulators (H100, 8192 x 4096 x 128256: ~37 ms vs ~54). ``chunk_size``:
+    tokens per chunk in the token-major loop instead (a bf16 dW then rounds once per chunk, as
+    Liger-Kernel's; faster at small vocabularies). ``check_targets``: as in
     ``cross_entropy``. Tied weights work (autograd adds this gradient to the embedding's). Under autocast,
     hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
     """

@@ -509,6 +509,35 @@ def test_flce_headroom_order_cuda():
     assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3])
 
 
+def test_flce_budget_selects_fp32_order(monkeypatch, poison_empty):
+    """A max_chunk_bytes that holds fp32 copies of the gradients plus a HEADROOM_CHUNK_BYTES chunk selects the
+    token-major loop with fp32 accumulators (chunks from what is left of the budget): gradients at eager's
+    accuracy, dW with no per-chunk slack; one byte less keeps the vocabulary-major loop."""
+    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
+    n, hidden_size, vocab = 37, 67, 131
+    monkeypatch.setattr(mod, "HEADROOM_CHUNK_BYTES", 10 * vocab * 2)  # 10-token chunks: 4 of them
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.bfloat16, n, hidden_size, vocab, bias=True)
+    fp32_copies = 4 * (vocab + n) * hidden_size
+    budget = fp32_copies + mod.HEADROOM_CHUNK_BYTES
+    before = dict(mod.LOOP_COUNTS)
+    ours, eager, ref = _three_ways(
+        hidden, weight, bias, target, torch.tensor(1.0), dict(max_chunk_bytes=budget)
+    )
+    assert mod.LOOP_COUNTS["token-major fp32"] == before.get("token-major fp32", 0) + 1
+    assert (
+        mod.choose_chunk_tokens(n, hidden_size, vocab, torch.bfloat16, hidden.device, None, 10 * vocab * 2)
+        < n
+    )
+    assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
+    for name, i in (("dhidden", 2), ("dweight", 3), ("dbias", 4)):
+        assert ours[i].dtype == torch.bfloat16
+        assert_no_worse_than_eager(name, ours[i], eager[i], ref[i])
+    vocab_major = mod.LOOP_COUNTS["vocabulary-major"]
+    h, w = leaf(hidden), leaf(weight)
+    fused_linear_cross_entropy(h, w, target, max_chunk_bytes=budget - 1).backward()
+    assert mod.LOOP_COUNTS["vocabulary-major"] == vocab_major + 1
+
+
 def test_flce_custom_ops_pass_opcheck():
     mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
 
