@@ -28,6 +28,8 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
    faster there (no recomputed logits; Llama-1B shape, H100: 56.4k tokens/s vs 53.6k with the vocabulary
    order), at no new peak. H100, 8192 tokens, H 4096, V 128256 bf16: 36.6 ms of GPU kernels in one profiled
    fwd+bwd (session 11, ``benchmarks/variants_ce.py --only profile``), at ~3.1 GiB extra.
+   With every logit in the budget (``max_chunk_bytes`` >= tokens x V x 2 bytes, or that much headroom):
+   one chunk, nothing accumulated.
 3. Token-major in ``accum_dtype`` (default W's dtype) when ``chunk_size`` is given: a bf16 dW rounds once per
    chunk (error up to ~sqrt(chunks) x eager's; Liger-Kernel's default order), each chunk reads W twice and
    reads and writes dW once (~4 |W| bytes). Faster than 1. at small vocabularies (V 32000, 8191 tokens: 10.4
@@ -755,28 +757,43 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
 
     - ``chunk_size`` given: the token-major chunk loop with that many tokens per chunk (dW accumulates in
       ``accum_dtype``: a bf16 dW rounds once per chunk);
-    - otherwise, where the process's memory headroom (``choose_chunk_tokens``: below its own earlier peak, so
-      no new peak) holds fp32 dW and dh accumulators and a large chunk, or where ``max_chunk_bytes`` holds
-      the fp32 accumulators and a HEADROOM_CHUNK_BYTES chunk: the token-major loop with fp32 accumulation,
-      rounded once at the end (exact, and the faster order);
+    - otherwise (16-bit inputs, gradients wanted), where ``max_chunk_bytes`` or the process's memory
+      headroom (below its own earlier peak, so no new peak) holds every logit: the token-major loop in one
+      chunk (exact: each gradient is one GEMM; the fastest order);
+    - otherwise, where the headroom holds fp32 dW and dh accumulators, their rounded copies and a large
+      chunk, or ``max_chunk_bytes`` the fp32 accumulators and a HEADROOM_CHUNK_BYTES chunk: the token-major
+      loop with fp32 accumulation, rounded once at the end (exact, faster than the vocabulary order);
     - otherwise the vocabulary-major loop (exact; ``max_chunk_bytes`` bounds its logits buffer)."""
     if chunk_size is not None:
         LOOP_COUNTS["token-major"] += 1
         return _chunk_loop(*args, chunk_size, **kwargs)
     hidden, weight, accum_dtype = args[0], args[1], args[13]
     need_hidden, need_weight = args[10], args[11]
+    n_tokens, vocab = hidden.shape[0], weight.shape[0]
+    elements = _gradient_elements(hidden, weight, need_hidden, need_weight)
+    all_logits = n_tokens * vocab * hidden.element_size()
     fp32_loop, fp32_chunk = False, None  # fp32_chunk None: the headroom chunk (choose_chunk_tokens)
-    if max_chunk_bytes is None:
+    if hidden.dtype == torch.float32 or not (need_hidden or need_weight):
+        pass  # the vocabulary-major loop: fp64 products for fp32 inputs; one pass for losses alone
+    elif max_chunk_bytes is None:
+        if _headroom(hidden.device) >= all_logits + elements * hidden.element_size():
+            # every logit at once, below the process's earlier peak: one chunk, nothing accumulated
+            LOOP_COUNTS["token-major one chunk"] += 1
+            return _chunk_loop(*args, n_tokens, **kwargs)
         fp32_loop = _fp32_accumulators_fit(hidden, weight, need_hidden, need_weight)
-    elif hidden.dtype != torch.float32 and (need_hidden or need_weight):
-        # a budget that holds the fp32 accumulators and a large chunk buys the faster exact order
-        logits_budget = max_chunk_bytes - 4 * _gradient_elements(hidden, weight, need_hidden, need_weight)
-        if logits_budget >= HEADROOM_CHUNK_BYTES:
-            fp32_loop = True
-            fp32_chunk = choose_chunk_tokens(
-                hidden.shape[0], hidden.shape[1], weight.shape[0], hidden.dtype, hidden.device,
-                max_chunk_bytes=logits_budget,
-            )  # fmt: skip
+    elif max_chunk_bytes >= all_logits:
+        # the budget holds every logit: one chunk, each gradient one GEMM rounded once (as eager), no
+        # accumulation and no recomputed logits: the fastest exact order
+        LOOP_COUNTS["token-major one chunk"] += 1
+        return _chunk_loop(*args, n_tokens, **kwargs)
+    elif max_chunk_bytes - 4 * elements >= HEADROOM_CHUNK_BYTES:
+        # a budget that holds fp32 accumulators and a large chunk: the token order, exact, faster than the
+        # vocabulary order's recomputed logits
+        fp32_loop = True
+        fp32_chunk = choose_chunk_tokens(
+            n_tokens, hidden.shape[1], vocab, hidden.dtype, hidden.device,
+            max_chunk_bytes=max_chunk_bytes - 4 * elements,
+        )  # fmt: skip
     if fp32_loop:
         LOOP_COUNTS["token-major fp32"] += 1
         loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(*args[:13], torch.float32, fp32_chunk, **kwargs)
@@ -802,9 +819,14 @@ def _fp32_accumulators_fit(hidden, weight, need_hidden: bool, need_weight: bool)
         return False
     # the fp32 accumulators and the gradients they are rounded to at the end (both alive then)
     elements = _gradient_elements(hidden, weight, need_hidden, need_weight)
-    need = elements * (4 + hidden.element_size()) + HEADROOM_CHUNK_BYTES
-    headroom = torch.cuda.max_memory_allocated(hidden.device) - torch.cuda.memory_allocated(hidden.device)
-    return headroom >= need
+    return _headroom(hidden.device) >= elements * (4 + hidden.element_size()) + HEADROOM_CHUNK_BYTES
+
+
+def _headroom(device: torch.device) -> int:
+    """Bytes the process may allocate without a new peak (CUDA; 0 elsewhere)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
 
 
 def _flce_fwd_impl(
@@ -1112,9 +1134,10 @@ def fused_linear_cross_entropy(
     dtype of the stored gradients (default: weight's dtype; ``torch.float32`` keeps them exact through a
     ``grad_output`` other than 1, at 2 more bytes per element of weight and hidden). ``max_chunk_bytes``: a
     bound on the working memory beside the gradients (default: the hidden-state gradient's size, >= 64 MiB
-    on a GPU): the logits buffer of the vocabulary-major loop; a budget that also holds fp32 copies of the
-    gradients (4 bytes per element of weight and hidden) and >= 512 MiB of logits selects the faster exact
-    token-major loop with fp32 accumulators (H100, 8192 x 4096 x 128256: ~37 ms vs ~54). ``chunk_size``:
+    on a GPU): the logits buffer of the vocabulary-major loop; a budget that holds every logit selects one
+    token-major chunk (each gradient one GEMM), and one that holds fp32 copies of the gradients (4 bytes per
+    element of weight and hidden) plus >= 512 MiB of logits the token-major loop with fp32 accumulators:
+    exact like the default, and faster (numbers in the module doc). ``chunk_size``:
     tokens per chunk in the token-major loop instead (a bf16 dW then rounds once per chunk, as
     Liger-Kernel's; faster at small vocabularies). ``check_targets``: as in
     ``cross_entropy``. Tied weights work (autograd adds this gradient to the embedding's). Under autocast,

@@ -488,54 +488,68 @@ def test_flce_peak_memory_cuda():
     assert peak_extra <= budget, f"peak extra {peak_extra / 2**30:.3f} GiB > {budget / 2**30:.3f} GiB"
 
 
-@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
-def test_flce_headroom_order_cuda():
-    """With headroom under the process's peak (as inside a training step), the default takes the token-major
-    loop with fp32 accumulators: gradients at eager's accuracy, and no new peak."""
+@pytest.mark.gpu
+@pytest.mark.parametrize("headroom", ["all_logits", "fp32_accumulators"])
+def test_flce_headroom_order_cuda(headroom):
+    """With headroom under the process's peak (as inside a training step), the default takes the fastest
+    exact loop that fits below it: one token-major chunk where every logit fits, else token-major chunks
+    into fp32 accumulators. Gradients at eager's accuracy, and no new peak."""
     mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
-    n, hidden_size, vocab = 4093, 1024, 32000
+    n, hidden_size, vocab = 8192, 1024, 128256
     hidden, weight, _, target, _ = _inputs("cuda", torch.bfloat16, n, hidden_size, vocab)
+    elements = (vocab + n) * hidden_size
+    one_chunk_need = n * vocab * 2 + 2 * elements
+    fp32_need = 6 * elements + mod.HEADROOM_CHUNK_BYTES
+    assert fp32_need < one_chunk_need
+    spike_bytes = 16 * 2**30 if headroom == "all_logits" else (fp32_need + one_chunk_need) // 2
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    spike = torch.empty(16 * 2**30, dtype=torch.uint8, device="cuda")  # an earlier peak of the process
+    spike = torch.empty(spike_bytes, dtype=torch.uint8, device="cuda")  # an earlier peak of the process
     del spike
-    assert mod._fp32_accumulators_fit(hidden, weight, True, True)
     peak_before = torch.cuda.max_memory_allocated()
-    ours, eager, ref = _three_ways(hidden, weight, None, target, torch.tensor(1.0, device="cuda"), {})
+    before = dict(mod.LOOP_COUNTS)
+    h, w = leaf(hidden), leaf(weight)
+    fused_linear_cross_entropy(h, w, target).backward()
     assert torch.cuda.max_memory_allocated() == peak_before
+    loop = "token-major one chunk" if headroom == "all_logits" else "token-major fp32"
+    assert {k for k in mod.LOOP_COUNTS if mod.LOOP_COUNTS[k] != before.get(k, 0)} == {loop}
+    del h, w
+    ours, eager, ref = _three_ways(hidden, weight, None, target, torch.tensor(1.0, device="cuda"), {})
+    assert mod.LOOP_COUNTS[loop] == before.get(loop, 0) + 2  # the same loop again for the comparison
     assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
     assert_no_worse_than_eager("dhidden", ours[2], eager[2], ref[2])
     assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3])
 
 
-def test_flce_budget_selects_fp32_order(monkeypatch, poison_empty):
-    """A max_chunk_bytes that holds fp32 copies of the gradients plus a HEADROOM_CHUNK_BYTES chunk selects the
-    token-major loop with fp32 accumulators (chunks from what is left of the budget): gradients at eager's
-    accuracy, dW with no per-chunk slack; one byte less keeps the vocabulary-major loop."""
+@pytest.mark.parametrize("budget", ["all_logits", "fp32_accumulators", "short"])
+def test_flce_budget_selects_the_loop(budget, monkeypatch, poison_empty):
+    """``max_chunk_bytes`` picks the fastest exact loop it holds: every logit -> one token-major chunk (each
+    gradient one GEMM); fp32 copies of the gradients plus a HEADROOM_CHUNK_BYTES chunk -> token-major chunks
+    into fp32 accumulators; less -> the vocabulary-major loop. Gradients at eager's accuracy in each, dW with
+    no per-chunk slack."""
     mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
-    n, hidden_size, vocab = 37, 67, 131
-    monkeypatch.setattr(mod, "HEADROOM_CHUNK_BYTES", 10 * vocab * 2)  # 10-token chunks: 4 of them
+    n, hidden_size, vocab = 64, 8, 1031  # the logits (132 KB) outweigh the fp32 gradient copies (35 KB)
+    monkeypatch.setattr(mod, "HEADROOM_CHUNK_BYTES", 10 * vocab * 2)
     hidden, weight, bias, target, _ = _inputs("cpu", torch.bfloat16, n, hidden_size, vocab, bias=True)
     fp32_copies = 4 * (vocab + n) * hidden_size
-    budget = fp32_copies + mod.HEADROOM_CHUNK_BYTES
+    fp32_threshold = fp32_copies + mod.HEADROOM_CHUNK_BYTES
+    max_chunk_bytes, loop = {
+        "all_logits": (n * vocab * 2, "token-major one chunk"),
+        "fp32_accumulators": (fp32_threshold + 2 * vocab * 2, "token-major fp32"),  # 12-token chunks
+        "short": (fp32_threshold - 1, "vocabulary-major"),
+    }[budget]
+    assert fp32_threshold + 2 * vocab * 2 < n * vocab * 2
     before = dict(mod.LOOP_COUNTS)
     ours, eager, ref = _three_ways(
-        hidden, weight, bias, target, torch.tensor(1.0), dict(max_chunk_bytes=budget)
+        hidden, weight, bias, target, torch.tensor(1.0), dict(max_chunk_bytes=max_chunk_bytes)
     )
-    assert mod.LOOP_COUNTS["token-major fp32"] == before.get("token-major fp32", 0) + 1
-    assert (
-        mod.choose_chunk_tokens(n, hidden_size, vocab, torch.bfloat16, hidden.device, None, 10 * vocab * 2)
-        < n
-    )
+    changed = {k for k in mod.LOOP_COUNTS if mod.LOOP_COUNTS[k] != before.get(k, 0)}
+    assert changed == {loop}
     assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
     for name, i in (("dhidden", 2), ("dweight", 3), ("dbias", 4)):
         assert ours[i].dtype == torch.bfloat16
         assert_no_worse_than_eager(name, ours[i], eager[i], ref[i])
-    vocab_major = mod.LOOP_COUNTS["vocabulary-major"]
-    h, w = leaf(hidden), leaf(weight)
-    fused_linear_cross_entropy(h, w, target, max_chunk_bytes=budget - 1).backward()
-    assert mod.LOOP_COUNTS["vocabulary-major"] == vocab_major + 1
 
 
 def test_flce_custom_ops_pass_opcheck():
