@@ -336,8 +336,9 @@ def _config_value(config, attr: str | None):
     return getattr(config, attr, None) if attr else None
 
 
-# Bound on one chunk of logits inside the patched causal-LM forward (None: the op's default, the size of the
-# hidden-state gradient). Benchmarks and users trading memory for speed set it (bytes).
+# ``max_chunk_bytes`` of the fused loss inside the patched causal-LM forward (None: the op's default, which
+# also uses the headroom under the process's peak). Users trading memory for speed set it (bytes): a budget
+# holding every logit (tokens x vocab x 2) or fp32 copies of the gradients selects a faster exact loop.
 FLCE_MAX_CHUNK_BYTES: int | None = None
 
 
