@@ -11,6 +11,8 @@ from liger_core.ops import layer_norm
 # >= ~20 rows per CPU shape: a row's (mean, rstd) error is shared by its whole row (see test_rms_norm)
 SHAPES = {"cpu": [(3, 7, 123), (37, 257), (23, 1031)], "cuda": [(4096, 4096), (16384, 4096), (3001, 5120)]}
 EPS = 1e-5
+# the module itself (liger_core.ops binds the name `layer_norm` to the function)
+layer_norm_module = importlib.import_module("liger_core.ops.layer_norm")
 
 
 def _make_x(shape, dtype, device, layout="contiguous", constant_rows=True):
@@ -123,6 +125,31 @@ def test_layer_norm_wide_rows_reload_after_reduction(dtype, bias, shape, monkeyp
     torch.manual_seed(seed)
     _, *grads = _check_against_float64(x, w, b)
     assert all(torch.equal(g, h) for g, h in zip(grads, held, strict=True))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+def test_layer_norm_rowwise_backward(device, dtype, bias, layout, monkeypatch, poison_empty):
+    """The 1-D row-at-a-time backward (16-bit rows of NORM_BWD_ROWWISE_LAYER_NORM's widths; here the test
+    widths are added to it) against float64 and eager; fp32 rows keep the 2-D kernel (fp64 partials)."""
+    shapes = SHAPES[device] if device == "cpu" else [(4093, 8192), (65, 8000)]
+    widths = {launch.next_power_of_2(shape[-1]) for shape in shapes}
+    monkeypatch.setattr(launch, "NORM_BWD_ROWWISE_LAYER_NORM", tuple(widths))
+    calls = []
+    row_kernel = layer_norm_module._layer_norm_bwd_row_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return row_kernel[grid]
+
+    monkeypatch.setattr(layer_norm_module, "_layer_norm_bwd_row_kernel", Spy())
+    for shape in shapes:
+        w, b = _make_params(shape[-1], dtype, device, bias)
+        _check_against_float64(_make_x(shape, dtype, device, layout), w, b)
+    assert len(calls) == (0 if dtype == torch.float32 else len(shapes))
 
 
 def test_layer_norm_hidden_size_above_fused_limit(poison_empty):
