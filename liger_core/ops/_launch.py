@@ -95,7 +95,7 @@ NORM_BWD_WIDE_DEFAULT = (16, False)  # other widths (none between 4096 and 8192 
 NORM_BWD_WIDE_PROGRAMS_PER_SM = 1
 # LayerNorm backward of 16-bit rows of these padded widths: one row at a time in 1-D tiles
 # (``layer_norm._layer_norm_bwd_row_kernel``), one program per SM, NORM_BWD_ROWWISE_WARPS warps. H100, kernel
-# alone (CUDA-graph timing, `build/ln_rowwise.py` kept as run_2026-11-23-s11/call10_ln_rowwise_script.py):
+# alone (CUDA-graph timing, run_2026-11-23-s11/call10_ln_rowwise_script.py.txt, run from the repo root):
 # 65536 x 8192 1.270 ms vs 1.393 for the 2-D tile kernel, 16384 x 8192 0.332 vs 0.365; it loses at 4096
 # columns (0.632 at best vs 0.568) and 16384 (0.884 vs 0.860), which keep the 2-D kernel.
 NORM_BWD_ROWWISE_LAYER_NORM: tuple[int, ...] = (8192,)
