@@ -776,11 +776,13 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
     if hidden.dtype == torch.float32 or not (need_hidden or need_weight):
         pass  # the vocabulary-major loop: fp64 products for fp32 inputs; one pass for losses alone
     elif max_chunk_bytes is None:
-        if _headroom(hidden.device) >= all_logits + elements * hidden.element_size():
+        headroom = _headroom(hidden.device)  # one query: host time on every call
+        if headroom >= all_logits + elements * hidden.element_size():
             # every logit at once, below the process's earlier peak: one chunk, nothing accumulated
             LOOP_COUNTS["token-major one chunk"] += 1
             return _chunk_loop(*args, n_tokens, **kwargs)
-        fp32_loop = _fp32_accumulators_fit(hidden, weight, need_hidden, need_weight)
+        # fp32 accumulators, the gradients they are rounded to at the end (both alive then), a chunk
+        fp32_loop = headroom >= elements * (4 + hidden.element_size()) + HEADROOM_CHUNK_BYTES
     elif max_chunk_bytes >= all_logits:
         # the budget holds every logit: one chunk, each gradient one GEMM rounded once (as eager), no
         # accumulation and no recomputed logits: the fastest exact order
@@ -810,16 +812,6 @@ LOOP_COUNTS: collections.Counter = collections.Counter()  # calls per loop (benc
 def _gradient_elements(hidden, weight, need_hidden: bool, need_weight: bool) -> int:
     n_tokens, hidden_size = hidden.shape
     return need_weight * weight.shape[0] * hidden_size + need_hidden * n_tokens * hidden_size
-
-
-def _fp32_accumulators_fit(hidden, weight, need_hidden: bool, need_weight: bool) -> bool:
-    """Whether the headroom under the process's peak holds fp32 dW and dh, their rounded copies and a
-    HEADROOM_CHUNK_BYTES chunk of logits (GPU, 16-bit inputs, some gradient wanted)."""
-    if hidden.device.type != "cuda" or hidden.dtype == torch.float32 or not (need_hidden or need_weight):
-        return False
-    # the fp32 accumulators and the gradients they are rounded to at the end (both alive then)
-    elements = _gradient_elements(hidden, weight, need_hidden, need_weight)
-    return _headroom(hidden.device) >= elements * (4 + hidden.element_size()) + HEADROOM_CHUNK_BYTES
 
 
 def _headroom(device: torch.device) -> int:
