@@ -28,10 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-from liger_core import bench, dispatch  # noqa: E402
+from liger_core import bench  # noqa: E402
 from liger_core.ops import geglu, rope, swiglu  # noqa: E402
 
 rope_module = sys.modules["liger_core.ops.rope"]
+launch_module = sys.modules["liger_core.ops._launch"]
 
 ROWS: list[str] = []
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a smoke test of this script
@@ -259,27 +260,29 @@ def host_profile(op: str, shape: dict, n: int = 200) -> None:
 
 
 def rope_variants() -> dict[str, tuple[Callable, dict]]:
-    return {
-        "liger_core custom-op dispatch (old)": (rope, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
-        "liger_core direct launch": (rope, {}),
-        "liger_core direct, 8 warps": (rope, {rope_module: {"_NUM_WARPS": 8}}),
-        "liger_core direct, head loop (tile 1024)": (rope, {rope_module: {"_TILE_ELEMENTS": 1024}}),
-        # session 9: many heads of few tokens (the sweep's GPU-time losers): a token's heads in one tile
-        "liger_core tile 4096": (rope, {rope_module: {"_TILE_ELEMENTS": 4096}}),
-        "liger_core tile 4096, 8 warps": (rope, {rope_module: {"_TILE_ELEMENTS": 4096, "_NUM_WARPS": 8}}),
-        "liger_core tile 8192, 8 warps": (rope, {rope_module: {"_TILE_ELEMENTS": 8192, "_NUM_WARPS": 8}}),
-        "liger_kernel": (liger_kernel_fn("rope"), {}),
-    }
+    # session 12: few heads (the sweep's remaining RoPE losers, kv2/kv4): several tokens per program
+    variants: dict[str, tuple[Callable, dict]] = {"liger_core one token per program": (rope, {})}
+    for elements in (4096, 8192, 16384):
+        for warps in (4, 8):
+            knob = {"_TOKEN_BLOCK_ELEMENTS": elements, "_NUM_WARPS_TOKEN_BLOCK": warps}
+            variants[f"liger_core token block {elements}, {warps} warps"] = (rope, {rope_module: knob})
+    variants["liger_kernel"] = (liger_kernel_fn("rope"), {})
+    return variants
 
 
 def glu_variants(op: str) -> dict[str, tuple[Callable, dict]]:
     fn = swiglu if op == "swiglu" else geglu
-    return {
-        "liger_core custom-op dispatch (old)": (fn, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
-        "liger_core direct": (fn, {}),
-        "liger_core inplace_backward": (lambda a, b: fn(a, b, inplace_backward=True), {}),
-        "liger_kernel": (liger_kernel_fn(op), {}),
-    }
+    inplace = lambda a, b: fn(a, b, inplace_backward=True)  # noqa: E731 (the suite's setting)
+    variants = {"liger_core inplace_backward (block 4096, 8 warps)": (inplace, {})}
+    # session 12: peers 0.3-1.7 % faster at many shapes; block size and warps of the flat kernels
+    for block, warps in ((2048, 4), (8192, 8), (8192, 16), (16384, 16)):
+        knob = {"ELEMENTWISE_MAX_BLOCK": block, "ELEMENTWISE_LARGE_BLOCK_WARPS": warps}
+        variants[f"liger_core inplace_backward, block {block}, {warps} warps"] = (
+            inplace,
+            {launch_module: knob},
+        )
+    variants["liger_kernel"] = (liger_kernel_fn(op), {})
+    return variants
 
 
 def main() -> int:
@@ -291,6 +294,7 @@ def main() -> int:
         default="",
         help="rope section: e.g. 1x64x1024x128x16,4x32x4096x128x8 (B x Hq x T x D x Hk)",
     )
+    parser.add_argument("--glu-shapes", default="", help="glu section: e.g. 16384x1024,65536x8192 (M x N)")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     bench.prepare_triton()
@@ -310,6 +314,12 @@ def main() -> int:
             dict(zip(("B", "Hq", "T", "D", "Hk"), (int(v) for v in shape.split("x")), strict=True))
             for shape in args.rope_shapes.split(",")
         ]
+    glu_shapes = [glu_shape]
+    if args.glu_shapes and DEVICE.type == "cuda":
+        glu_shapes = [
+            dict(zip(("M", "N"), map(int, shape.split("x")), strict=True))
+            for shape in args.glu_shapes.split(",")
+        ]
     log(f"device {DEVICE}, torch {torch.__version__}")
     sections = [
         *(
@@ -321,8 +331,11 @@ def main() -> int:
         ("host", lambda: host_time("rope", {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}, rope_variants())),
         ("host", raw_launch_host_time),
         ("host", lambda: host_time("swiglu", {"M": 16, "N": 256}, glu_variants("swiglu"))),
-        ("glu", lambda: measure("swiglu", glu_shape, glu_variants("swiglu"), timing)),
-        ("glu", lambda: measure("geglu", glu_shape, glu_variants("geglu"), timing)),
+        *(
+            ("glu", lambda op=op, shape=shape: measure(op, shape, glu_variants(op), timing))
+            for op in ("swiglu", "geglu")
+            for shape in glu_shapes
+        ),
     ]
     for part, section in sections:
         if part in parts:

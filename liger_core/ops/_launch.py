@@ -24,10 +24,15 @@ def row_settings(n_cols: int) -> tuple[int, int]:
     return block, warps
 
 
+# Flat elementwise kernels: the largest block, and the warps of blocks of at least 2048 elements.
+ELEMENTWISE_MAX_BLOCK = 4096
+ELEMENTWISE_LARGE_BLOCK_WARPS = 8
+
+
 def elementwise_settings(n_elements: int) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) for flat elementwise kernels."""
-    block = min(4096, max(128, _next_power_of_2(n_elements)))
-    return block, 8 if block >= 2048 else 4
+    block = min(ELEMENTWISE_MAX_BLOCK, max(128, _next_power_of_2(n_elements)))
+    return block, ELEMENTWISE_LARGE_BLOCK_WARPS if block >= 2048 else 4
 
 
 _SMS: dict[int | None, int] = {}
