@@ -46,10 +46,6 @@ _NUM_WARPS = 4
 _NUM_WARPS_FEW_TOKENS_MANY_HEADS = 8
 _FEW_TOKENS = 2048
 _MANY_HEAD_ELEMENTS = 8192
-# Few heads (a token's q and k tiles hold fewer elements than this): several consecutive tokens per program,
-# as many as fit this many tile elements (0: one token per program always).
-_TOKEN_BLOCK_ELEMENTS = 0
-_NUM_WARPS_TOKEN_BLOCK = 4
 
 
 @triton.jit
@@ -124,65 +120,6 @@ def _copy_pass_through(
         )
 
 
-@triton.jit
-def _token_block_halves(
-    rows,
-    row_mask,
-    x_stride_h,
-    N_HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
-    """Offsets [BLOCK_T, BLOCK_H, BLOCK_HALF] of the first half of every head of the tokens whose head 0,
-    feature 0 is at ``rows``, and their mask."""
-    heads = tl.arange(0, BLOCK_H).to(tl.int64)
-    cols = tl.arange(0, BLOCK_HALF)
-    offsets = rows[:, None, None] + heads[None, :, None] * x_stride_h + cols[None, None, :]
-    mask = row_mask[:, None, None] & (heads < N_HEADS)[None, :, None] & (cols < HALF)[None, None, :]
-    return offsets, mask
-
-
-@triton.jit
-def _rope_token_block(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, n_tokens, seq_len,
-    q_stride_b, q_stride_t, q_stride_h, k_stride_b, k_stride_t, k_stride_h, cs_stride_b, cs_stride_t,
-    N_Q_HEADS: tl.constexpr, N_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BACKWARD: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
-    """BLOCK_T consecutive tokens per program, all their heads in one tile each (few heads: a token alone is
-    too little work for a program). Full rotary only (the launcher picks BLOCK_T = 1 otherwise)."""
-    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_mask = tokens < n_tokens
-    b = tokens // seq_len
-    t = tokens % seq_len
-    cols = tl.arange(0, BLOCK_HALF)
-    cs_offsets = (b * cs_stride_b + t * cs_stride_t)[:, None] + cols[None, :]
-    cs_mask = token_mask[:, None] & (cols < HALF)[None, :]
-    c1 = tl.load(cos_ptr + cs_offsets, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    c2 = tl.load(cos_ptr + cs_offsets + HALF, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    s1 = tl.load(sin_ptr + cs_offsets, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    s2 = tl.load(sin_ptr + cs_offsets + HALF, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    if BACKWARD:
-        s1, s2 = -s2, -s1  # transpose of the rotation
-    q_off, q_mask = _token_block_halves(
-        b * q_stride_b + t * q_stride_t, token_mask, q_stride_h, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
-    )
-    k_off, k_mask = _token_block_halves(
-        b * k_stride_b + t * k_stride_t, token_mask, k_stride_h, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
-    )
-    q1 = tl.load(q_ptr + q_off, mask=q_mask, other=0.0).to(tl.float32)
-    q2 = tl.load(q_ptr + q_off + HALF, mask=q_mask, other=0.0).to(tl.float32)
-    k1 = tl.load(k_ptr + k_off, mask=k_mask, other=0.0).to(tl.float32)
-    k2 = tl.load(k_ptr + k_off + HALF, mask=k_mask, other=0.0).to(tl.float32)
-    out_ty = q_out_ptr.dtype.element_ty
-    tl.store(q_out_ptr + q_off, (q1 * c1 - q2 * s1).to(out_ty), mask=q_mask)
-    tl.store(q_out_ptr + q_off + HALF, (q2 * c2 + q1 * s2).to(out_ty), mask=q_mask)
-    tl.store(k_out_ptr + k_off, (k1 * c1 - k2 * s1).to(out_ty), mask=k_mask)
-    tl.store(k_out_ptr + k_off + HALF, (k2 * c2 + k1 * s2).to(out_ty), mask=k_mask)
-
-
 @fast_launch
 @triton.jit
 def _rope_kernel(
@@ -192,7 +129,6 @@ def _rope_kernel(
     sin_ptr,
     q_out_ptr,
     k_out_ptr,
-    n_tokens,
     seq_len,
     q_stride_b,
     q_stride_t,
@@ -211,64 +147,52 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     BACKWARD: tl.constexpr,
-    BLOCK_T: tl.constexpr,
 ):
-    if BLOCK_T > 1:
-        _rope_token_block(
-            q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, n_tokens, seq_len,
-            q_stride_b, q_stride_t, q_stride_h, k_stride_b, k_stride_t, k_stride_h, cs_stride_b, cs_stride_t,
-            N_Q_HEADS, N_K_HEADS, HALF, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BACKWARD, BLOCK_T,
-        )  # fmt: skip
+    # int64: B*T*H*D passes 2^31 at long contexts
+    token = tl.program_id(0).to(tl.int64)
+    b = token // seq_len
+    t = token % seq_len
+
+    cols = tl.arange(0, BLOCK_HALF)
+    col_mask = cols < HALF
+    cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
+    c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if BACKWARD:
+        # transpose of the rotation: (s1, s2) -> (-s2, -s1)
+        s1, s2 = -s2, -s1
+
+    q_in = q_ptr + b * q_stride_b + t * q_stride_t
+    k_in = k_ptr + b * k_stride_b + t * k_stride_t
+    # the outputs have their input's strides (the launcher makes sure)
+    q_out = q_out_ptr + b * q_stride_b + t * q_stride_t
+    k_out = k_out_ptr + b * k_stride_b + t * k_stride_t
+    if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
+        # one tile each: every load of the token in flight before the first store
+        q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+        k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+        _store_rotated(q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+        _store_rotated(k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
     else:
-        # int64: B*T*H*D passes 2^31 at long contexts
-        token = tl.program_id(0).to(tl.int64)
-        b = token // seq_len
-        t = token % seq_len
-
-        cols = tl.arange(0, BLOCK_HALF)
-        col_mask = cols < HALF
-        cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
-        c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-        c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
-        s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-        s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if BACKWARD:
-            # transpose of the rotation: (s1, s2) -> (-s2, -s1)
-            s1, s2 = -s2, -s1
-
-        q_in = q_ptr + b * q_stride_b + t * q_stride_t
-        k_in = k_ptr + b * k_stride_b + t * k_stride_t
-        # the outputs have their input's strides (the launcher makes sure)
-        q_out = q_out_ptr + b * q_stride_b + t * q_stride_t
-        k_out = k_out_ptr + b * k_stride_b + t * k_stride_t
-        if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
-            # one tile each: every load of the token in flight before the first store
-            q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
-            k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+        for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
+            q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
             _store_rotated(
-                q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
+                q_out, q_stride_h, h0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
             )
+        for h0 in tl.static_range(0, N_K_HEADS, BLOCK_HK):
+            k1, k2 = _load_halves(k_in, k_stride_h, h0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
             _store_rotated(
-                k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
+                k_out, k_stride_h, h0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
             )
-        else:
-            for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
-                q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
-                _store_rotated(
-                    q_out, q_stride_h, h0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
-                )
-            for h0 in tl.static_range(0, N_K_HEADS, BLOCK_HK):
-                k1, k2 = _load_halves(k_in, k_stride_h, h0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
-                _store_rotated(
-                    k_out, k_stride_h, h0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
-                )
-        if PASS_DIM > 0:
-            _copy_pass_through(
-                q_in, q_stride_h, q_out, q_stride_h, N_Q_HEADS, 2 * HALF, PASS_DIM, BLOCK_HQ, BLOCK_PASS
-            )
-            _copy_pass_through(
-                k_in, k_stride_h, k_out, k_stride_h, N_K_HEADS, 2 * HALF, PASS_DIM, BLOCK_HK, BLOCK_PASS
-            )
+    if PASS_DIM > 0:
+        _copy_pass_through(
+            q_in, q_stride_h, q_out, q_stride_h, N_Q_HEADS, 2 * HALF, PASS_DIM, BLOCK_HQ, BLOCK_PASS
+        )
+        _copy_pass_through(
+            k_in, k_stride_h, k_out, k_stride_h, N_K_HEADS, 2 * HALF, PASS_DIM, BLOCK_HK, BLOCK_PASS
+        )
 
 
 def _pow2(n: int) -> int:
@@ -312,48 +236,30 @@ def _plan(
     block_half = _pow2(half)
     heads_per_tile = max(1, _TILE_ELEMENTS // block_half)
     cs_stride_b, cs_stride_t, _ = cos.stride()
-    block_hq = min(_pow2(n_q_heads), heads_per_tile)
-    block_hk = min(_pow2(n_k_heads), heads_per_tile)
-    n_tokens = batch * seq_len
-    token_elements = (block_hq + block_hk) * 2 * block_half  # a token's tile elements
-    block_t = 1
-    if pass_dim == 0 and block_hq >= n_q_heads and block_hk >= n_k_heads:
-        while block_t * 2 * token_elements <= _TOKEN_BLOCK_ELEMENTS and block_t < n_tokens:
-            block_t *= 2
 
     def bthd(strides: tuple[int, ...]) -> tuple[int, int, int]:  # (batch, token, head) in either HF layout
         s_b, s_1, s_2, _ = strides
         return (s_b, s_2, s_1) if unsqueeze_dim == 1 else (s_b, s_1, s_2)
 
-    args = (
-        n_tokens,
-        seq_len,
-        *bthd(q_strides),
-        *bthd(k_strides),
-        cs_stride_b if cos.shape[0] > 1 else 0,
-        cs_stride_t,
-    )
+    args = (seq_len, *bthd(q_strides), *bthd(k_strides), cs_stride_b if cos.shape[0] > 1 else 0, cs_stride_t)
     constexprs = dict(
         N_Q_HEADS=n_q_heads,
         N_K_HEADS=n_k_heads,
         HALF=half,
         PASS_DIM=pass_dim,
-        BLOCK_HQ=block_hq,
-        BLOCK_HK=block_hk,
+        BLOCK_HQ=min(_pow2(n_q_heads), heads_per_tile),
+        BLOCK_HK=min(_pow2(n_k_heads), heads_per_tile),
         BLOCK_HALF=block_half,
         BLOCK_PASS=_pow2(pass_dim),
         BACKWARD=backward,
-        BLOCK_T=block_t,
         num_warps=(
-            _NUM_WARPS_TOKEN_BLOCK
-            if block_t > 1
-            else _NUM_WARPS_FEW_TOKENS_MANY_HEADS
-            if n_tokens <= _FEW_TOKENS and (n_q_heads + n_k_heads) * 2 * half >= _MANY_HEAD_ELEMENTS
+            _NUM_WARPS_FEW_TOKENS_MANY_HEADS
+            if batch * seq_len <= _FEW_TOKENS and (n_q_heads + n_k_heads) * 2 * half >= _MANY_HEAD_ELEMENTS
             else _NUM_WARPS
         ),
     )
-    empty = n_tokens == 0 or head_dim == 0
-    return _Plan(copy_q, copy_k, (triton.cdiv(n_tokens, block_t),), args, constexprs, empty)
+    empty = batch * seq_len == 0 or head_dim == 0
+    return _Plan(copy_q, copy_k, (batch * seq_len,), args, constexprs, empty)
 
 
 def _launch(
@@ -368,7 +274,6 @@ def _launch(
     key = (
         x_q.shape, x_q.stride(), x_k.shape, x_k.stride(), cos.shape, cos.stride(), unsqueeze_dim, backward,
         _TILE_ELEMENTS, _NUM_WARPS, _NUM_WARPS_FEW_TOKENS_MANY_HEADS, _FEW_TOKENS, _MANY_HEAD_ELEMENTS,
-        _TOKEN_BLOCK_ELEMENTS, _NUM_WARPS_TOKEN_BLOCK,
     )  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:

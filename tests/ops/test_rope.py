@@ -123,21 +123,6 @@ def test_rope_head_loop(monkeypatch):
     check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
 
 
-@pytest.mark.parametrize("layout", ["hf_transpose", "bthd"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_token_blocks(monkeypatch, layout, dtype, poison_empty):
-    """Few heads: several tokens per program, the last block partial (tokens % block != 0), batch tables."""
-    monkeypatch.setattr(
-        rope_module, "_TOKEN_BLOCK_ELEMENTS", 4 * (4 + 1) * 2 * 16
-    )  # 4 tokens: 3 + 1 heads pad to 4 + 1
-    shape = (2, 3, 1, 7, 30)
-    q, k, unsqueeze_dim = make_qk(shape, layout, dtype, "cpu")
-    cos, sin = make_cos_sin(2, 7, 30, dtype, "cpu")
-    plan = rope_module._plan(q, k, cos, unsqueeze_dim, False)
-    assert plan.constexprs["BLOCK_T"] == 4 and plan.grid == (4,)  # 14 tokens
-    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
-
-
 @pytest.mark.parametrize(
     "batch,tokens,q_heads,k_heads,warps",
     [(1, 1024, 64, 16, 8), (2, 1024, 64, 16, 8), (1, 1024, 128, 32, 8), (1, 4096, 64, 16, 4),
