@@ -19,10 +19,18 @@ strides, so HF's ``(B, T, H, D) -> transpose(1, 2)`` views are not copied. Minim
 (cos/sin are re-read per token but stay in L2), write the two outputs; the backward reads dq_embed, dk_embed
 and writes dq, dk.
 Nothing is saved for backward (cos/sin are inputs).
+
+HF's tables repeat their first half (``cat(freqs, freqs)``), so ``c2 == c1`` and ``s2 == s1``; when a table
+pair is bitwise so, the kernel skips the second half's loads (at 8 q / 2 kv heads the tables are 9 % of the
+bytes). Whether they are is a device flag from a bitwise check run once per table object and version, then
+cached (HF builds the tables once per forward; every layer, and the recomputation of a checkpointed layer,
+gets the same objects): no host sync, and any table stays exact. No flag (both halves read) under
+torch.compile and for inference-mode tables.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -129,6 +137,7 @@ def _rope_kernel(
     sin_ptr,
     q_out_ptr,
     k_out_ptr,
+    halves_equal_ptr,
     seq_len,
     q_stride_b,
     q_stride_t,
@@ -147,6 +156,7 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     BACKWARD: tl.constexpr,
+    HAS_FLAG: tl.constexpr,  # halves_equal_ptr holds the tables' flag (else both halves are read)
 ):
     # int64: B*T*H*D passes 2^31 at long contexts
     token = tl.program_id(0).to(tl.int64)
@@ -157,9 +167,16 @@ def _rope_kernel(
     col_mask = cols < HALF
     cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
     c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)
+    second_mask = col_mask
+    if HAS_FLAG:
+        halves_equal = tl.load(halves_equal_ptr)
+        second_mask = col_mask & ((cols * 0 + halves_equal) == 0)  # masked-off loads move no bytes
+    c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+    if HAS_FLAG:
+        c2 = tl.where(halves_equal != 0, c1, c2)
+        s2 = tl.where(halves_equal != 0, s1, s2)
     if BACKWARD:
         # transpose of the rotation: (s1, s2) -> (-s2, -s1)
         s1, s2 = -s2, -s1
@@ -267,6 +284,7 @@ def _launch(
     x_k: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    halves_equal: torch.Tensor | None,
     unsqueeze_dim: int,
     out_dtype: torch.dtype,
     backward: bool,
@@ -287,7 +305,10 @@ def _launch(
     y_q = torch.empty_like(x_q, dtype=out_dtype)
     y_k = torch.empty_like(x_k, dtype=out_dtype)
     if not plan.empty:
-        _rope_kernel[plan.grid](x_q, x_k, cos, sin, y_q, y_k, *plan.args, **plan.constexprs)
+        _rope_kernel[plan.grid](
+            x_q, x_k, cos, sin, y_q, y_k, cos if halves_equal is None else halves_equal, *plan.args,
+            HAS_FLAG=halves_equal is not None, **plan.constexprs,
+        )  # fmt: skip
     return y_q, y_k
 
 
@@ -297,10 +318,15 @@ def _launch(
 # kernel at typical shapes). Inputs arrive validated: q/k 4-D with unit last stride, cos/sin (1 or B, T,
 # rotary_dim) with equal strides and unit last stride.
 def _rope_fwd_impl(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    halves_equal: torch.Tensor | None,
+    unsqueeze_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
-    return _launch(q, k, cos, sin, unsqueeze_dim, out_dtype, backward=False)
+    return _launch(q, k, cos, sin, halves_equal, unsqueeze_dim, out_dtype, backward=False)
 
 
 def _rope_bwd_impl(
@@ -308,10 +334,11 @@ def _rope_bwd_impl(
     dk_embed: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    halves_equal: torch.Tensor | None,
     unsqueeze_dim: int,
     grad_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch(dq_embed, dk_embed, cos, sin, unsqueeze_dim, grad_dtype, backward=True)
+    return _launch(dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, backward=True)
 
 
 _rope_fwd = torch.library.custom_op("liger_core::rope_fwd", _rope_fwd_impl, mutates_args=())
@@ -319,13 +346,13 @@ _rope_bwd = torch.library.custom_op("liger_core::rope_bwd", _rope_bwd_impl, muta
 
 
 @_rope_fwd.register_fake
-def _(q, k, cos, sin, unsqueeze_dim):
+def _(q, k, cos, sin, halves_equal, unsqueeze_dim):
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     return torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
 
 
 @_rope_bwd.register_fake
-def _(dq_embed, dk_embed, cos, sin, unsqueeze_dim, grad_dtype):
+def _(dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype):
     return torch.empty_like(dq_embed, dtype=grad_dtype), torch.empty_like(dk_embed, dtype=grad_dtype)
 
 
@@ -333,14 +360,48 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> integer view
+# (id(cos), id(sin)) -> (weakref cos, weakref sin, cos version, sin version, device flag)
+_HALVES_EQUAL: dict[tuple[int, int], tuple] = {}
+_MAX_HALVES_EQUAL = 64  # live table pairs remembered (HF: one per forward); the cache starts over beyond this
+
+
+def _halves_equal_flag(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """A one-element int32 device tensor: 1 where both tables' rows repeat their first half bitwise (HF's
+    ``cat(freqs, freqs)``), else 0; computed on the device (no sync) once per (cos, sin) object pair and
+    version, then cached. None (the kernel reads both halves) under torch.compile and for inference-mode
+    tables, which have no version counter."""
+    if torch.compiler.is_compiling() or cos.is_inference() or sin.is_inference():
+        return None
+    key = (id(cos), id(sin))
+    versions = (cos._version, sin._version)
+    hit = _HALVES_EQUAL.get(key)
+    if hit is not None and hit[0]() is cos and hit[1]() is sin and hit[2:4] == versions:
+        return hit[4]
+    half = cos.shape[-1] // 2
+    with torch.no_grad():
+        bits = _BITS[cos.element_size()]
+        c, s = cos.detach().view(bits), sin.detach().view(bits)
+        equal = torch.logical_and(
+            (c[..., :half] == c[..., half:]).all(),
+            (s[..., :half] == s[..., half:]).all(),
+        )
+        flag = equal.to(torch.int32).reshape(1)
+    if len(_HALVES_EQUAL) >= _MAX_HALVES_EQUAL:
+        _HALVES_EQUAL.clear()
+    _HALVES_EQUAL[key] = (weakref.ref(cos), weakref.ref(sin), *versions, flag)
+    return flag
+
+
 class RopeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, unsqueeze_dim: int):
+    def forward(ctx, q, k, cos, sin, halves_equal, unsqueeze_dim: int):
         q, k = _unit_last_stride(q), _unit_last_stride(k)
         cos_strides = cos.stride()
         if cos_strides != sin.stride() or (cos_strides[-1] != 1 and cos.shape[-1] > 1):
             cos, sin = cos.contiguous(), sin.contiguous()
         ctx.unsqueeze_dim = unsqueeze_dim
+        ctx.halves_equal = halves_equal
         ctx.q_dtype = q.dtype
         # cos/sin gradients are rare (HF builds them under no_grad) and need q, k: keep those only then
         needs = ctx.needs_input_grad
@@ -349,14 +410,14 @@ class RopeFunction(torch.autograd.Function):
             ctx.save_for_backward(cos, sin, q, k)
         else:
             ctx.save_for_backward(cos, sin)
-        return launcher(_rope_fwd, _rope_fwd_impl)(q, k, cos, sin, unsqueeze_dim)
+        return launcher(_rope_fwd, _rope_fwd_impl)(q, k, cos, sin, halves_equal, unsqueeze_dim)
 
     @staticmethod
     def backward(ctx, dq_embed, dk_embed):
         cos, sin = ctx.saved_tensors[:2]
         dq_embed, dk_embed = _unit_last_stride(dq_embed), _unit_last_stride(dk_embed)
         bwd = launcher(_rope_bwd, _rope_bwd_impl)
-        dq, dk = bwd(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, ctx.q_dtype)
+        dq, dk = bwd(dq_embed, dk_embed, cos, sin, ctx.halves_equal, ctx.unsqueeze_dim, ctx.q_dtype)
         dcos = dsin = None
         if ctx.table_grads:
             # eager autograd of the reference: these gradients are a reduction over heads, off the hot path
@@ -365,7 +426,7 @@ class RopeFunction(torch.autograd.Function):
                 cos_r, sin_r = cos.detach().requires_grad_(), sin.detach().requires_grad_()
                 q_r, k_r = reference.rope(q, k, cos_r, sin_r, unsqueeze_dim=ctx.unsqueeze_dim)
                 dcos, dsin = torch.autograd.grad((q_r, k_r), (cos_r, sin_r), (dq_embed, dk_embed))
-        return dq, dk, dcos, dsin, None
+        return dq, dk, dcos, dsin, None, None
 
 
 def rope(
@@ -443,6 +504,9 @@ def rope(
                 "(max_positions, rotary_dim) table (without position_ids pass the gathered "
                 "(1 or B, T, rotary_dim) rows)"
             )
+        halves_equal = None
+        if use_triton(q) and cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= head_dim:
+            halves_equal = _halves_equal_flag(cos, sin)  # of the whole table: its gathered rows share it
         cos, sin = cos[position_ids], sin[position_ids]
     elif cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] != seq_len:
         raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (1 or {batch}, {seq_len}, rotary_dim)")
@@ -455,4 +519,6 @@ def rope(
 
     if not use_triton(q):
         return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-    return RopeFunction.apply(q, k, cos, sin, unsqueeze_dim)
+    if position_ids is None:
+        halves_equal = _halves_equal_flag(cos, sin)
+    return RopeFunction.apply(q, k, cos, sin, halves_equal, unsqueeze_dim)

@@ -163,6 +163,61 @@ def test_rope_position_ids_gather_table_rows(ids_shape):
     check_against_eager(q, k, cos_table, sin_table, unsqueeze_dim, eager, position_ids=position_ids)
 
 
+def _flag(cos, sin):
+    flag = rope_module._halves_equal_flag(cos, sin)
+    return None if flag is None else int(flag.item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_halves_flag_cached_and_never_stale(dtype, poison_empty):
+    """HF's tables (equal halves) get flag 1, computed once per table object; an in-place change of a table
+    (version bump) recomputes it, so the kernel reads the second half again and stays exact."""
+    shape = SHAPES["cpu"]
+    q, k, unsqueeze_dim = make_qk(shape, "hf_transpose", dtype, "cpu")
+    cos, sin = make_cos_sin(1, shape[3], shape[4], dtype, "cpu")
+    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
+    flag = rope_module._halves_equal_flag(cos, sin)
+    assert int(flag.item()) == 1
+    assert rope_module._halves_equal_flag(cos, sin) is flag  # cached: no second check
+    assert _flag(cos.clone(), sin) == 1  # another object: its own check
+    half = shape[4] // 2
+    with torch.no_grad():
+        sin[..., half:] *= 0.75  # the halves differ now (in place: same object, new version)
+    assert _flag(cos, sin) == 0
+    check_against_eager(q, k, cos, sin, unsqueeze_dim, reference.rope)  # exact with the new second half
+
+
+def test_rope_halves_flag_is_bitwise():
+    """0.0 and -0.0 compare equal but are different bits: not the same halves (the output's zeros keep their
+    sign); likewise NaN halves are never equal; inference-mode tables get no flag (both halves read)."""
+    cos, sin = make_cos_sin(1, 5, 8, torch.float32, "cpu")
+    assert _flag(cos, sin) == 1
+    signed = sin.clone()
+    signed[0, 0, 0], signed[0, 0, 4] = 0.0, -0.0
+    assert _flag(cos, signed) == 0
+    with torch.inference_mode():
+        cos_i, sin_i = make_cos_sin(1, 5, 8, torch.float32, "cpu")
+        assert _flag(cos_i, sin_i) is None
+        q, k, unsqueeze_dim = make_qk((1, 2, 1, 5, 8), "hf_transpose", torch.float32, "cpu")
+        for o, o_h in zip(rope(q, k, cos_i, sin_i), apply_rotary_pos_emb(q, k, cos_i, sin_i)):
+            torch.testing.assert_close(o, o_h)
+
+
+def test_rope_position_ids_tables_with_unequal_halves():
+    """With position_ids the flag comes from the whole table; a table whose halves differ stays exact."""
+    batch, _, _, seq_len, head_dim = SHAPES["cpu"]
+    q, k, unsqueeze_dim = make_qk(SHAPES["cpu"], "hf_transpose", torch.float32, "cpu")
+    cos_table = torch.randn(40, head_dim, dtype=torch.float64).float()
+    sin_table = torch.randn(40, head_dim, dtype=torch.float64).float()
+    assert _flag(cos_table, sin_table) == 0
+    position_ids = torch.randint(0, 40, (batch, seq_len))
+
+    def eager(q, k, cos, sin, unsqueeze_dim):
+        return reference.rope(q, k, cos[position_ids], sin[position_ids], unsqueeze_dim=unsqueeze_dim)
+
+    check_against_eager(q, k, cos_table, sin_table, unsqueeze_dim, eager, position_ids=position_ids)
+
+
 def test_rope_cos_sin_grads():
     """cos/sin that require grad (HF builds them under no_grad, but a user may not) get eager-exact grads."""
     q, k, unsqueeze_dim = make_qk((2, 3, 1, 5, 12), "hf_transpose", torch.float32, "cpu")
