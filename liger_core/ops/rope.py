@@ -104,6 +104,35 @@ def _store_rotated(
 
 
 @triton.jit
+def _table_halves(
+    cos_row,
+    sin_row,
+    c1,
+    s1,
+    halves_equal,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
+    BACKWARD: tl.constexpr,
+):
+    """(c1, c2, s1, s2) of one token, given its first halves; the second halves are loaded only where the
+    tables' flag says they differ (masked-off loads move no bytes); the backward's transpose applied."""
+    cols = tl.arange(0, BLOCK_HALF)
+    second_mask = cols < HALF
+    if HAS_FLAG:
+        second_mask = second_mask & ((cols * 0 + halves_equal) == 0)
+    c2 = tl.load(cos_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+    if HAS_FLAG:
+        c2 = tl.where(halves_equal != 0, c1, c2)
+        s2 = tl.where(halves_equal != 0, s1, s2)
+    if BACKWARD:
+        # transpose of the rotation: (s1, s2) -> (-s2, -s1)
+        s1, s2 = -s2, -s1
+    return c1, c2, s1, s2
+
+
+@triton.jit
 def _copy_pass_through(
     x_ptr,
     x_stride_h,
@@ -168,18 +197,9 @@ def _rope_kernel(
     cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
     c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-    second_mask = col_mask
+    halves_equal = 0
     if HAS_FLAG:
         halves_equal = tl.load(halves_equal_ptr)
-        second_mask = col_mask & ((cols * 0 + halves_equal) == 0)  # masked-off loads move no bytes
-    c2 = tl.load(cos_ptr + cs_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + cs_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
-    if HAS_FLAG:
-        c2 = tl.where(halves_equal != 0, c1, c2)
-        s2 = tl.where(halves_equal != 0, s1, s2)
-    if BACKWARD:
-        # transpose of the rotation: (s1, s2) -> (-s2, -s1)
-        s1, s2 = -s2, -s1
 
     q_in = q_ptr + b * q_stride_b + t * q_stride_t
     k_in = k_ptr + b * k_stride_b + t * k_stride_t
@@ -187,12 +207,19 @@ def _rope_kernel(
     q_out = q_out_ptr + b * q_stride_b + t * q_stride_t
     k_out = k_out_ptr + b * k_stride_b + t * k_stride_t
     if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
-        # one tile each: every load of the token in flight before the first store
+        # one tile each: every load of the token in flight before the first store; the tables' second
+        # halves (which wait for the flag) after q's and k's, so that the flag's latency does not delay them
         q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
         k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+        c1, c2, s1, s2 = _table_halves(
+            cos_ptr + cs_row, sin_ptr + cs_row, c1, s1, halves_equal, HALF, BLOCK_HALF, HAS_FLAG, BACKWARD
+        )
         _store_rotated(q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
         _store_rotated(k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
     else:
+        c1, c2, s1, s2 = _table_halves(
+            cos_ptr + cs_row, sin_ptr + cs_row, c1, s1, halves_equal, HALF, BLOCK_HALF, HAS_FLAG, BACKWARD
+        )
         for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
             q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
             _store_rotated(
