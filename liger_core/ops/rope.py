@@ -52,6 +52,7 @@ _NUM_WARPS = 4
 # 0.0368 / 0.0679); 8 warps lose elsewhere: q4x32x4096 kv8 0.2379 -> 0.2457, q1x32x65536 kv8 0.924 -> 0.955,
 # q1x8x4093 kv2 0.0247 -> 0.0266.
 _NUM_WARPS_FEW_TOKENS_MANY_HEADS = 8
+_FLAG_BRANCH = False
 _FEW_TOKENS = 2048
 _MANY_HEAD_ELEMENTS = 8192
 
@@ -114,18 +115,27 @@ def _table_halves(
     BLOCK_HALF: tl.constexpr,
     HAS_FLAG: tl.constexpr,
     BACKWARD: tl.constexpr,
+    FLAG_BRANCH: tl.constexpr,
 ):
     """(c1, c2, s1, s2) of one token, given its first halves; the second halves are loaded only where the
     tables' flag says they differ (masked-off loads move no bytes); the backward's transpose applied."""
     cols = tl.arange(0, BLOCK_HALF)
     second_mask = cols < HALF
-    if HAS_FLAG:
-        second_mask = second_mask & ((cols * 0 + halves_equal) == 0)
-    c2 = tl.load(cos_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
-    if HAS_FLAG:
-        c2 = tl.where(halves_equal != 0, c1, c2)
-        s2 = tl.where(halves_equal != 0, s1, s2)
+    if HAS_FLAG and FLAG_BRANCH:
+        if halves_equal != 0:  # uniform over the program
+            c2 = c1
+            s2 = s1
+        else:
+            c2 = tl.load(cos_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+    else:
+        if HAS_FLAG:
+            second_mask = second_mask & ((cols * 0 + halves_equal) == 0)
+        c2 = tl.load(cos_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+        if HAS_FLAG:
+            c2 = tl.where(halves_equal != 0, c1, c2)
+            s2 = tl.where(halves_equal != 0, s1, s2)
     if BACKWARD:
         # transpose of the rotation: (s1, s2) -> (-s2, -s1)
         s1, s2 = -s2, -s1
@@ -186,6 +196,7 @@ def _rope_kernel(
     BLOCK_PASS: tl.constexpr,
     BACKWARD: tl.constexpr,
     HAS_FLAG: tl.constexpr,  # halves_equal_ptr holds the tables' flag (else both halves are read)
+    FLAG_BRANCH: tl.constexpr,
 ):
     # int64: B*T*H*D passes 2^31 at long contexts
     token = tl.program_id(0).to(tl.int64)
@@ -212,13 +223,31 @@ def _rope_kernel(
         q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
         k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
         c1, c2, s1, s2 = _table_halves(
-            cos_ptr + cs_row, sin_ptr + cs_row, c1, s1, halves_equal, HALF, BLOCK_HALF, HAS_FLAG, BACKWARD
+            cos_ptr + cs_row,
+            sin_ptr + cs_row,
+            c1,
+            s1,
+            halves_equal,
+            HALF,
+            BLOCK_HALF,
+            HAS_FLAG,
+            BACKWARD,
+            FLAG_BRANCH,
         )
         _store_rotated(q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
         _store_rotated(k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
     else:
         c1, c2, s1, s2 = _table_halves(
-            cos_ptr + cs_row, sin_ptr + cs_row, c1, s1, halves_equal, HALF, BLOCK_HALF, HAS_FLAG, BACKWARD
+            cos_ptr + cs_row,
+            sin_ptr + cs_row,
+            c1,
+            s1,
+            halves_equal,
+            HALF,
+            BLOCK_HALF,
+            HAS_FLAG,
+            BACKWARD,
+            FLAG_BRANCH,
         )
         for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
             q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
@@ -334,7 +363,7 @@ def _launch(
     if not plan.empty:
         _rope_kernel[plan.grid](
             x_q, x_k, cos, sin, y_q, y_k, cos if halves_equal is None else halves_equal, *plan.args,
-            HAS_FLAG=halves_equal is not None, **plan.constexprs,
+            HAS_FLAG=halves_equal is not None, FLAG_BRANCH=_FLAG_BRANCH, **plan.constexprs,
         )  # fmt: skip
     return y_q, y_k
 
