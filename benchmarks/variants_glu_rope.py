@@ -142,7 +142,7 @@ def raw_launch_host_time(n: int = 1000) -> None:
     """Host µs of one bare RoPE kernel launch (no checks, no autograd): ours vs liger-kernel's."""
     shape = {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}
     q, k, cos, sin = bench.OPS["rope"].build(shape, torch.bfloat16, DEVICE).args
-    calls = {"liger_core _launch": lambda: rope_module._launch(q, k, cos, sin, None, 1, q.dtype, False)}
+    calls = {"liger_core _launch": lambda: rope_module._launch(q, k, cos, sin, False, 1, q.dtype, False)}
     if bench.peer_version("liger_kernel"):
         from liger_kernel.ops.rope import rope_forward  # noqa: PLC0415
 

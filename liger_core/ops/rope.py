@@ -20,12 +20,13 @@ strides, so HF's ``(B, T, H, D) -> transpose(1, 2)`` views are not copied. Minim
 and writes dq, dk.
 Nothing is saved for backward (cos/sin are inputs).
 
-HF's tables repeat their first half (``cat(freqs, freqs)``), so ``c2 == c1`` and ``s2 == s1``; when a table
-pair is bitwise so, the kernel skips the second half's loads (at 8 q / 2 kv heads the tables are 9 % of the
-bytes). Whether they are is a device flag from a bitwise check run once per table object and version, then
-cached (HF builds the tables once per forward; every layer, and the recomputation of a checkpointed layer,
-gets the same objects): no host sync, and any table stays exact. No flag (both halves read) under
-torch.compile and for inference-mode tables.
+HF's tables repeat their first half (``cat(freqs, freqs)``), so ``c2 == c1`` and ``s2 == s1``; once a table
+pair is known to be bitwise so, the kernel is specialised not to load the second halves (at 8 q / 2 kv heads
+the tables are 9 % of the bytes). The check runs on the device once per table object and version; its answer
+reaches the host through pinned memory and an event, without a sync, and until it has arrived the kernel reads
+both halves. HF builds the tables once per forward, and every layer, the recomputation of a checkpointed layer
+and the backward get the same objects, so all but the first calls of a step read one half. Any table stays
+exact. Under torch.compile and for inference-mode tables both halves are always read.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ _NUM_WARPS = 4
 # 0.0368 / 0.0679); 8 warps lose elsewhere: q4x32x4096 kv8 0.2379 -> 0.2457, q1x32x65536 kv8 0.924 -> 0.955,
 # q1x8x4093 kv2 0.0247 -> 0.0266.
 _NUM_WARPS_FEW_TOKENS_MANY_HEADS = 8
-_FLAG_BRANCH = False
 _FEW_TOKENS = 2048
 _MANY_HEAD_ELEMENTS = 8192
 
@@ -110,32 +110,20 @@ def _table_halves(
     sin_row,
     c1,
     s1,
-    halves_equal,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
-    HAS_FLAG: tl.constexpr,
+    HALVES_EQUAL: tl.constexpr,
     BACKWARD: tl.constexpr,
-    FLAG_BRANCH: tl.constexpr,
 ):
-    """(c1, c2, s1, s2) of one token, given its first halves; the second halves are loaded only where the
-    tables' flag says they differ (masked-off loads move no bytes); the backward's transpose applied."""
-    cols = tl.arange(0, BLOCK_HALF)
-    second_mask = cols < HALF
-    if HAS_FLAG and FLAG_BRANCH:
-        if halves_equal != 0:  # uniform over the program
-            c2 = c1
-            s2 = s1
-        else:
-            c2 = tl.load(cos_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
-            s2 = tl.load(sin_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
+    """(c1, c2, s1, s2) of one token, given its first halves (the second ones loaded unless HALVES_EQUAL),
+    with the backward's transpose applied."""
+    if HALVES_EQUAL:
+        c2 = c1
+        s2 = s1
     else:
-        if HAS_FLAG:
-            second_mask = second_mask & ((cols * 0 + halves_equal) == 0)
-        c2 = tl.load(cos_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
-        s2 = tl.load(sin_row + HALF + cols, mask=second_mask, other=0.0).to(tl.float32)
-        if HAS_FLAG:
-            c2 = tl.where(halves_equal != 0, c1, c2)
-            s2 = tl.where(halves_equal != 0, s1, s2)
+        cols = tl.arange(0, BLOCK_HALF)
+        c2 = tl.load(cos_row + HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_row + HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)
     if BACKWARD:
         # transpose of the rotation: (s1, s2) -> (-s2, -s1)
         s1, s2 = -s2, -s1
@@ -176,7 +164,6 @@ def _rope_kernel(
     sin_ptr,
     q_out_ptr,
     k_out_ptr,
-    halves_equal_ptr,
     seq_len,
     q_stride_b,
     q_stride_t,
@@ -195,8 +182,7 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     BACKWARD: tl.constexpr,
-    HAS_FLAG: tl.constexpr,  # halves_equal_ptr holds the tables' flag (else both halves are read)
-    FLAG_BRANCH: tl.constexpr,
+    HALVES_EQUAL: tl.constexpr,  # the tables repeat their first half: the second is not loaded
 ):
     # int64: B*T*H*D passes 2^31 at long contexts
     token = tl.program_id(0).to(tl.int64)
@@ -208,9 +194,9 @@ def _rope_kernel(
     cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
     c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-    halves_equal = 0
-    if HAS_FLAG:
-        halves_equal = tl.load(halves_equal_ptr)
+    c1, c2, s1, s2 = _table_halves(
+        cos_ptr + cs_row, sin_ptr + cs_row, c1, s1, HALF, BLOCK_HALF, HALVES_EQUAL, BACKWARD
+    )
 
     q_in = q_ptr + b * q_stride_b + t * q_stride_t
     k_in = k_ptr + b * k_stride_b + t * k_stride_t
@@ -218,37 +204,12 @@ def _rope_kernel(
     q_out = q_out_ptr + b * q_stride_b + t * q_stride_t
     k_out = k_out_ptr + b * k_stride_b + t * k_stride_t
     if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
-        # one tile each: every load of the token in flight before the first store; the tables' second
-        # halves (which wait for the flag) after q's and k's, so that the flag's latency does not delay them
+        # one tile each: every load of the token in flight before the first store
         q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
         k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
-        c1, c2, s1, s2 = _table_halves(
-            cos_ptr + cs_row,
-            sin_ptr + cs_row,
-            c1,
-            s1,
-            halves_equal,
-            HALF,
-            BLOCK_HALF,
-            HAS_FLAG,
-            BACKWARD,
-            FLAG_BRANCH,
-        )
         _store_rotated(q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
         _store_rotated(k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
     else:
-        c1, c2, s1, s2 = _table_halves(
-            cos_ptr + cs_row,
-            sin_ptr + cs_row,
-            c1,
-            s1,
-            halves_equal,
-            HALF,
-            BLOCK_HALF,
-            HAS_FLAG,
-            BACKWARD,
-            FLAG_BRANCH,
-        )
         for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
             q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
             _store_rotated(
@@ -340,7 +301,7 @@ def _launch(
     x_k: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    halves_equal: torch.Tensor | None,
+    halves_equal: bool,
     unsqueeze_dim: int,
     out_dtype: torch.dtype,
     backward: bool,
@@ -362,9 +323,8 @@ def _launch(
     y_k = torch.empty_like(x_k, dtype=out_dtype)
     if not plan.empty:
         _rope_kernel[plan.grid](
-            x_q, x_k, cos, sin, y_q, y_k, cos if halves_equal is None else halves_equal, *plan.args,
-            HAS_FLAG=halves_equal is not None, FLAG_BRANCH=_FLAG_BRANCH, **plan.constexprs,
-        )  # fmt: skip
+            x_q, x_k, cos, sin, y_q, y_k, *plan.args, HALVES_EQUAL=halves_equal, **plan.constexprs
+        )
     return y_q, y_k
 
 
@@ -378,7 +338,7 @@ def _rope_fwd_impl(
     k: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    halves_equal: torch.Tensor | None,
+    halves_equal: bool,
     unsqueeze_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
@@ -390,7 +350,7 @@ def _rope_bwd_impl(
     dk_embed: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    halves_equal: torch.Tensor | None,
+    halves_equal: bool,
     unsqueeze_dim: int,
     grad_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -417,47 +377,80 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> integer view
-# (id(cos), id(sin)) -> (weakref cos, weakref sin, cos version, sin version, device flag)
-_HALVES_EQUAL: dict[tuple[int, int], tuple] = {}
-_MAX_HALVES_EQUAL = 64  # live table pairs remembered (HF: one per forward); the cache starts over beyond this
 
 
-def _halves_equal_flag(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
-    """A one-element int32 device tensor: 1 where both tables' rows repeat their first half bitwise (HF's
-    ``cat(freqs, freqs)``), else 0; computed on the device (no sync) once per (cos, sin) object pair and
-    version, then cached. None (the kernel reads both halves) under torch.compile and for inference-mode
-    tables, which have no version counter."""
+class _TableHalves:
+    """Whether a (cos, sin) pair repeats its first half bitwise (HF's ``cat(freqs, freqs)``; 0.0 and -0.0 or
+    NaNs differ): checked on the device when the pair is first seen, read on the host once that is done."""
+
+    __slots__ = ("cos_ref", "sin_ref", "versions", "equal", "host_flag", "event")
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, versions: tuple[int, int]) -> None:
+        self.cos_ref, self.sin_ref, self.versions = weakref.ref(cos), weakref.ref(sin), versions
+        half = cos.shape[-1] // 2
+        with torch.no_grad():
+            bits = _BITS[cos.element_size()]
+            c, s = cos.detach().view(bits), sin.detach().view(bits)
+            equal = torch.logical_and(
+                (c[..., :half] == c[..., half:]).all(), (s[..., :half] == s[..., half:]).all()
+            )
+        self.equal: bool | None = None
+        self.host_flag = self.event = None
+        if cos.is_cuda:  # the answer comes back asynchronously: no sync
+            self.host_flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.host_flag.copy_(equal, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.equal = bool(equal)
+
+    def matches(self, cos: torch.Tensor, sin: torch.Tensor, versions: tuple[int, int]) -> bool:
+        return self.cos_ref() is cos and self.sin_ref() is sin and self.versions == versions
+
+    def known_equal(self) -> bool:
+        """True once the check is done and found equal halves; False before (the kernel reads both)."""
+        if self.equal is None and self.event is not None and not torch.cuda.is_current_stream_capturing():
+            if self.event.query():
+                self.equal = bool(self.host_flag)
+                self.host_flag = self.event = None
+        return bool(self.equal)
+
+
+# (id(cos), id(sin)) -> the pair's check; entries are validated by identity and version on every lookup
+_TABLE_CHECKS: dict[tuple[int, int], _TableHalves] = {}
+_MAX_TABLE_CHECKS = 64  # live table pairs remembered (HF: one per forward); the cache starts over beyond this
+
+
+def _table_check(cos: torch.Tensor, sin: torch.Tensor) -> _TableHalves | None:
+    """The cached check of this (cos, sin) pair, started now if new. None (both halves are always read) under
+    torch.compile, for inference-mode tables (no version counter) and inside a CUDA-graph capture."""
     if torch.compiler.is_compiling() or cos.is_inference() or sin.is_inference():
         return None
     key = (id(cos), id(sin))
     versions = (cos._version, sin._version)
-    hit = _HALVES_EQUAL.get(key)
-    if hit is not None and hit[0]() is cos and hit[1]() is sin and hit[2:4] == versions:
-        return hit[4]
-    half = cos.shape[-1] // 2
-    with torch.no_grad():
-        bits = _BITS[cos.element_size()]
-        c, s = cos.detach().view(bits), sin.detach().view(bits)
-        equal = torch.logical_and(
-            (c[..., :half] == c[..., half:]).all(),
-            (s[..., :half] == s[..., half:]).all(),
-        )
-        flag = equal.to(torch.int32).reshape(1)
-    if len(_HALVES_EQUAL) >= _MAX_HALVES_EQUAL:
-        _HALVES_EQUAL.clear()
-    _HALVES_EQUAL[key] = (weakref.ref(cos), weakref.ref(sin), *versions, flag)
-    return flag
+    check = _TABLE_CHECKS.get(key)
+    if check is not None and check.matches(cos, sin, versions):
+        return check
+    if cos.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    if len(_TABLE_CHECKS) >= _MAX_TABLE_CHECKS:
+        _TABLE_CHECKS.clear()
+    check = _TABLE_CHECKS[key] = _TableHalves(cos, sin, versions)
+    return check
 
 
 class RopeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, halves_equal, unsqueeze_dim: int):
+    def forward(ctx, q, k, cos, sin, table_check: _TableHalves | None, unsqueeze_dim: int):
         q, k = _unit_last_stride(q), _unit_last_stride(k)
         cos_strides = cos.stride()
         if cos_strides != sin.stride() or (cos_strides[-1] != 1 and cos.shape[-1] > 1):
             cos, sin = cos.contiguous(), sin.contiguous()
         ctx.unsqueeze_dim = unsqueeze_dim
-        ctx.halves_equal = halves_equal
+        # cos/sin are saved (autograd fails on their in-place change before the backward), so the check still
+        # holds there; by then its answer has usually arrived
+        ctx.table_check = table_check
+        halves_equal = table_check is not None and table_check.known_equal()
         ctx.q_dtype = q.dtype
         # cos/sin gradients are rare (HF builds them under no_grad) and need q, k: keep those only then
         needs = ctx.needs_input_grad
@@ -473,7 +466,8 @@ class RopeFunction(torch.autograd.Function):
         cos, sin = ctx.saved_tensors[:2]
         dq_embed, dk_embed = _unit_last_stride(dq_embed), _unit_last_stride(dk_embed)
         bwd = launcher(_rope_bwd, _rope_bwd_impl)
-        dq, dk = bwd(dq_embed, dk_embed, cos, sin, ctx.halves_equal, ctx.unsqueeze_dim, ctx.q_dtype)
+        halves_equal = ctx.table_check is not None and ctx.table_check.known_equal()
+        dq, dk = bwd(dq_embed, dk_embed, cos, sin, halves_equal, ctx.unsqueeze_dim, ctx.q_dtype)
         dcos = dsin = None
         if ctx.table_grads:
             # eager autograd of the reference: these gradients are a reduction over heads, off the hot path
@@ -560,9 +554,9 @@ def rope(
                 "(max_positions, rotary_dim) table (without position_ids pass the gathered "
                 "(1 or B, T, rotary_dim) rows)"
             )
-        halves_equal = None
+        table_check = None
         if use_triton(q) and cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= head_dim:
-            halves_equal = _halves_equal_flag(cos, sin)  # of the whole table: its gathered rows share it
+            table_check = _table_check(cos, sin)  # of the whole table: its gathered rows share the answer
         cos, sin = cos[position_ids], sin[position_ids]
     elif cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] != seq_len:
         raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (1 or {batch}, {seq_len}, rotary_dim)")
@@ -576,5 +570,5 @@ def rope(
     if not use_triton(q):
         return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     if position_ids is None:
-        halves_equal = _halves_equal_flag(cos, sin)
-    return RopeFunction.apply(q, k, cos, sin, halves_equal, unsqueeze_dim)
+        table_check = _table_check(cos, sin)
+    return RopeFunction.apply(q, k, cos, sin, table_check, unsqueeze_dim)

@@ -164,43 +164,60 @@ def test_rope_position_ids_gather_table_rows(ids_shape):
 
 
 def _flag(cos, sin):
-    flag = rope_module._halves_equal_flag(cos, sin)
-    return None if flag is None else int(flag.item())
+    check = rope_module._table_check(cos, sin)
+    return None if check is None else check.known_equal()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_halves_flag_cached_and_never_stale(dtype, poison_empty):
-    """HF's tables (equal halves) get flag 1, computed once per table object; an in-place change of a table
-    (version bump) recomputes it, so the kernel reads the second half again and stays exact."""
+def test_rope_table_check_cached_and_never_stale(dtype, poison_empty):
+    """HF's tables (equal halves) are checked once per table object; an in-place change of a table (version
+    bump) checks again, so the kernel reads the second half again and stays exact."""
     shape = SHAPES["cpu"]
     q, k, unsqueeze_dim = make_qk(shape, "hf_transpose", dtype, "cpu")
     cos, sin = make_cos_sin(1, shape[3], shape[4], dtype, "cpu")
     check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
-    flag = rope_module._halves_equal_flag(cos, sin)
-    assert int(flag.item()) == 1
-    assert rope_module._halves_equal_flag(cos, sin) is flag  # cached: no second check
-    assert _flag(cos.clone(), sin) == 1  # another object: its own check
+    check = rope_module._table_check(cos, sin)
+    assert check.known_equal()
+    assert rope_module._table_check(cos, sin) is check  # cached: no second check
+    assert _flag(cos.clone(), sin)  # another object: its own check
     half = shape[4] // 2
     with torch.no_grad():
         sin[..., half:] *= 0.75  # the halves differ now (in place: same object, new version)
-    assert _flag(cos, sin) == 0
+    assert _flag(cos, sin) is False
     check_against_eager(q, k, cos, sin, unsqueeze_dim, reference.rope)  # exact with the new second half
 
 
-def test_rope_halves_flag_is_bitwise():
+def test_rope_table_check_is_bitwise():
     """0.0 and -0.0 compare equal but are different bits: not the same halves (the output's zeros keep their
-    sign); likewise NaN halves are never equal; inference-mode tables get no flag (both halves read)."""
+    sign); inference-mode tables are not checked (both halves read)."""
     cos, sin = make_cos_sin(1, 5, 8, torch.float32, "cpu")
-    assert _flag(cos, sin) == 1
+    assert _flag(cos, sin) is True
     signed = sin.clone()
     signed[0, 0, 0], signed[0, 0, 4] = 0.0, -0.0
-    assert _flag(cos, signed) == 0
+    assert _flag(cos, signed) is False
     with torch.inference_mode():
         cos_i, sin_i = make_cos_sin(1, 5, 8, torch.float32, "cpu")
         assert _flag(cos_i, sin_i) is None
         q, k, unsqueeze_dim = make_qk((1, 2, 1, 5, 8), "hf_transpose", torch.float32, "cpu")
         for o, o_h in zip(rope(q, k, cos_i, sin_i), apply_rotary_pos_emb(q, k, cos_i, sin_i)):
             torch.testing.assert_close(o, o_h)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_rope_table_check_arrives_without_sync_cuda():
+    """On the GPU the answer arrives through an event: before it, both halves are read; after it, one; the
+    outputs are bitwise the same either way (the second half equals the first)."""
+    shape = (2, 8, 2, 1024, 128)
+    q, k, unsqueeze_dim = make_qk(shape, "hf_transpose", torch.bfloat16, "cuda")
+    cos, sin = make_cos_sin(1, 1024, 128, torch.bfloat16, "cuda")
+    check = rope_module._table_check(cos, sin)
+    torch.cuda.synchronize()
+    assert check.known_equal()
+    both = rope_module._launch(q, k, cos, sin, False, unsqueeze_dim, torch.bfloat16, False)
+    one = rope_module._launch(q, k, cos, sin, True, unsqueeze_dim, torch.bfloat16, False)
+    assert all(torch.equal(a, b) for a, b in zip(both, one))
+    check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
 
 
 def test_rope_position_ids_tables_with_unequal_halves():
