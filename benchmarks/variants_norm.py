@@ -103,6 +103,43 @@ BWD_VARIANTS = {  # name -> _launch knobs
     "LN1k nopf P2": {"NORM_BWD_PREFETCH": False, "NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2},
     "LN1k tile8192": {"NORM_TILE_ELEMENTS": 8192},
     "LN1k tile2048": {"NORM_TILE_ELEMENTS": 2048},
+    # session 12: LayerNorm backward, dW/dB summed per tile into one accumulator row (torch.compile's
+    # structure at 65536 x 1024: ~2048 programs of 32 rows, one accumulator row each); programs per SM,
+    # prefetch, tile rows (NORM_TILE_ELEMENTS), warps
+    **{
+        " ".join(
+            ["TS", f"P{per_sm}"]
+            + ["nopf"] * (not pf)
+            + [f"tile{tile}"] * bool(tile)
+            + [f"W{warps}"] * bool(warps)
+        ): {
+            "NORM_BWD_TILE_SUM_MAX_COLS": 4096,
+            "NORM_BWD_TILE_SUM_PROGRAMS_PER_SM": per_sm,
+            "NORM_BWD_TILE_SUM_PREFETCH": pf,
+            "NORM_BWD_TILE_SUM_WARPS": warps,
+            **({"NORM_TILE_ELEMENTS": tile} if tile else {}),
+        }
+        for per_sm, pf, tile, warps in (
+            (1, True, 0, 0),
+            (2, True, 0, 0),
+            (4, True, 0, 0),
+            (8, True, 0, 0),
+            (16, True, 0, 0),
+            (2, False, 0, 0),
+            (4, False, 0, 0),
+            (8, False, 0, 0),
+            (16, False, 0, 0),
+            (4, True, 0, 4),
+            (8, False, 0, 4),
+            (16, False, 0, 4),
+            (8, True, 2048, 0),
+            (16, False, 2048, 0),
+            (16, False, 1024, 4),
+            (32, False, 1024, 4),
+            (8, True, 8192, 0),
+            (4, True, 8192, 0),
+        )
+    },
 }
 FWD_VARIANTS = {
     "E16 tile4096 (current)": {},

@@ -105,6 +105,12 @@ NORM_BWD_WIDE_PROGRAMS_PER_SM = 1
 # columns (0.632 at best vs 0.568) and 16384 (0.884 vs 0.860), which keep the 2-D kernel.
 NORM_BWD_ROWWISE_LAYER_NORM: tuple[int, ...] = (8192,)
 NORM_BWD_ROWWISE_WARPS = 16
+# LayerNorm backward of 16-bit rows up to this padded width: each tile's dW/dB column sums go into one row of
+# fp32 accumulators (not one per tile row), so fewer registers and more programs per SM fit (0: off).
+NORM_BWD_TILE_SUM_MAX_COLS = 0
+NORM_BWD_TILE_SUM_PROGRAMS_PER_SM = 4
+NORM_BWD_TILE_SUM_PREFETCH = True
+NORM_BWD_TILE_SUM_WARPS = 0  # 0: as norm_settings says
 
 
 def _next_power_of_2(n: int) -> int:

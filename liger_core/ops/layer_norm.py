@@ -144,6 +144,7 @@ def _layer_norm_bwd_kernel(
     PREFETCH: tl.constexpr,
     PRECISE: tl.constexpr,
     RELOAD: tl.constexpr,  # wide rows: w, dy, x re-loaded after the reductions (see rms_norm)
+    TILE_SUM: tl.constexpr,  # dW/dB: each tile's column sums into one row of accumulators (fewer registers)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * tiles_per_program * BLOCK_M
@@ -161,6 +162,8 @@ def _layer_norm_bwd_kernel(
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         db_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        dw_row = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_row = tl.zeros([BLOCK_N], dtype=tl.float32)
         rows = first_row + tl.arange(0, BLOCK_M)
         rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
         if PREFETCH:
@@ -189,9 +192,14 @@ def _layer_norm_bwd_kernel(
             g = dy * w[None, :]
             mean_gxhat = tl.sum(g * xhat, axis=1) / n_cols
             mean_g = tl.sum(g, axis=1) / n_cols
-            dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xhat, PRECISE)
-            if HAS_BIAS:
-                db_acc, db_comp = accumulate(db_acc, db_comp, dy, PRECISE)
+            if TILE_SUM:
+                dw_row += tl.sum(dy * xhat, axis=0)
+                if HAS_BIAS:
+                    db_row += tl.sum(dy, axis=0)
+            else:
+                dw_acc, dw_comp = accumulate(dw_acc, dw_comp, dy * xhat, PRECISE)
+                if HAS_BIAS:
+                    db_acc, db_comp = accumulate(db_acc, db_comp, dy, PRECISE)
             if RELOAD:  # same values, read again (L1/L2) rather than held across the reductions
                 dy, x = reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
                 w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -204,11 +212,16 @@ def _layer_norm_bwd_kernel(
                 mask=mask,
             )
             rows += BLOCK_M
-        dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
-        tl.store(dw_partial_row + cols, dw, mask=col_mask)
-        if HAS_BIAS:
-            db = tl.sum(widen(db_acc, PRECISE) - widen(db_comp, PRECISE), axis=0)
-            tl.store(db_partial_row + cols, db, mask=col_mask)
+        if TILE_SUM:
+            tl.store(dw_partial_row + cols, dw_row, mask=col_mask)
+            if HAS_BIAS:
+                tl.store(db_partial_row + cols, db_row, mask=col_mask)
+        else:
+            dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
+            tl.store(dw_partial_row + cols, dw, mask=col_mask)
+            if HAS_BIAS:
+                db = tl.sum(widen(db_acc, PRECISE) - widen(db_comp, PRECISE), axis=0)
+                tl.store(db_partial_row + cols, db, mask=col_mask)
     else:
         # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial rows live
         # in global memory and each element is read and written by the same thread (same layout)
@@ -334,6 +347,16 @@ def _layer_norm_bwd_impl(
     rowwise = not precise and s.single_pass and s.block_n in _launch.NORM_BWD_ROWWISE_LAYER_NORM
     if rowwise:
         s = s._replace(block_m=1, programs_per_sm=1)
+    # 16-bit rows of up to NORM_BWD_TILE_SUM_MAX_COLS columns: per-tile column sums, more programs per SM
+    tile_sum = (
+        not precise and not rowwise and s.single_pass and s.block_n <= _launch.NORM_BWD_TILE_SUM_MAX_COLS
+    )
+    if tile_sum:
+        s = s._replace(
+            programs_per_sm=_launch.NORM_BWD_TILE_SUM_PROGRAMS_PER_SM,
+            prefetch=_launch.NORM_BWD_TILE_SUM_PREFETCH,
+            num_warps=_launch.NORM_BWD_TILE_SUM_WARPS or s.num_warps,
+        )
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
     shape = (2, programs, n_cols) if has_bias else (programs, n_cols)
@@ -350,6 +373,7 @@ def _layer_norm_bwd_impl(
             dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
             HAS_BIAS=has_bias, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,
             PREFETCH=s.prefetch, PRECISE=precise, RELOAD=s.reload, num_warps=s.num_warps,
+            TILE_SUM=tile_sum,
         )  # fmt: skip
     sums = sum_partials(partials, w.dtype)  # dW (and dB) in one launch
     if has_bias:

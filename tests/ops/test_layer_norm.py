@@ -152,6 +152,36 @@ def test_layer_norm_rowwise_backward(device, dtype, bias, layout, monkeypatch, p
     assert len(calls) == (0 if dtype == torch.float32 else len(shapes))
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_layer_norm_tile_sum_backward(device, dtype, bias, prefetch, monkeypatch, poison_empty):
+    """dW/dB summed per tile into one accumulator row (NORM_BWD_TILE_SUM_MAX_COLS, here every width), several
+    programs per SM, with and without the prefetch, against float64 and eager."""
+    shapes = SHAPES[device] if device == "cpu" else [(4093, 1024), (65, 1000), (16383, 2048)]
+    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_MAX_COLS", 1 << 20)
+    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_PROGRAMS_PER_SM", 3)
+    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_PREFETCH", prefetch)
+    calls = []
+    kernel = layer_norm_module._layer_norm_bwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch_kernel(*args, **kwargs):
+                calls.append(kwargs["TILE_SUM"])
+                return kernel[grid](*args, **kwargs)
+
+            return launch_kernel
+
+    monkeypatch.setattr(layer_norm_module, "_layer_norm_bwd_kernel", Spy())
+    for shape in shapes:
+        w, b = _make_params(shape[-1], dtype, device, bias)
+        _check_against_float64(_make_x(shape, dtype, device, "noncontiguous"), w, b)
+    single_pass = [launch.next_power_of_2(s[-1]) <= launch.NORM_BWD_FUSED_MAX_COLS for s in shapes]
+    assert calls == single_pass  # every single-pass backward took the tile-sum path
+
+
 def test_layer_norm_hidden_size_above_fused_limit(poison_empty):
     n = 2 * launch.NORM_FUSED_MAX_COLS + 11
     w, b = _make_params(n, torch.bfloat16, "cpu")
