@@ -108,40 +108,69 @@ def reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
 @fast_launch
 @triton.jit
 def _sum_partials_kernel(
-    partials_ptr, out_ptr, n_partials, n_cols, n_sums, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
+    partials_ptr,
+    out_ptr,
+    n_partials,
+    n_cols,
+    n_sums,
+    rows_per_group,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """``out[s, :] = sum_p partials[s, p, :]`` cast to out's dtype, for each of ``n_sums`` stacked partial
-    matrices (dW, and dB for LayerNorm): one launch instead of a sum and a cast per matrix. The partials are
-    fp32 (fp64 for fp32 data) and are added in their own dtype, as ``torch.sum`` would."""
+    """``out[s, g, :] = sum_p partials[s, p, :]`` over the rows p of group g (``rows_per_group`` each; program
+    axis 1), cast to out's dtype, for each of ``n_sums`` stacked partial matrices (dW, and dB for LayerNorm):
+    one launch instead of a sum and a cast per matrix. The partials are fp32 (fp64 for fp32 data) and are
+    added in their own dtype, as ``torch.sum`` would."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
+    group = tl.program_id(1)
+    n_groups = tl.num_programs(1)
+    first = group * rows_per_group
+    last = tl.minimum(first + rows_per_group, n_partials)
     parts = tl.arange(0, BLOCK_P)
     for s in range(0, n_sums):
         base = partials_ptr + s * n_partials * n_cols  # < 2^31: programs x columns
         acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=partials_ptr.dtype.element_ty)
-        for start in range(0, n_partials, BLOCK_P):
+        for start in range(first, last, BLOCK_P):
             rows = start + parts
-            mask = (rows < n_partials)[:, None] & col_mask[None, :]
+            mask = (rows < last)[:, None] & col_mask[None, :]
             acc += tl.load(base + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
         total = tl.sum(acc, axis=0)
         if out_ptr.dtype.element_ty != tl.float64:
             total = total.to(tl.float32)  # fp64 -> 16-bit goes through fp32, as torch's cast does
-        tl.store(out_ptr + s * n_cols + cols, total.to(out_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(
+            out_ptr + (s * n_groups + group) * n_cols + cols,
+            total.to(out_ptr.dtype.element_ty),
+            mask=col_mask,
+        )
+
+
+# More partial rows than this are summed in two launches: groups of PARTIALS_GROUP_ROWS rows in parallel, then
+# the group sums (one program per 64 columns reading thousands of rows sequentially is slow).
+PARTIALS_SPLIT_ABOVE = 512
+PARTIALS_GROUP_ROWS = 64
 
 
 def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(n_sums, n_partials, n_cols) partial rows -> (n_sums, n_cols) sums in ``dtype``, one launch; a 2-D
+    """(n_sums, n_partials, n_cols) partial rows -> (n_sums, n_cols) sums in ``dtype``; a 2-D
     (n_partials, n_cols) input gives the (n_cols,) sum (no view on either side: host time per call)."""
     if partials.dim() == 2:
         n_sums, (n_partials, n_cols) = 1, partials.shape
-        out = partials.new_empty(n_cols, dtype=dtype)
     else:
         n_sums, n_partials, n_cols = partials.shape
-        out = partials.new_empty((n_sums, n_cols), dtype=dtype)
     block_n = 64
     block_p = 64 if partials.dtype == torch.float32 else 32
-    _sum_partials_kernel[(cdiv(n_cols, block_n),)](
-        partials, out, n_partials, n_cols, n_sums, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
+    if n_partials > PARTIALS_SPLIT_ABOVE:
+        n_groups = cdiv(n_partials, PARTIALS_GROUP_ROWS)
+        groups = partials.new_empty((n_sums, n_groups, n_cols))
+        _sum_partials_kernel[(cdiv(n_cols, block_n), n_groups)](
+            partials, groups, n_partials, n_cols, n_sums, PARTIALS_GROUP_ROWS,
+            BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
+        )  # fmt: skip
+        return sum_partials(groups if partials.dim() == 3 else groups[0], dtype)
+    out = partials.new_empty((n_sums, n_cols) if partials.dim() == 3 else n_cols, dtype=dtype)
+    _sum_partials_kernel[(cdiv(n_cols, block_n), 1)](
+        partials, out, n_partials, n_cols, n_sums, n_partials, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
     )
     return out
 

@@ -245,3 +245,20 @@ def test_rms_norm_bad_input():
         rms_norm(x, w, casting_mode="float")
     with pytest.raises(ValueError, match="x"):
         rms_norm(torch.randn(4, 0), torch.randn(0))
+
+
+@pytest.mark.parametrize("n_partials", [7, 513, 2112])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_sum_partials_one_and_two_launches(n_partials, stacked):
+    """dW/dB partial rows summed in one launch, or (more than PARTIALS_SPLIT_ABOVE rows) in groups and then
+    the group sums; the last group partial; against a float64 sum, rounded once to bf16."""
+    import sys
+
+    rms_module = sys.modules["liger_core.ops.rms_norm"]
+    shape = (2, n_partials, 77) if stacked else (n_partials, 77)
+    partials = torch.randn(shape, dtype=torch.float64).float()
+    got = rms_module.sum_partials(partials, torch.bfloat16)
+    want = partials.double().sum(dim=-2)
+    assert got.shape == want.shape and got.dtype == torch.bfloat16
+    # fp32 sums of n_partials terms: far below the one bf16 rounding
+    assert ((got.double() - want).abs() <= want.abs() * 2**-8 + 1e-6).all()
