@@ -138,6 +138,11 @@ BWD_VARIANTS = {  # name -> _launch knobs
             (32, False, 1024, 4),
             (8, True, 8192, 0),
             (4, True, 8192, 0),
+            (8, False, 1024, 4),
+            (16, True, 1024, 4),
+            (8, True, 1024, 4),
+            (16, True, 2048, 4),
+            (8, False, 2048, 4),
         )
     },
 }
