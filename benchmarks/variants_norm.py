@@ -105,7 +105,8 @@ BWD_VARIANTS = {  # name -> _launch knobs
     "LN1k tile2048": {"NORM_TILE_ELEMENTS": 2048},
     # session 12: LayerNorm backward, dW/dB summed per tile into one accumulator row (torch.compile's
     # structure at 65536 x 1024: ~2048 programs of 32 rows, one accumulator row each); programs per SM,
-    # prefetch, tile rows (NORM_TILE_ELEMENTS), warps
+    # prefetch, tile elements (default 4096), warps (default 8); "TS P8 nopf tile1024 W4" is the setting
+    # taken for 1024 columns (`_launch.NORM_BWD_TILE_SUM_*`)
     **{
         " ".join(
             ["TS", f"P{per_sm}"]
@@ -113,11 +114,11 @@ BWD_VARIANTS = {  # name -> _launch knobs
             + [f"tile{tile}"] * bool(tile)
             + [f"W{warps}"] * bool(warps)
         ): {
-            "NORM_BWD_TILE_SUM_MAX_COLS": 4096,
+            "NORM_BWD_TILE_SUM_LAYER_NORM": (1024, 2048, 4096),
             "NORM_BWD_TILE_SUM_PROGRAMS_PER_SM": per_sm,
             "NORM_BWD_TILE_SUM_PREFETCH": pf,
-            "NORM_BWD_TILE_SUM_WARPS": warps,
-            **({"NORM_TILE_ELEMENTS": tile} if tile else {}),
+            "NORM_BWD_TILE_SUM_WARPS": warps or 8,
+            "NORM_BWD_TILE_SUM_TILE_ELEMENTS": tile or 4096,
         }
         for per_sm, pf, tile, warps in (
             (1, True, 0, 0),

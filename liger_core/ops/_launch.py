@@ -105,12 +105,18 @@ NORM_BWD_WIDE_PROGRAMS_PER_SM = 1
 # columns (0.632 at best vs 0.568) and 16384 (0.884 vs 0.860), which keep the 2-D kernel.
 NORM_BWD_ROWWISE_LAYER_NORM: tuple[int, ...] = (8192,)
 NORM_BWD_ROWWISE_WARPS = 16
-# LayerNorm backward of 16-bit rows up to this padded width: each tile's dW/dB column sums go into one row of
-# fp32 accumulators (not one per tile row), so fewer registers and more programs per SM fit (0: off).
-NORM_BWD_TILE_SUM_MAX_COLS = 0
-NORM_BWD_TILE_SUM_PROGRAMS_PER_SM = 4
-NORM_BWD_TILE_SUM_PREFETCH = True
-NORM_BWD_TILE_SUM_WARPS = 0  # 0: as norm_settings says
+# LayerNorm backward of 16-bit rows of these padded widths: one row per tile (TILE_ELEMENTS below), its dW/dB
+# terms added into one row of fp32 accumulators, 4 warps, 8 programs per SM, no prefetch (few
+# registers, many programs in flight: torch.compile's structure at this width). H100, bf16, kernel + partial
+# sums alone (CUDA-graph timing, `benchmarks/variants_norm.py --quick --graph --only kernels --ops layer_norm
+# --variants "P2 E8 pf (current),TS"`, session 12 call 9): 65536 x 1024 0.1563 ms vs 0.1831 for the 2-D
+# tile kernel, 16384 x 1024 0.0505 vs 0.0575, 4093 x 1024 0.0188 vs 0.0201; it loses at 2048 columns (16384 x
+# 2048 0.1060 vs 0.0936), which keep the 2-D kernel.
+NORM_BWD_TILE_SUM_LAYER_NORM: tuple[int, ...] = (1024,)
+NORM_BWD_TILE_SUM_TILE_ELEMENTS = 1024
+NORM_BWD_TILE_SUM_PROGRAMS_PER_SM = 8
+NORM_BWD_TILE_SUM_PREFETCH = False
+NORM_BWD_TILE_SUM_WARPS = 4
 
 
 def _next_power_of_2(n: int) -> int:

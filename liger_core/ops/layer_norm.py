@@ -347,15 +347,16 @@ def _layer_norm_bwd_impl(
     rowwise = not precise and s.single_pass and s.block_n in _launch.NORM_BWD_ROWWISE_LAYER_NORM
     if rowwise:
         s = s._replace(block_m=1, programs_per_sm=1)
-    # 16-bit rows of up to NORM_BWD_TILE_SUM_MAX_COLS columns: per-tile column sums, more programs per SM
+    # 16-bit rows of NORM_BWD_TILE_SUM_LAYER_NORM's widths: per-tile column sums, many small programs
     tile_sum = (
-        not precise and not rowwise and s.single_pass and s.block_n <= _launch.NORM_BWD_TILE_SUM_MAX_COLS
+        not precise and not rowwise and s.single_pass and s.block_n in _launch.NORM_BWD_TILE_SUM_LAYER_NORM
     )
     if tile_sum:
         s = s._replace(
+            block_m=max(1, _launch.NORM_BWD_TILE_SUM_TILE_ELEMENTS // s.block_n),
             programs_per_sm=_launch.NORM_BWD_TILE_SUM_PROGRAMS_PER_SM,
             prefetch=_launch.NORM_BWD_TILE_SUM_PREFETCH,
-            num_warps=_launch.NORM_BWD_TILE_SUM_WARPS or s.num_warps,
+            num_warps=_launch.NORM_BWD_TILE_SUM_WARPS,
         )
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm

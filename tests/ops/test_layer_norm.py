@@ -157,10 +157,11 @@ def test_layer_norm_rowwise_backward(device, dtype, bias, layout, monkeypatch, p
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_layer_norm_tile_sum_backward(device, dtype, bias, prefetch, monkeypatch, poison_empty):
-    """dW/dB summed per tile into one accumulator row (NORM_BWD_TILE_SUM_MAX_COLS, here every width), several
-    programs per SM, with and without the prefetch, against float64 and eager."""
+    """dW/dB summed per tile into one accumulator row (NORM_BWD_TILE_SUM_LAYER_NORM, here every test width),
+    several programs per SM, with and without the prefetch, against float64 and eager."""
     shapes = SHAPES[device] if device == "cpu" else [(4093, 1024), (65, 1000), (16383, 2048)]
-    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_MAX_COLS", 1 << 20)
+    widths = tuple(launch.next_power_of_2(shape[-1]) for shape in shapes)
+    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_LAYER_NORM", widths)
     monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_PROGRAMS_PER_SM", 3)
     monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_PREFETCH", prefetch)
     calls = []
