@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import os
 import platform
@@ -156,6 +157,17 @@ def worker(mode: str, opts: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    # diagnostics of the occasional slow step: Python's garbage-collector pauses during the timed steps
+    gc_pauses: list[tuple[int, float]] = []  # (generation, ms)
+    gc_started = [0.0]
+
+    def gc_timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        elif start is not None:
+            gc_pauses.append((info["generation"], (time.perf_counter() - gc_started[0]) * 1e3))
+
+    gc.callbacks.append(gc_timer)
     events = []
     for step in range(total):
         if step == opts["warmup"]:
@@ -172,6 +184,12 @@ def worker(mode: str, opts: dict) -> dict:
         events[-1].record()
     sync()
     elapsed = time.perf_counter() - start
+    gc.callbacks.remove(gc_timer)
+    result["gc_pauses"] = {
+        "count": len(gc_pauses),
+        "total_ms": round(sum(ms for _, ms in gc_pauses), 1),
+        "longest": [(g, round(ms, 1)) for g, ms in sorted(gc_pauses, key=lambda p: -p[1])[:3]],
+    }
     if events:  # per-step GPU timeline (diagnostics: a slow step stands out) and allocator retries
         result["step_ms"] = [round(a.elapsed_time(b), 1) for a, b in zip(events, events[1:])]
         result["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
