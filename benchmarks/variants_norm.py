@@ -103,9 +103,6 @@ BWD_VARIANTS = {  # name -> _launch knobs
     "LN1k nopf P2": {"NORM_BWD_PREFETCH": False, "NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM": 2},
     "LN1k tile8192": {"NORM_TILE_ELEMENTS": 8192},
     "LN1k tile2048": {"NORM_TILE_ELEMENTS": 2048},
-    # session 12: the tile-sum backward taken at 1024 columns, with at least this many rows per program (few
-    # rows: fewer programs, fewer partial rows, one summing launch)
-    **{f"LN1k TS min{n}": {"NORM_BWD_TILE_SUM_MIN_TILES": n} for n in (1, 4, 8, 16, 32)},
     # session 12: LayerNorm backward, dW/dB summed per tile into one accumulator row (torch.compile's
     # structure at 65536 x 1024: ~2048 programs of 32 rows, one accumulator row each); programs per SM,
     # prefetch, tile elements (default 4096), warps (default 8); "TS P8 nopf tile1024 W4" is the setting

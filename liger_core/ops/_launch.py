@@ -117,7 +117,6 @@ NORM_BWD_TILE_SUM_TILE_ELEMENTS = 1024
 NORM_BWD_TILE_SUM_PROGRAMS_PER_SM = 8
 NORM_BWD_TILE_SUM_PREFETCH = False
 NORM_BWD_TILE_SUM_WARPS = 4
-NORM_BWD_TILE_SUM_MIN_TILES = 1  # rows per program at least (few rows: fewer programs and partial rows)
 
 
 def _next_power_of_2(n: int) -> int:
@@ -190,11 +189,9 @@ def _norm_settings(
     return NormSettings(block_m, block_n, warps, single_pass, prefetch, reload, per_sm)
 
 
-def norm_bwd_programs(
-    device, n_tiles: int, settings: NormSettings, min_tiles_per_program: int = 1
-) -> tuple[int, int]:
+def norm_bwd_programs(device, n_tiles: int, settings: NormSettings) -> tuple[int, int]:
     """(programs, tiles per program) for the persistent backward grid: ``settings.programs_per_sm`` programs
-    per SM, each with a contiguous block of >= ``min_tiles_per_program`` tiles where there are enough."""
-    target = min(num_sms(device) * settings.programs_per_sm, cdiv(n_tiles, min_tiles_per_program))
+    per SM, each with a contiguous block of >= 1 tile."""
+    target = num_sms(device) * settings.programs_per_sm
     tiles_per_program = cdiv(n_tiles, max(1, min(target, n_tiles)))
     return cdiv(n_tiles, tiles_per_program), tiles_per_program

@@ -358,8 +358,7 @@ def _layer_norm_bwd_impl(
             prefetch=_launch.NORM_BWD_TILE_SUM_PREFETCH,
             num_warps=_launch.NORM_BWD_TILE_SUM_WARPS,
         )
-    min_tiles = _launch.NORM_BWD_TILE_SUM_MIN_TILES if tile_sum else 1
-    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s, min_tiles)
+    programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
     shape = (2, programs, n_cols) if has_bias else (programs, n_cols)
     partials = torch.empty(shape, dtype=partial_dtype, device=x.device)
