@@ -171,6 +171,9 @@ def worker(mode: str, opts: dict) -> dict:
     events = []
     for step in range(total):
         if step == opts["warmup"]:
+            # the warm-up's garbage (kernel compilation, first-step caches) collected before the clock starts,
+            # as torch.utils.benchmark does: otherwise a full collection of it lands in a timed step
+            gc.collect()
             sync()
             start = time.perf_counter()
         if device.type == "cuda" and step >= opts["warmup"]:
