@@ -4,22 +4,22 @@ For hidden states ``h (BT, H)``, lm_head weight ``W (V, H)``, optional bias ``b 
 ``cross_entropy(h @ W.T + b, target, ...)`` (every option of ``liger_core.ops.cross_entropy``) and its
 gradients, computed in the forward pass by one of three loops (``_run_loop`` picks):
 
-1. Vocabulary-major (the default): the vocabulary in slices of ``V_s`` classes, all tokens at once::
+1. Two passes (the default): grad_hidden by chunks of tokens, grad_weight by slices of the vocabulary::
 
-       pass 1, each slice:   logits_s = h @ W_s.T (+ b_s)     (BT, V_s) into one reused buffer
-                             _slice_stats_kernel               running max, sum of exp, smoothing sum per row;
-                                                               the last slice finishes losses and coefficients
-       pass 2, each slice:   logits_s again (the last slice's are still in the buffer)
-                             _slice_grad_kernel                dlogits_s in place (the CE kernel's arithmetic)
-                             dW_s  = dlogits_s.T @ h           one GEMM over all tokens: one rounding
-                             dh   += dlogits_s @ W_s           fp32 accumulator (fp64 for fp32 inputs)
-                             db_s  = sum_rows(dlogits_s)
+       pass 1, each chunk of C tokens:  logits_c = h_c @ W.T (+ b)      (C, V) into one reused buffer
+                                        _row_stats_kernel               losses; per-row gradient coefficients
+                                        _slice_grad_kernel              dlogits_c in place
+                                        dh_c = dlogits_c @ W             one GEMM over all classes
+       pass 2, each slice of V_s classes: logits_s = h @ W_s.T (+ b_s)  (BT, V_s), all tokens again
+                                        _slice_grad_kernel              dlogits_s from the coefficients
+                                        dW_s = dlogits_s.T @ h           one GEMM over all tokens
+                                        db_s = sum_rows(dlogits_s)
 
-   Exact: every gradient rounds once, as eager's GEMMs do. Cost: the logits twice (8 instead of 6 BT H V
-   FLOPs) and an fp32 dh (4 BT H bytes). Peak extra memory: dW + the fp32 dh + the bf16 dh it rounds to +
-   one slice buffer (default: the hidden-state gradient's size, >= 64 MiB on a GPU; ``max_chunk_bytes``).
-   H100, 8192 tokens, H 4096, V 128256 bf16 (``benchmarks/flce_order.py``): 53.7 ms at 1.167 GiB (64 MiB
-   buffer), 49.1 ms at 1.35 GiB (256 MiB); dW's error equals eager's (1.118e-3 vs float64).
+   Exact: every gradient is one GEMM rounded once, as eager's. Cost: the logits twice (8 instead of 6 BT H V
+   FLOPs). Peak extra memory: dW + dh + one slice (default: half the hidden-state gradient's size, >= 32 MiB
+   on a GPU; ``max_chunk_bytes``): pass 1 runs before dW is allocated, so its chunks take dW's memory too (two
+   chunks of 4096 tokens at 8192 x 4096 x 128256). The vocabulary-major loop it replaced accumulated dh in
+   fp32 across slices (+4 BT H bytes; 53.7 ms at 1.167 GiB there, session 5).
 2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
    fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
    iterations), or where ``max_chunk_bytes`` grants that much (4 bytes per element of W and h plus >= 512
@@ -435,33 +435,28 @@ def _chunk_loop(
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Vocabulary-major order (the default): exact gradients at about the memory of one logits chunk
+# Two-pass order (the default): exact gradients at the memory of the gradients and one slice of logits
 # ----------------------------------------------------------------------------------------------------------
-# Per-row state between the kernels of the vocabulary loop, fp64 (n_rows, _STATE): running max m, rescaled sum
-# d of exp(x - m), smoothing sum of w_c * (x_c - s), the target logit x_y, the smoothing shift s (the row's
-# first logit), and the gradient coefficients of ``_grad_block``.
-_STATE = 8
+# Per-row gradient coefficients from pass 1 to pass 2, fp64 (n_rows, _STATE): the row max m and the
+# coefficients (coef_p, coef_c, coef_y) of ``_grad_block``.
+_STATE = 4
 
 
 @fast_launch
 @triton.jit
-def _slice_stats_kernel(
-    logits_ptr,  # (n_rows, n_cols): this vocabulary slice's logits
+def _row_stats_kernel(
+    logits_ptr,  # (n_rows, n_classes): a chunk's logits, every class
     logits_row_stride,
     target_ptr,
     weight_ptr,  # class weights (V,), read only when HAS_WEIGHT
-    state_ptr,  # (n_rows, _STATE) fp64
-    loss_ptr,  # (n_rows,) fp64 out (LAST): unscaled cross-entropy per row
-    z_loss_ptr,  # (n_rows,) fp64 out (LAST): unscaled z-loss per row
+    state_ptr,  # (n_rows, _STATE) fp64 out (COMPUTE_GRAD)
+    loss_ptr,  # (n_rows,) fp64 out: unscaled cross-entropy per row
+    z_loss_ptr,  # (n_rows,) fp64 out: unscaled z-loss per row
     grad_scale_ptr,  # (n_rows,) per-row gradient multiplier, read only when HAS_GRAD_SCALE
     stats_ptr,  # (5,) fp64 from cross_entropy's _target_stats_kernel
-    n_cols,
-    col_offset,  # first class of the slice
     n_classes,
     ignore_index,
     smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo, softcap_hi, softcap_lo,
-    FIRST: tl.constexpr,
-    LAST: tl.constexpr,
     MEAN: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_SMOOTHING: tl.constexpr,
@@ -471,83 +466,64 @@ def _slice_stats_kernel(
     COMPUTE_DTYPE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
-    """Pass 1 of cross_entropy's kernel over one vocabulary slice: the row's running (m, d, smoothing sum)
-    carried in ``state`` from slice to slice; the last slice finishes the row as the CE kernel does (loss,
-    z-loss, and the gradient coefficients for ``_slice_grad_kernel``)."""
+    """Pass 1 of cross_entropy's kernel, kept apart from its gradient pass: the row's online max / sum of exp
+    / smoothing sum, its loss and z-loss, and (COMPUTE_GRAD) the gradient coefficients that
+    ``_slice_grad_kernel`` applies to any slice of the row's classes, then or after the logits are
+    recomputed."""
     row = tl.program_id(0).to(tl.int64)  # int64: rows * stride passes 2^31
     logits_row = logits_ptr + row * logits_row_stride
-    state = state_ptr + row * 8
     y = tl.load(target_ptr + row).to(tl.int64)
     if y == ignore_index:
-        if LAST:
-            tl.store(loss_ptr + row, 0.0)
-            tl.store(z_loss_ptr + row, 0.0)
+        tl.store(loss_ptr + row, 0.0)
+        tl.store(z_loss_ptr + row, 0.0)
         return
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
-    if FIRST:
-        m = tl.full([], -float("inf"), tl.float32)
-        d = tl.cast(0.0, COMPUTE_DTYPE)
-        smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
-        shift = tl.load(logits_row).to(COMPUTE_DTYPE)
-        if HAS_SOFTCAP:
-            shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
-        if not LAST:
-            tl.store(state + 4, shift.to(tl.float64))
-    else:
-        m = tl.load(state + 0).to(tl.float32)
-        d = tl.load(state + 1).to(COMPUTE_DTYPE)
-        smooth_acc = tl.load(state + 2).to(COMPUTE_DTYPE)
-        shift = tl.load(state + 4).to(COMPUTE_DTYPE)
+    m = tl.full([], -float("inf"), tl.float32)
+    d = tl.cast(0.0, COMPUTE_DTYPE)
+    smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
+    # the smoothing sum is shifted by the row's first logit s (the CE kernel shifts by x_y)
+    shift = tl.load(logits_row).to(COMPUTE_DTYPE)
+    if HAS_SOFTCAP:
+        shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
     offs = tl.arange(0, BLOCK_SIZE)
-    for start in range(0, n_cols, BLOCK_SIZE):
+    for start in range(0, n_classes, BLOCK_SIZE):
         cols = start + offs
-        mask = cols < n_cols
+        mask = cols < n_classes
         x_raw = tl.load(logits_row + cols, mask=mask, other=-float("inf"))
         m, d, smooth_acc = _online_block(
-            x_raw, mask, col_offset + cols, m, d, smooth_acc, shift, weight_ptr, softcap,
+            x_raw, mask, cols, m, d, smooth_acc, shift, weight_ptr, softcap,
             HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
         )  # fmt: skip
-    # the target logit, from the slice that holds it (clamped: an out-of-range target is reported by the host)
+    # the target logit (clamped: an out-of-range target is reported by the host)
     y_safe = tl.minimum(tl.maximum(y, 0), n_classes - 1)
-    in_slice = (y_safe >= col_offset) & (y_safe < col_offset + n_cols)
-    x_here = tl.load(logits_row + tl.minimum(tl.maximum(y_safe - col_offset, 0), n_cols - 1)).to(
-        COMPUTE_DTYPE
-    )
+    x_y = tl.load(logits_row + y_safe).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
-        x_here, _ = _softcap(x_here, softcap, COMPUTE_DTYPE)
-    if not LAST:
-        if in_slice:
-            tl.store(state + 3, x_here.to(tl.float64))
-        tl.store(state + 0, m.to(tl.float64))
-        tl.store(state + 1, d.to(tl.float64))
-        tl.store(state + 2, smooth_acc.to(tl.float64))
-    else:
-        x_y = tl.where(in_slice, x_here.to(tl.float64), tl.load(state + 3))
-        w_y = 1.0
-        if HAS_WEIGHT:
-            w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
-        # the CE kernel's per-row scalars (fp64), with the smoothing sum shifted by s instead of x_y
-        d64 = d.to(tl.float64)
-        log_d = tl.log(d64)
-        m64 = m.to(tl.float64)
-        lse = m64 + log_d
-        eps = _f64(smoothing_hi, smoothing_lo)
-        zs = _f64(z_scale_hi, z_scale_lo)
-        w_total = tl.load(stats_ptr + 4)
-        nll_shift = (m64 - shift.to(tl.float64)) + log_d
-        ce = _row_loss(
-            (m64 - x_y) + log_d, nll_shift, smooth_acc, w_y, eps, w_total, n_classes, HAS_SMOOTHING
+        x_y, _ = _softcap(x_y, softcap, COMPUTE_DTYPE)
+    x_y = x_y.to(tl.float64)
+    w_y = 1.0
+    if HAS_WEIGHT:
+        w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
+    # the CE kernel's per-row scalars (fp64), with the smoothing sum shifted by s instead of x_y
+    d64 = d.to(tl.float64)
+    log_d = tl.log(d64)
+    m64 = m.to(tl.float64)
+    lse = m64 + log_d
+    eps = _f64(smoothing_hi, smoothing_lo)
+    zs = _f64(z_scale_hi, z_scale_lo)
+    w_total = tl.load(stats_ptr + 4)
+    nll_shift = (m64 - shift.to(tl.float64)) + log_d
+    ce = _row_loss((m64 - x_y) + log_d, nll_shift, smooth_acc, w_y, eps, w_total, n_classes, HAS_SMOOTHING)
+    tl.store(loss_ptr + row, ce)
+    tl.store(z_loss_ptr + row, zs * lse * lse)
+    if COMPUTE_GRAD:
+        p_ce, p_z, coef_c, coef_y = _grad_coefs(
+            stats_ptr, grad_scale_ptr, row, w_y, eps, zs, w_total, n_classes, MEAN, HAS_GRAD_SCALE
         )
-        tl.store(loss_ptr + row, ce)
-        tl.store(z_loss_ptr + row, zs * lse * lse)
-        if COMPUTE_GRAD:
-            p_ce, p_z, coef_c, coef_y = _grad_coefs(
-                stats_ptr, grad_scale_ptr, row, w_y, eps, zs, w_total, n_classes, MEAN, HAS_GRAD_SCALE
-            )
-            tl.store(state + 0, m64)
-            tl.store(state + 5, (p_ce + p_z * lse) / d64)
-            tl.store(state + 6, coef_c)
-            tl.store(state + 7, coef_y)
+        state = state_ptr + row * 4
+        tl.store(state + 0, m64)
+        tl.store(state + 1, (p_ce + p_z * lse) / d64)
+        tl.store(state + 2, coef_c)
+        tl.store(state + 3, coef_y)
 
 
 @fast_launch
@@ -557,7 +533,7 @@ def _slice_grad_kernel(
     logits_row_stride,
     target_ptr,
     weight_ptr,
-    state_ptr,  # (n_rows, _STATE) fp64, finished by the last _slice_stats_kernel
+    state_ptr,  # (n_rows, _STATE) fp64 from _row_stats_kernel
     n_cols,
     col_offset,
     ignore_index,
@@ -573,7 +549,7 @@ def _slice_grad_kernel(
     - coef_y * [c == y] (``_grad_block``, the same arithmetic and one rounding), in place."""
     row = tl.program_id(0).to(tl.int64)
     logits_row = logits_ptr + row * logits_row_stride
-    state = state_ptr + row * 8
+    state = state_ptr + row * 4
     y = tl.load(target_ptr + row).to(tl.int64)
     offs = tl.arange(0, BLOCK_SIZE)
     if y == ignore_index:
@@ -587,9 +563,9 @@ def _slice_grad_kernel(
         return
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
     m_c = tl.load(state + 0).to(tl.float32).to(COMPUTE_DTYPE)
-    coef_p = tl.load(state + 5).to(COMPUTE_DTYPE)
-    coef_c = tl.load(state + 6).to(COMPUTE_DTYPE)
-    coef_y = tl.load(state + 7).to(COMPUTE_DTYPE)
+    coef_p = tl.load(state + 1).to(COMPUTE_DTYPE)
+    coef_c = tl.load(state + 2).to(COMPUTE_DTYPE)
+    coef_y = tl.load(state + 3).to(COMPUTE_DTYPE)
     for start in range(0, n_cols, BLOCK_SIZE):
         cols = start + offs
         mask = cols < n_cols
@@ -599,6 +575,12 @@ def _slice_grad_kernel(
             x_raw, mask, col_offset + cols, logits_row - col_offset, y, m_c, coef_p, coef_c, coef_y,
             weight_ptr, softcap, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE, "", "",
         )  # fmt: skip
+
+
+# vocabulary slice of pass 2 of the two-pass loop: at least this large on a GPU, by default half the
+# hidden-state gradient's size, so that the loss's extra memory (the two gradients and this slice) stays below
+# Liger-Kernel's (the gradients and a 256-token chunk: 62.6 MiB of logits at V 128256)
+MIN_SLICE_BYTES_CUDA = 32 * 2**20
 
 
 def vocab_slice_columns(n_tokens: int, vocab: int, elt: int, budget_bytes: int, device: torch.device) -> int:
@@ -614,7 +596,44 @@ def vocab_slice_columns(n_tokens: int, vocab: int, elt: int, budget_bytes: int, 
     return cols
 
 
-def _vocab_loop(
+def two_pass_sizes(
+    n_tokens: int,
+    hidden_size: int,
+    vocab: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_chunk_bytes: int | None,
+    weight_grad_bytes: int | None,
+    reserved_bytes: int,
+) -> tuple[int, int]:
+    """(tokens per pass-1 chunk, classes per pass-2 slice) of ``_two_pass_loop``; ``weight_grad_bytes`` None
+    when there is no pass 2.
+
+    The slice's logits (all tokens) fit the working budget: ``max_chunk_bytes``, or by default half the
+    hidden-state gradient's size, at least MIN_SLICE_BYTES_CUDA on a GPU, more where the process's headroom
+    (below its own earlier peak) allows. Pass 1 runs before grad_weight exists: its chunk takes the slice's
+    bytes and grad_weight's, at no new peak. Without pass 2 the chunk is the token-major loop's own
+    (``choose_chunk_tokens``)."""
+    if weight_grad_bytes is None:
+        chunk = choose_chunk_tokens(
+            n_tokens, hidden_size, vocab, dtype, device, None, max_chunk_bytes, reserved_bytes
+        )
+        return chunk, vocab
+    elt = torch.empty((), dtype=dtype).element_size()
+    if max_chunk_bytes is not None:
+        budget = max_chunk_bytes
+    else:
+        budget = n_tokens * hidden_size * elt // 2
+        if device.type == "cuda":
+            headroom = _headroom(device) - reserved_bytes
+            budget = max(budget, MIN_SLICE_BYTES_CUDA, min(headroom, HEADROOM_CHUNK_BYTES))
+    cols = vocab_slice_columns(n_tokens, vocab, elt, budget, device)
+    chunk_budget = max(budget, n_tokens * cols * elt) + weight_grad_bytes
+    chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, dtype, device, max_chunk_bytes=chunk_budget)
+    return chunk, cols
+
+
+def _two_pass_loop(
     hidden,
     weight,
     target,
@@ -634,13 +653,15 @@ def _vocab_loop(
     check_targets=False,
     denominator=None,
 ):
-    """``_chunk_loop``'s results in vocabulary-major order (the default): pass 1 computes each slice's logits
-    ``h @ W_s.T`` for all tokens and carries every row's softmax statistics to the next slice; pass 2 (when
-    gradients are wanted) recomputes each slice's logits (the last slice's are still in the buffer), writes
-    their gradient in place and takes ``dW_s = dlogits_s.T @ h`` in one GEMM over all tokens (one rounding,
-    as eager's dW) and ``dh += dlogits_s @ W_s`` into an fp32 accumulator (fp64 for fp32 inputs), rounded once
-    at the end. Exact like eager at the cost of recomputing the logits (8 instead of 6 x BT x H x V FLOPs),
-    and without the token-major loop's dW read-modify-write per chunk (~2 |W| bytes each)."""
+    """``_chunk_loop``'s results, every gradient rounded once (the default order; see the module doc). Pass 1,
+    token-major (chunks of C tokens, every class): ``logits_c = h_c @ W.T``; ``_row_stats_kernel`` writes the
+    losses and each row's gradient coefficients into ``state``; ``_slice_grad_kernel`` turns the chunk into
+    its gradient in place; ``dh_c = dlogits_c @ W``, one GEMM over all classes, rounded once. Pass 2,
+    vocabulary-major (slices of V_s classes, every token, only when grad_weight or grad_bias is wanted):
+    ``logits_s = h @ W_s.T`` again, their gradient from the stored coefficients, ``dW_s = dlogits_s.T @ h``,
+    one GEMM over all tokens, rounded once; ``db_s`` a sum over all tokens. 8 x BT x H x V FLOPs (the logits
+    twice); extra memory: the gradients and one slice of logits, since pass 1's chunks use grad_weight's
+    memory before it is allocated."""
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
@@ -650,103 +671,87 @@ def _vocab_loop(
     if denominator is not None:  # "mean" over a given count (see _flce_fwd_impl)
         stats = with_denominator(stats, denominator)
     compute_grad = need_hidden or need_weight or need_bias
+    vocab_pass = need_weight or need_bias
     accum = _accum_dtype(accum_dtype, weight)
     fp64_math = hidden.dtype == torch.float32
-    dh_dtype = torch.float64 if fp64_math else torch.promote_types(accum, torch.float32)
-    grad_bytes = need_weight * vocab * hidden_size * accum.itemsize
-    grad_bytes += need_hidden * n_tokens * hidden_size * (dh_dtype.itemsize + hidden.element_size())
-    elt = hidden.element_size()
-    chunk = choose_chunk_tokens(
-        n_tokens, hidden_size, vocab, hidden.dtype, device, None, max_chunk_bytes, reserved_bytes=grad_bytes
-    )
-    cols = vocab_slice_columns(n_tokens, vocab, elt, chunk * vocab * elt, device)
-    slices = [(s, min(s + cols, vocab)) for s in range(0, vocab, cols)]
+    dh_dtype = hidden_accum_dtype(hidden, weight, accum_dtype)
+    weight_grad_bytes = need_weight * vocab * hidden_size * accum.itemsize
+    chunk, cols = two_pass_sizes(
+        n_tokens, hidden_size, vocab, hidden.dtype, device, max_chunk_bytes,
+        weight_grad_bytes if vocab_pass else None,
+        reserved_bytes=weight_grad_bytes + need_hidden * n_tokens * hidden_size * dh_dtype.itemsize,
+    )  # fmt: skip
 
     loss_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
     z_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
     state = torch.empty(n_tokens, _STATE, dtype=torch.float64, device=device)
+    grad_hidden = torch.empty(n_tokens, hidden_size, dtype=dh_dtype, device=device) if need_hidden else None
+    weight_arg = ce_weight if ce_weight is not None else loss_rows
+    softcap_args = split_f64(softcap if softcap is not None else 1.0)
+    flags = dict(
+        HAS_WEIGHT=ce_weight is not None,
+        HAS_SMOOTHING=label_smoothing != 0.0,
+        HAS_SOFTCAP=softcap is not None,
+        COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32,
+    )
+
+    def row_grads(logits, start, end, col_start):
+        """dlogits of rows start:end over classes col_start:col_start + logits.shape[1], in place."""
+        block, warps = looped_row_settings(logits.shape[1], device, fp64_math)
+        _slice_grad_kernel[(end - start,)](
+            logits, logits.stride(0), target[start:end], weight_arg, state[start:end], logits.shape[1],
+            col_start, ignore_index, *softcap_args, **flags, BLOCK_SIZE=block, num_warps=warps,
+        )  # fmt: skip
+
+    # pass 1: losses, gradient coefficients and grad_hidden, by chunks of tokens over every class
+    block, warps = looped_row_settings(vocab, device, fp64_math)
+    for start, end, _, logits in _chunk_logits(hidden, weight, bias, chunk):
+        _row_stats_kernel[(end - start,)](
+            logits, logits.stride(0), target[start:end], weight_arg, state[start:end], loss_rows[start:end],
+            z_rows[start:end], row_scale[start:end] if row_scale is not None else loss_rows, stats, vocab,
+            ignore_index, *split_f64(label_smoothing), *split_f64(lse_square_scale), *softcap_args,
+            MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None, COMPUTE_GRAD=compute_grad,
+            **flags, BLOCK_SIZE=block, num_warps=warps,
+        )  # fmt: skip
+        if need_hidden:
+            row_grads(logits, start, end, 0)
+            hidden_grad_into(grad_hidden[start:end], logits, weight)
+    logits = None  # pass 1's chunk buffer is freed before grad_weight takes its memory
+
+    # pass 2: grad_weight and grad_bias, by slices of classes over every token
     grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
     grad_bias = (
         torch.empty(vocab, dtype=torch.float64 if fp64_math else torch.float32, device=device)
         if need_bias
         else None
     )
-    dh_acc = torch.empty(n_tokens, hidden_size, dtype=dh_dtype, device=device) if need_hidden else None
-    if n_tokens == 0:
-        for g in (grad_weight, grad_bias, dh_acc):
+    if vocab_pass and n_tokens == 0:
+        for g in (grad_weight, grad_bias):
             if g is not None:
                 g.zero_()
-    buffer = torch.empty(n_tokens * cols, dtype=hidden.dtype, device=device)
-    block, warps = looped_row_settings(cols, device, fp64_math)
-    options = dict(
-        HAS_WEIGHT=ce_weight is not None,
-        HAS_SMOOTHING=label_smoothing != 0.0,
-        HAS_SOFTCAP=softcap is not None,
-        COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32,
-        BLOCK_SIZE=block,
-        num_warps=warps,
-    )
-    softcap_args = split_f64(softcap if softcap is not None else 1.0)
-    weight_arg = ce_weight if ce_weight is not None else loss_rows
-
-    def logits_of(start: int, end: int) -> torch.Tensor:
-        logits = buffer[: n_tokens * (end - start)].view(n_tokens, end - start)
-        linear_into(logits, hidden, weight[start:end], bias[start:end] if bias is not None else None)
-        return logits
-
-    if n_tokens > 0:
-        for i, (start, end) in enumerate(slices):  # pass 1: statistics, losses, gradient coefficients
-            logits = logits_of(start, end)
-            _slice_stats_kernel[(n_tokens,)](
-                logits, logits.stride(0), target, weight_arg, state, loss_rows, z_rows,
-                row_scale if row_scale is not None else loss_rows, stats, end - start, start, vocab,
-                ignore_index, *split_f64(label_smoothing), *split_f64(lse_square_scale), *softcap_args,
-                FIRST=i == 0, LAST=i == len(slices) - 1, MEAN=reduction == "mean",
-                HAS_GRAD_SCALE=row_scale is not None, COMPUTE_GRAD=compute_grad, **options,
-            )  # fmt: skip
-        if compute_grad:  # pass 2, last slice first: its logits are still in the buffer
-            for i, (start, end) in enumerate(reversed(slices)):
-                logits = logits if i == 0 else logits_of(start, end)
-                _slice_grad_kernel[(n_tokens,)](
-                    logits, logits.stride(0), target, weight_arg, state, end - start, start, ignore_index,
-                    *softcap_args, **options,
-                )  # fmt: skip
-                if dh_acc is not None:
-                    _slice_hidden_grad(dh_acc, logits, weight[start:end], first=i == 0)
-                if grad_weight is not None:
-                    _slice_weight_grad(grad_weight[start:end], logits, hidden)
-                if grad_bias is not None:
-                    grad_bias[start:end] = logits.sum(0, dtype=grad_bias.dtype)
-    buffer = logits = None  # freed before grad_hidden's rounding allocates its output
+    elif vocab_pass:
+        buffer = torch.empty(n_tokens * cols, dtype=hidden.dtype, device=device)
+        for start in range(0, vocab, cols):
+            end = min(start + cols, vocab)
+            logits = buffer[: n_tokens * (end - start)].view(n_tokens, end - start)
+            linear_into(logits, hidden, weight[start:end], bias[start:end] if bias is not None else None)
+            row_grads(logits, 0, n_tokens, start)
+            if grad_weight is not None:
+                _slice_weight_grad(grad_weight[start:end], logits, hidden)
+            if grad_bias is not None:
+                grad_bias[start:end] = logits.sum(0, dtype=grad_bias.dtype)
+        buffer = logits = None
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
         finish_target_check(pending, ignore_index, vocab)
-    grad_hidden = None
-    if dh_acc is not None:
-        grad_hidden = dh_acc.to(hidden_accum_dtype(hidden, weight, accum_dtype))
-        del dh_acc
     if grad_bias is not None:
         grad_bias = grad_bias.float()
     return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
 
 
-def _slice_hidden_grad(
-    dh_acc: torch.Tensor, dlogits: torch.Tensor, weight_s: torch.Tensor, first: bool
-) -> None:
-    """``dh_acc (+)= dlogits @ W_s``: fp32 accumulation of 16-bit operands (no temporary on a GPU); fp64
-    products for fp32 inputs (cuBLAS's fp32 GEMM rounds more than eager's single GEMM over all classes)."""
-    if dh_acc.dtype == torch.float64 and dlogits.dtype != torch.float64:
-        part = dlogits.double() @ weight_s.double()
-        if first:
-            dh_acc.copy_(part)
-        else:
-            dh_acc += part
-        return
-    _mm_accumulate(dh_acc, dlogits, weight_s, first)
-
-
 def _slice_weight_grad(out: torch.Tensor, dlogits: torch.Tensor, hidden: torch.Tensor) -> None:
     """``dW_s = dlogits.T @ h`` over all tokens into its rows of grad_weight: one GEMM, one rounding (fp64
-    products for fp32 inputs, as for dh)."""
+    products for fp32 inputs: cuBLAS's fp32 GEMM rounds more than eager's single GEMM, see
+    ``hidden_grad_into``)."""
     if dlogits.dtype == torch.float32:
         out.copy_(dlogits.double().t() @ hidden.double())
         return
@@ -763,8 +768,8 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
       chunk (exact: each gradient is one GEMM; the fastest order);
     - otherwise, where the headroom holds fp32 dW and dh accumulators, their rounded copies and a large
       chunk, or ``max_chunk_bytes`` the fp32 accumulators and a HEADROOM_CHUNK_BYTES chunk: the token-major
-      loop with fp32 accumulation, rounded once at the end (exact, faster than the vocabulary order);
-    - otherwise the vocabulary-major loop (exact; ``max_chunk_bytes`` bounds its logits buffer)."""
+      loop with fp32 accumulation, rounded once at the end (exact, faster than the two-pass loop);
+    - otherwise the two-pass loop (exact; ``max_chunk_bytes`` bounds its vocabulary slice)."""
     if chunk_size is not None:
         LOOP_COUNTS["token-major"] += 1
         return _chunk_loop(*args, chunk_size, **kwargs)
@@ -775,7 +780,7 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
     all_logits = n_tokens * vocab * hidden.element_size()
     fp32_loop, fp32_chunk = False, None  # fp32_chunk None: the headroom chunk (choose_chunk_tokens)
     if hidden.dtype == torch.float32 or not (need_hidden or need_weight):
-        pass  # the vocabulary-major loop: fp64 products for fp32 inputs; one pass for losses alone
+        pass  # the two-pass loop: fp64 products for fp32 inputs; one pass for losses alone
     elif max_chunk_bytes is None:
         headroom = _headroom(hidden.device)  # one query: host time on every call
         if headroom >= all_logits + elements * hidden.element_size():
@@ -791,7 +796,7 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
         return _chunk_loop(*args, n_tokens, **kwargs)
     elif max_chunk_bytes - 4 * elements >= HEADROOM_CHUNK_BYTES:
         # a budget that holds fp32 accumulators and a large chunk: the token order, exact, faster than the
-        # vocabulary order's recomputed logits
+        # two-pass loop's recomputed logits
         fp32_loop = True
         fp32_chunk = choose_chunk_tokens(
             n_tokens, hidden.shape[1], vocab, hidden.dtype, hidden.device,
@@ -803,8 +808,8 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
         gh = gh.to(hidden_accum_dtype(hidden, weight, accum_dtype)) if gh is not None else None
         gw = gw.to(_accum_dtype(accum_dtype, weight)) if gw is not None else None
         return loss_rows, z_rows, stats, gh, gw, gb
-    LOOP_COUNTS["vocabulary-major"] += 1
-    return _vocab_loop(*args, max_chunk_bytes, **kwargs)
+    LOOP_COUNTS["two-pass"] += 1
+    return _two_pass_loop(*args, max_chunk_bytes, **kwargs)
 
 
 LOOP_COUNTS: collections.Counter = collections.Counter()  # calls per loop (benchmarks report which ran)
@@ -1132,11 +1137,11 @@ def fused_linear_cross_entropy(
     the returned loss would round them a second time in backward (0 gives 0, as a mean over nothing).
 
     Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. The default
-    computes every gradient at eager's accuracy (vocabulary-major loop, see the module doc). ``accum_dtype``:
+    computes every gradient at eager's accuracy (two-pass loop, see the module doc). ``accum_dtype``:
     dtype of the stored gradients (default: weight's dtype; ``torch.float32`` keeps them exact through a
     ``grad_output`` other than 1, at 2 more bytes per element of weight and hidden). ``max_chunk_bytes``: a
-    bound on the working memory beside the gradients (default: the hidden-state gradient's size, >= 64 MiB
-    on a GPU): the logits buffer of the vocabulary-major loop; a budget that holds every logit selects one
+    bound on the working memory beside the gradients (default: half the hidden-state gradient's size, >= 32
+    MiB on a GPU): the vocabulary slice of the two-pass loop; a budget that holds every logit selects one
     token-major chunk (each gradient one GEMM), and one that holds fp32 copies of the gradients (4 bytes per
     element of weight and hidden) plus >= 512 MiB of logits the token-major loop with fp32 accumulators:
     exact like the default, and faster (numbers in the module doc). ``chunk_size``:
@@ -1179,7 +1184,7 @@ def fused_linear_cross_entropy(
         )  # fmt: skip
 
     out_shape = target.shape
-    # max_chunk_bytes stays a byte budget: it bounds the vocabulary-major loop's logits buffer
+    # max_chunk_bytes stays a byte budget: it bounds the two-pass loop's vocabulary slice
     hidden2d, target1d, chunk_size = flatten_for_chunks(hidden, weight, target, chunk_size, None)
     ce_weight = ce_weight.contiguous() if ce_weight is not None else None
     if wants_grad(hidden, weight, bias):
