@@ -326,6 +326,9 @@ def flce_variants(chunks: tuple[int, ...]) -> dict:
         out[f"chunk {c}"] = (fn, {})
     if not chunks or not GPU:
         out["default chunk"] = (fused_linear_cross_entropy, {})
+        # the two-pass loop whatever the headroom (the default picks a token loop below an earlier peak)
+        two_pass = lambda h, w, t: fused_linear_cross_entropy(h, w, t, max_chunk_bytes=32 * 2**20)  # noqa: E731
+        out["two-pass, 32 MiB slices"] = (two_pass, {})
         out["liger_kernel"] = (liger_kernel_fn("fused_linear_cross_entropy"), {})
     return out
 

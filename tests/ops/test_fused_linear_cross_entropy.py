@@ -520,19 +520,22 @@ def test_flce_memory_queries_leave_no_reference_cycles_cuda():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 @pytest.mark.gpu
-@pytest.mark.parametrize("headroom", ["all_logits", "fp32_accumulators"])
-def test_flce_headroom_order_cuda(headroom):
+@pytest.mark.parametrize("headroom", ["all_logits", "fp32_accumulators", "all_logits_ignored"])
+def test_flce_headroom_order_cuda(headroom, monkeypatch):
     """With headroom under the process's peak (as inside a training step), the default takes the fastest
     exact loop that fits below it: one token-major chunk where every logit fits, else token-major chunks
-    into fp32 accumulators. Gradients at eager's accuracy, and no new peak."""
+    into fp32 accumulators; with USE_HEADROOM off (the benchmarks of the op alone) the two-pass loop.
+    Gradients at eager's accuracy, and no new peak."""
     mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
+    if headroom == "all_logits_ignored":
+        monkeypatch.setattr(mod, "USE_HEADROOM", False)
     n, hidden_size, vocab = 8192, 1024, 128256
     hidden, weight, _, target, _ = _inputs("cuda", torch.bfloat16, n, hidden_size, vocab)
     elements = (vocab + n) * hidden_size
     one_chunk_need = n * vocab * 2 + 2 * elements
     fp32_need = 6 * elements + mod.HEADROOM_CHUNK_BYTES
     assert fp32_need < one_chunk_need
-    spike_bytes = 16 * 2**30 if headroom == "all_logits" else (fp32_need + one_chunk_need) // 2
+    spike_bytes = (fp32_need + one_chunk_need) // 2 if headroom == "fp32_accumulators" else 16 * 2**30
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     spike = torch.empty(spike_bytes, dtype=torch.uint8, device="cuda")  # an earlier peak of the process
@@ -542,7 +545,11 @@ def test_flce_headroom_order_cuda(headroom):
     h, w = leaf(hidden), leaf(weight)
     fused_linear_cross_entropy(h, w, target).backward()
     assert torch.cuda.max_memory_allocated() == peak_before
-    loop = "token-major one chunk" if headroom == "all_logits" else "token-major fp32"
+    loop = {
+        "all_logits": "token-major one chunk",
+        "fp32_accumulators": "token-major fp32",
+        "all_logits_ignored": "two-pass",
+    }[headroom]
     assert {k for k in mod.LOOP_COUNTS if mod.LOOP_COUNTS[k] != before.get(k, 0)} == {loop}
     del h, w
     ours, eager, ref = _three_ways(hidden, weight, None, target, torch.tensor(1.0, device="cuda"), {})
