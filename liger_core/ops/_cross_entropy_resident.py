@@ -80,6 +80,7 @@ if _GLUON_IMPORTED:
             z_loss_ptr,  # (N,) fp64 per-row z-loss, unscaled
             grad_scale_ptr,
             stats_ptr,
+            state_ptr,  # (N, 4) fp64 out (STORE_STATE): m, coef_p, coef_c, coef_y of the gradient pass
             n_cols,
             ignore_index,
             smoothing_hi, smoothing_lo,
@@ -88,6 +89,7 @@ if _GLUON_IMPORTED:
             HAS_SMOOTHING: gl.constexpr,
             HAS_GRAD_SCALE: gl.constexpr,
             COMPUTE_GRAD: gl.constexpr,
+            STORE_STATE: gl.constexpr,  # with COMPUTE_GRAD: for the same gradient of recomputed logits
             SLOT: gl.constexpr,
             NUM_SLOTS: gl.constexpr,
             REG_COLS: gl.constexpr,
@@ -188,6 +190,12 @@ if _GLUON_IMPORTED:
 
             if COMPUTE_GRAD:
                 coef_p = ((p_ce + p_z * lse) / d64).to(gl.float32)
+                if STORE_STATE:  # the values pass 2 uses, as fused_linear_cross_entropy's _row_stats_kernel
+                    state = state_ptr + row * 4
+                    gl.store(state + 0, m64)
+                    gl.store(state + 1, coef_p.to(gl.float64))
+                    gl.store(state + 2, coef_c.to(gl.float64))
+                    gl.store(state + 3, coef_y.to(gl.float64))
                 # pass 2: gradient from shared memory, then the register columns
                 for k in range(NUM_SLOTS):
                     cols = k * SLOT + offs

@@ -598,6 +598,11 @@ def finish_target_check(pending: object, ignore_index: int, n_classes: int) -> N
         raise_if_out_of_range(int(lo), int(hi), ignore_index, n_classes)
 
 
+def resident_kernel_runs(logits: torch.Tensor, weight: torch.Tensor | None, softcap: float | None) -> bool:
+    """Whether ``launch_cross_entropy`` runs the resident (Hopper, Gluon) kernel on these logits."""
+    return CE_RESIDENT and resident.resident_supported(logits, weight, softcap)
+
+
 def launch_cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -613,27 +618,32 @@ def launch_cross_entropy(
     lse_square_scale: float,
     softcap: float | None,
     grad_scale: torch.Tensor | None = None,
+    state: torch.Tensor | None = None,
 ) -> None:
     """Run the kernel on (N, V) logits (unit column stride): unscaled per-row cross-entropy and z-loss into
     ``loss_rows``/``z_rows`` (fp64), and the gradient of the reduced loss (``mean``: terms divided by the
     denominators in ``stats``; rows multiplied by ``grad_scale``) into ``grad`` (may be ``logits``) unless
-    None."""
+    None. ``state`` ((N, 4) fp64, only where ``resident_kernel_runs``, with ``grad``): each row's max and
+    gradient coefficients, for the same gradient of logits recomputed later (fused_linear_cross_entropy)."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
-    if CE_RESIDENT and resident.resident_supported(logits, weight, softcap):
+    if resident_kernel_runs(logits, weight, softcap):
         slots, reg_cols = resident.resident_layout(n_cols)
         warps = resident.resident_warps(n_cols)
         grad_arg = grad if grad is not None else logits
         resident._cross_entropy_resident_kernel[(n_rows,)](
             logits, logits.stride(0), grad_arg, grad_arg.stride(0), target, loss_rows, z_rows,
-            grad_scale if grad_scale is not None else loss_rows, stats, n_cols, ignore_index,
+            grad_scale if grad_scale is not None else loss_rows, stats,
+            state if state is not None else loss_rows, n_cols, ignore_index,
             *split_f64(label_smoothing), *split_f64(lse_square_scale),
             MEAN=mean, HAS_SMOOTHING=label_smoothing != 0.0, HAS_GRAD_SCALE=grad_scale is not None,
-            COMPUTE_GRAD=grad is not None, SLOT=resident.SLOT, NUM_SLOTS=slots, REG_COLS=reg_cols,
-            NUM_WARPS=warps, num_warps=warps,
+            COMPUTE_GRAD=grad is not None, STORE_STATE=state is not None, SLOT=resident.SLOT,
+            NUM_SLOTS=slots, REG_COLS=reg_cols, NUM_WARPS=warps, num_warps=warps,
         )  # fmt: skip
         return
+    if state is not None:
+        raise ValueError("state= is written only by the resident kernel (see resident_kernel_runs)")
     fp64_math = logits.dtype == torch.float32 and CE_FP32_MATH == "fp64"
     block, warps = looped_row_settings(n_cols, logits.device, fp64_math)
     gpu = logits.device.type == "cuda"

@@ -79,6 +79,7 @@ from liger_core.ops.cross_entropy import (
     launch_cross_entropy,
     looped_row_settings,
     reduce_losses,
+    resident_kernel_runs,
     split_f64,
     start_target_check,
     target_stats,
@@ -658,14 +659,14 @@ def _two_pass_loop(
     denominator=None,
 ):
     """``_chunk_loop``'s results, every gradient rounded once (the default order; see the module doc). Pass 1,
-    token-major (chunks of C tokens, every class): ``logits_c = h_c @ W.T``; ``_row_stats_kernel`` writes the
-    losses and each row's gradient coefficients into ``state``; ``_slice_grad_kernel`` turns the chunk into
-    its gradient in place; ``dh_c = dlogits_c @ W``, one GEMM over all classes, rounded once. Pass 2,
-    vocabulary-major (slices of V_s classes, every token, only when grad_weight or grad_bias is wanted):
-    ``logits_s = h @ W_s.T`` again, their gradient from the stored coefficients, ``dW_s = dlogits_s.T @ h``,
-    one GEMM over all tokens, rounded once; ``db_s`` a sum over all tokens. 8 x BT x H x V FLOPs (the logits
-    twice); extra memory: the gradients and one slice of logits, since pass 1's chunks use grad_weight's
-    memory before it is allocated."""
+    token-major (chunks of C tokens, every class): ``logits_c = h_c @ W.T``; ``_row_stats_kernel`` (or, on
+    Hopper, cross_entropy's resident kernel, which also writes the gradient) writes the losses and each row's
+    gradient coefficients into ``state``; ``_slice_grad_kernel`` turns the chunk into its gradient in place;
+    ``dh_c = dlogits_c @ W``, one GEMM over all classes, rounded once. Pass 2, vocabulary-major (slices of V_s
+    classes, every token, only when grad_weight or grad_bias is wanted): ``logits_s = h @ W_s.T`` again, their
+    gradient from the stored coefficients, ``dW_s = dlogits_s.T @ h``, one GEMM over all tokens, rounded once;
+    ``db_s`` a sum over all tokens. 8 x BT x H x V FLOPs (the logits twice); extra memory: the gradients and
+    one slice of logits, since pass 1's chunks use grad_weight's memory before it is allocated."""
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
@@ -710,6 +711,16 @@ def _two_pass_loop(
     # pass 1: losses, gradient coefficients and grad_hidden, by chunks of tokens over every class
     block, warps = looped_row_settings(vocab, device, fp64_math)
     for start, end, _, logits in _chunk_logits(hidden, weight, bias, chunk):
+        if need_hidden and resident_kernel_runs(logits, ce_weight, softcap):
+            # the CE kernel with the row on chip: one read, one write, and the coefficients for pass 2
+            launch_cross_entropy(
+                logits, target[start:end], ce_weight, logits, loss_rows[start:end], z_rows[start:end], stats,
+                ignore_index=ignore_index, mean=reduction == "mean", label_smoothing=label_smoothing,
+                lse_square_scale=lse_square_scale, softcap=softcap,
+                grad_scale=row_scale[start:end] if row_scale is not None else None, state=state[start:end],
+            )  # fmt: skip
+            hidden_grad_into(grad_hidden[start:end], logits, weight)
+            continue
         _row_stats_kernel[(end - start,)](
             logits, logits.stride(0), target[start:end], weight_arg, state[start:end], loss_rows[start:end],
             z_rows[start:end], row_scale[start:end] if row_scale is not None else loss_rows, stats, vocab,

@@ -559,6 +559,43 @@ def test_flce_headroom_order_cuda(headroom, monkeypatch):
     assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("resident_on", [True, False])
+def test_flce_two_pass_pass1_kernels_cuda(reduction, resident_on, monkeypatch):
+    """Pass 1 of the two-pass loop runs cross_entropy's resident kernel where it runs (Hopper, 16-bit, no
+    class weights or softcap), which also stores the coefficients that pass 2 applies to the recomputed
+    logits; else the Triton row kernels. Either way: gradients at eager's accuracy with label smoothing,
+    z-loss, ignored rows and (reduction none) per-token grad_output, Gaussian inputs (recomputed logits)."""
+    ce_mod = importlib.import_module("liger_core.ops.cross_entropy")
+    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
+    monkeypatch.setattr(ce_mod, "CE_RESIDENT", resident_on)
+    n, hidden_size, vocab = 2048, 1024, 128256
+    hidden, weight, _, target, _ = _inputs("cuda", torch.bfloat16, n, hidden_size, vocab)
+    probe = torch.empty(8, vocab, dtype=torch.bfloat16, device="cuda")
+    if resident_on and torch.cuda.get_device_capability()[0] == 9:
+        assert ce_mod.resident_kernel_runs(probe, None, None)
+    elif not resident_on:
+        assert not ce_mod.resident_kernel_runs(probe, None, None)
+    grad_out = torch.randn(n, device="cuda") if reduction == "none" else torch.tensor(1.0, device="cuda")
+    budget = 32 * 2**20  # several vocabulary slices, two pass-1 chunks
+    chunk, cols = two_pass_sizes(
+        n, hidden_size, vocab, torch.bfloat16, hidden.device, budget, vocab * hidden_size * 2, 0
+    )
+    assert chunk < n and cols < vocab
+    before = mod.LOOP_COUNTS["two-pass"]
+    opts = dict(reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3)
+    ours, eager, ref = _three_ways(
+        hidden, weight, None, target, grad_out, dict(max_chunk_bytes=budget), **opts
+    )
+    assert mod.LOOP_COUNTS["two-pass"] > before
+    assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
+    assert_loss_no_worse("z_loss", ours[1], eager[1], ref[1])
+    assert_no_worse_than_eager("dhidden", ours[2], eager[2], ref[2])
+    assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3])
+
+
 @pytest.mark.parametrize("budget", ["all_logits", "fp32_accumulators", "short"])
 def test_flce_budget_selects_the_loop(budget, monkeypatch, poison_empty):
     """``max_chunk_bytes`` picks the fastest exact loop it holds: every logit -> one token-major chunk (each
