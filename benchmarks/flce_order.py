@@ -1,7 +1,9 @@
 """Fused linear cross-entropy: the two-pass loop (default) at several vocabulary-slice budgets beside the
 token-major chunk loop, in one GPU call: time, peak extra memory, and each gradient's error against float64.
 
-    PYTHONPATH=. python benchmarks/flce_order.py [--bt 8192 --hidden 4096 --vocab 128256]
+    PYTHONPATH=. python benchmarks/flce_order.py [--bt 8192 --hidden 4096 --vocab 128256] [--frozen-weight]
+
+(``--frozen-weight``: the lm_head takes no gradient, as under LoRA; only dh is computed and compared.)
 
 Each variant runs forward + backward (loss.backward(), grad_output 1) of bf16 inputs; errors are
 ``||g - g64|| / ||g64||`` of dh and dW against the float64 reference of the same inputs, beside eager's
@@ -27,9 +29,13 @@ GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if GPU else "cpu")
 
 
+# --frozen-weight: the lm_head takes no gradient (LoRA / adapters: only dh is computed)
+TRAIN_WEIGHT = True
+
+
 def grads(fn, h, w, t):
     h = h.detach().requires_grad_()
-    w = w.detach().requires_grad_()
+    w = w.detach().requires_grad_(TRAIN_WEIGHT)
     fn(h, w, t).backward()
     return h.grad, w.grad
 
@@ -47,7 +53,7 @@ def fwd_bwd_ms(fn, h, w, t, warmup: int = 25, rep: int = 200) -> float:
     import triton.testing
 
     hr = h.detach().requires_grad_()
-    wr = w.detach().requires_grad_()
+    wr = w.detach().requires_grad_(TRAIN_WEIGHT)
 
     def step():
         fn(hr, wr, t).backward()
@@ -67,7 +73,12 @@ def problem() -> tuple[int, int, int, torch.Tensor, torch.Tensor]:
         default=0,
         help="then N rounds timing the one-chunk budget and torch.compile alternately (GEMM clocks drift)",
     )
+    ap.add_argument(
+        "--frozen-weight", action="store_true", help="the lm_head takes no gradient (LoRA): dh only"
+    )
     args = ap.parse_args()
+    global TRAIN_WEIGHT
+    TRAIN_WEIGHT = not args.frozen_weight
     bt, hs, v = args.bt, args.hidden, args.vocab
     h = torch.randn(bt, hs, device=DEVICE).bfloat16()
     w = (torch.randn(v, hs, device=DEVICE) / hs**0.5).bfloat16()
@@ -81,7 +92,10 @@ def main() -> int:
     geh, gew = grads(eager, h, w, t)
     floor_ms = 6 * bt * hs * v / 800e12 * 1e3
     print(f"FLCE BT {bt} H {hs} V {v} bf16 on {DEVICE}; floor (6 BT H V at 800 TFLOP/s) {floor_ms:.2f} ms")
-    print(f"  eager errors: dh {rel(geh, gh64):.3e}  dW {rel(gew, gw64):.3e}")
+    if not TRAIN_WEIGHT:
+        floor_ms *= 2 / 3  # the logits and dh: 4 BT H V FLOPs
+        print(f"  frozen weight (LoRA): dh only; floor (4 BT H V) {floor_ms:.2f} ms")
+    print(f"  eager errors: dh {rel(geh, gh64):.3e}  dW {rel(gew, gw64) if TRAIN_WEIGHT else 0:.3e}")
     del geh, gew
     mib = 2**20
     budgets = (16, 32, 64, 128, 256)
@@ -124,14 +138,14 @@ def main() -> int:
         counts = dict(loops)
         gh, gw = grads(fn, h, w, t)
         ran = ",".join(k for k in loops if loops[k] != counts.get(k, 0)) or "-"
-        errs = f"dh {rel(gh, gh64):.3e}  dW {rel(gw, gw64):.3e}  loop {ran}"
+        errs = f"dh {rel(gh, gh64):.3e}  dW {rel(gw, gw64) if TRAIN_WEIGHT else 0:.3e}  loop {ran}"
         del gh, gw
         if GPU:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             ms = fwd_bwd_ms(fn, h, w, t)
             hr = h.detach().requires_grad_()
-            wr = w.detach().requires_grad_()
+            wr = w.detach().requires_grad_(TRAIN_WEIGHT)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
