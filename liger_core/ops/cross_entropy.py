@@ -209,12 +209,14 @@ def _online_block(
 
 
 @triton.jit
-def _grad_block(
-    x_raw, mask, cols, grad_row, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
+def _grad_values(
+    x_raw, mask, cols, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    COMPUTE_DTYPE: tl.constexpr, STORE_POLICY: tl.constexpr, STORE_CACHE: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2 on one block: dx_c = coef_p * exp(x_c - m) - coef_c * w_c - coef_y * [c == y], one rounding."""
+    """dx_c = coef_p * exp(x_c - m) - coef_c * w_c - coef_y * [c == y] (then times the softcap's sech^2), in
+    COMPUTE_DTYPE. Blocks of one row (``cols`` 1-D), or 2-D tiles with classes along axis 0 (``cols`` of shape
+    (BLOCK, 1); ``y`` and the coefficients one per column)."""
     x = x_raw.to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         x, sech2 = _softcap(x, softcap, COMPUTE_DTYPE)
@@ -227,6 +229,20 @@ def _grad_block(
     dx = tl.where(cols == y, dx - coef_y, dx)
     if HAS_SOFTCAP:
         dx = dx * sech2
+    return dx
+
+
+@triton.jit
+def _grad_block(
+    x_raw, mask, cols, grad_row, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, STORE_POLICY: tl.constexpr, STORE_CACHE: tl.constexpr,
+):  # fmt: skip
+    """Pass 2 on one block of a row: ``_grad_values``, stored with one rounding."""
+    dx = _grad_values(
+        x_raw, mask, cols, y, m_c, coef_p, coef_c, coef_y, weight_ptr, softcap,
+        HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+    )  # fmt: skip
     tl.store(
         grad_row + cols, dx.to(grad_row.dtype.element_ty), mask=mask,
         cache_modifier=STORE_CACHE, eviction_policy=STORE_POLICY,

@@ -6,20 +6,28 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
 
 1. Two passes (the default): grad_hidden by chunks of tokens, grad_weight by slices of the vocabulary::
 
-       pass 1, each chunk of C tokens:  logits_c = h_c @ W.T (+ b)      (C, V) into one reused buffer
-                                        _row_stats_kernel               losses; per-row gradient coefficients
-                                        _slice_grad_kernel              dlogits_c in place
-                                        dh_c = dlogits_c @ W             one GEMM over all classes
-       pass 2, each slice of V_s classes: logits_s = h @ W_s.T (+ b_s)  (BT, V_s), all tokens again
-                                        _slice_grad_kernel              dlogits_s from the coefficients
-                                        dW_s = dlogits_s.T @ h           one GEMM over all tokens
-                                        db_s = sum_rows(dlogits_s)
+       grad_weight's storage (V x H) is allocated first; pass 1 works inside it
+       pass 1, each chunk of <= H tokens:  logits_c = h_c @ W.T (+ b)    (C, V) in dW's storage
+                                           CE kernel(s)                  losses, dlogits_c in place, and the
+                                                                         per-row gradient coefficients
+                                           dh_c = dlogits_c @ W           one GEMM over all classes
+               the last K <= H tokens:     logits_K.T = W @ h_K.T        (V, K), vocabulary-major, kept
+                                           _columns_ce_kernel             losses, dlogits_K.T in place
+                                           dh_K = dlogits_K @ W
+       pass 2, each slice of V_s classes, last slice first:
+                                           logits_s = h_rest @ W_s.T      the other tokens' logits again
+                                           _slice_grad_kernel             their dlogits from the coefficients
+                                           dlogits_K[:, s] copied beside them (out of dW's rows s)
+                                           dW_s = dlogits_s.T @ h         one GEMM over all tokens
+                                           db_s = sum_rows(dlogits_s)
 
-   Exact: every gradient is one GEMM rounded once, as eager's. Cost: the logits twice (8 instead of 6 BT H V
-   FLOPs). Peak extra memory: dW + dh + one slice (default: half the hidden-state gradient's size, >= 32 MiB
-   on a GPU; ``max_chunk_bytes``): pass 1 runs before dW is allocated, so its chunks take dW's memory too (two
-   chunks of 4096 tokens at 8192 x 4096 x 128256). The vocabulary-major loop it replaced accumulated dh in
-   fp32 across slices (+4 BT H bytes; 53.7 ms at 1.167 GiB there, session 5).
+   Exact: every gradient is one GEMM rounded once, as eager's. FLOPs: 6 BT H V where every token is kept
+   (BT <= H), 8 BT H V at most (the other tokens' logits computed twice). Peak extra memory: dW + dh + one
+   slice (default: half the hidden-state gradient's size, >= 32 MiB on a GPU; ``max_chunk_bytes``). Rows s
+   of dW are written over storage whose kept slice was just copied out; with the last slice first, every
+   lower slice's kept gradient lies below them. H100, 8192 x 4096 x 128256 bf16 (``benchmarks/flce_order.py``,
+   session 13): 50.1 ms at 1.073 GiB before the kept chunk (logits twice for every token); the
+   vocabulary-major loop before it (fp32 dh across slices): 53.7 ms at 1.167 GiB (session 5).
 2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
    fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
    iterations), or where ``max_chunk_bytes`` grants that much (4 bytes per element of W and h plus >= 512
@@ -68,6 +76,7 @@ from liger_core.ops.cross_entropy import (
     _f64,
     _grad_block,
     _grad_coefs,
+    _grad_values,
     _online_block,
     _row_loss,
     _scale_rows,
@@ -582,6 +591,103 @@ def _slice_grad_kernel(
         )  # fmt: skip
 
 
+# tiles of _columns_ce_kernel: classes x tokens (16-bit: 64-byte runs of contiguous tokens per class row)
+COLUMNS_BLOCK_V = 128
+COLUMNS_BLOCK_T = 32
+COLUMNS_WARPS = 8
+
+
+@fast_launch
+@triton.jit
+def _columns_ce_kernel(
+    logits_ptr,  # (n_classes, n_tokens) vocabulary-major: one token per column; overwritten with the gradient
+    logits_row_stride,
+    target_ptr,
+    weight_ptr,  # class weights (V,), read only when HAS_WEIGHT
+    loss_ptr,  # (n_tokens,) fp64 out: unscaled cross-entropy per token
+    z_loss_ptr,  # (n_tokens,) fp64 out: unscaled z-loss per token
+    grad_scale_ptr,  # (n_tokens,) per-token gradient multiplier, read only when HAS_GRAD_SCALE
+    stats_ptr,  # (5,) fp64 from cross_entropy's _target_stats_kernel
+    n_tokens,
+    n_classes,
+    ignore_index,
+    smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo, softcap_hi, softcap_lo,
+    MEAN: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_GRAD_SCALE: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """``_row_stats_kernel`` then ``_slice_grad_kernel`` for BLOCK_T tokens stored as columns (the two-pass
+    loop's kept chunk): the same per-token arithmetic (``_online_block`` and ``_grad_values`` on (BLOCK_V,
+    BLOCK_T) tiles, classes along axis 0), the gradient written in place."""
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_range = tokens < n_tokens
+    tokens = tl.minimum(tokens, n_tokens - 1)  # the tail's lanes repeat the last token; nothing is stored
+    y = tl.load(target_ptr + tokens).to(tl.int64)
+    active = in_range & (y != ignore_index)
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    # the smoothing sum is shifted by each token's first logit (as _row_stats_kernel)
+    shift = tl.load(logits_ptr + tokens).to(COMPUTE_DTYPE)
+    if HAS_SOFTCAP:
+        shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
+    m = tl.full([BLOCK_T], -float("inf"), tl.float32)
+    d = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
+    smooth_acc = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
+    lane_classes = tl.arange(0, BLOCK_V)[:, None] + tl.zeros([1, BLOCK_T], tl.int32)
+    for start in range(0, n_classes, BLOCK_V):
+        classes = start + lane_classes
+        mask = classes < n_classes
+        ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
+        x_raw = tl.load(ptrs, mask=mask, other=-float("inf"))
+        m, d, smooth_acc = _online_block(
+            x_raw, mask, classes, m, d, smooth_acc, shift[None, :], weight_ptr, softcap,
+            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+        )  # fmt: skip
+    y_safe = tl.minimum(tl.maximum(y, 0), n_classes - 1)
+    x_y = tl.load(logits_ptr + y_safe * logits_row_stride + tokens).to(COMPUTE_DTYPE)
+    if HAS_SOFTCAP:
+        x_y, _ = _softcap(x_y, softcap, COMPUTE_DTYPE)
+    x_y = x_y.to(tl.float64)
+    w_y = tl.full([BLOCK_T], 1.0, tl.float64)
+    if HAS_WEIGHT:
+        w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
+    d64 = d.to(tl.float64)
+    log_d = tl.log(d64)
+    m64 = m.to(tl.float64)
+    lse = m64 + log_d
+    eps = _f64(smoothing_hi, smoothing_lo)
+    zs = _f64(z_scale_hi, z_scale_lo)
+    w_total = tl.load(stats_ptr + 4)
+    nll_shift = (m64 - shift.to(tl.float64)) + log_d
+    ce = _row_loss((m64 - x_y) + log_d, nll_shift, smooth_acc, w_y, eps, w_total, n_classes, HAS_SMOOTHING)
+    tl.store(loss_ptr + tokens, tl.where(active, ce, 0.0), mask=in_range)
+    tl.store(z_loss_ptr + tokens, tl.where(active, zs * lse * lse, 0.0), mask=in_range)
+    p_ce, p_z, coef_c, coef_y = _grad_coefs(
+        stats_ptr, grad_scale_ptr, tokens, w_y, eps, zs, w_total, n_classes, MEAN, HAS_GRAD_SCALE
+    )
+    # the coefficients in COMPUTE_DTYPE, as _slice_grad_kernel reads them from the fp64 state
+    m_c = m.to(COMPUTE_DTYPE)
+    coef_p = ((p_ce + p_z * lse) / d64).to(COMPUTE_DTYPE)
+    lanes = tl.zeros([BLOCK_T], tl.float64)  # without per-token factors these two are scalars
+    coef_c = (coef_c + lanes).to(COMPUTE_DTYPE)
+    coef_y = (coef_y + lanes).to(COMPUTE_DTYPE)
+    for start in range(0, n_classes, BLOCK_V):
+        classes = start + lane_classes
+        mask = classes < n_classes
+        ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
+        x_raw = tl.load(ptrs, mask=mask, other=0.0)
+        dx = _grad_values(
+            x_raw, mask, classes, y[None, :], m_c[None, :], coef_p[None, :], coef_c[None, :], coef_y[None, :],
+            weight_ptr, softcap, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+        )  # fmt: skip
+        dx = tl.where(active[None, :], dx, 0.0)
+        tl.store(ptrs, dx.to(logits_ptr.dtype.element_ty), mask=mask & in_range[None, :])
+
+
 # vocabulary slice of pass 2 of the two-pass loop: at least this large on a GPU, by default half the
 # hidden-state gradient's size, so that the loss's extra memory (the two gradients and this slice) stays below
 # Liger-Kernel's (the gradients and a 256-token chunk: 62.6 MiB of logits at V 128256)
@@ -608,22 +714,16 @@ def two_pass_sizes(
     dtype: torch.dtype,
     device: torch.device,
     max_chunk_bytes: int | None,
-    weight_grad_bytes: int | None,
     reserved_bytes: int,
 ) -> tuple[int, int]:
-    """(tokens per pass-1 chunk, classes per pass-2 slice) of ``_two_pass_loop``; ``weight_grad_bytes`` None
-    when there is no pass 2.
-
-    The slice's logits (all tokens) fit the working budget: ``max_chunk_bytes``, or by default half the
+    """(tokens per pass-1 chunk where grad_weight's storage does not hold the chunks, classes per pass-2
+    slice) of ``_two_pass_loop``. The chunk is the token-major loop's own (``choose_chunk_tokens``). The
+    slice's logits (all tokens) fit the working budget: ``max_chunk_bytes``, or by default half the
     hidden-state gradient's size, at least MIN_SLICE_BYTES_CUDA on a GPU, more where the process's headroom
-    (below its own earlier peak) allows. Pass 1 runs before grad_weight exists: its chunk takes the slice's
-    bytes and grad_weight's, at no new peak. Without pass 2 the chunk is the token-major loop's own
-    (``choose_chunk_tokens``)."""
-    if weight_grad_bytes is None:
-        chunk = choose_chunk_tokens(
-            n_tokens, hidden_size, vocab, dtype, device, None, max_chunk_bytes, reserved_bytes
-        )
-        return chunk, vocab
+    (below its own earlier peak) allows."""
+    chunk = choose_chunk_tokens(
+        n_tokens, hidden_size, vocab, dtype, device, None, max_chunk_bytes, reserved_bytes
+    )
     elt = torch.empty((), dtype=dtype).element_size()
     if max_chunk_bytes is not None:
         budget = max_chunk_bytes
@@ -632,10 +732,7 @@ def two_pass_sizes(
         if device.type == "cuda":
             headroom = _headroom(device) - reserved_bytes
             budget = max(budget, MIN_SLICE_BYTES_CUDA, min(headroom, HEADROOM_CHUNK_BYTES))
-    cols = vocab_slice_columns(n_tokens, vocab, elt, budget, device)
-    chunk_budget = max(budget, n_tokens * cols * elt) + weight_grad_bytes
-    chunk = choose_chunk_tokens(n_tokens, hidden_size, vocab, dtype, device, max_chunk_bytes=chunk_budget)
-    return chunk, cols
+    return chunk, vocab_slice_columns(n_tokens, vocab, elt, budget, device)
 
 
 def _two_pass_loop(
@@ -658,15 +755,20 @@ def _two_pass_loop(
     check_targets=False,
     denominator=None,
 ):
-    """``_chunk_loop``'s results, every gradient rounded once (the default order; see the module doc). Pass 1,
-    token-major (chunks of C tokens, every class): ``logits_c = h_c @ W.T``; ``_row_stats_kernel`` (or, on
-    Hopper, cross_entropy's resident kernel, which also writes the gradient) writes the losses and each row's
-    gradient coefficients into ``state``; ``_slice_grad_kernel`` turns the chunk into its gradient in place;
-    ``dh_c = dlogits_c @ W``, one GEMM over all classes, rounded once. Pass 2, vocabulary-major (slices of V_s
-    classes, every token, only when grad_weight or grad_bias is wanted): ``logits_s = h @ W_s.T`` again, their
-    gradient from the stored coefficients, ``dW_s = dlogits_s.T @ h``, one GEMM over all tokens, rounded once;
-    ``db_s`` a sum over all tokens. 8 x BT x H x V FLOPs (the logits twice); extra memory: the gradients and
-    one slice of logits, since pass 1's chunks use grad_weight's memory before it is allocated."""
+    """``_chunk_loop``'s results, every gradient rounded once (the default order; see the module doc).
+
+    Pass 1, token-major (chunks of tokens, every class): ``logits_c = h_c @ W.T``; ``_row_stats_kernel`` and
+    ``_slice_grad_kernel`` (or, on Hopper, cross_entropy's resident kernel) write the losses, each row's
+    gradient coefficients into ``state`` and the chunk's gradient in place; ``dh_c = dlogits_c @ W``, one GEMM
+    over all classes. Where grad_weight is wanted its storage holds the chunks, and the last chunk (up to its
+    capacity: H tokens for equal dtypes) is computed vocabulary-major, ``logits_last.T = W @ h_last.T``
+    (``_columns_ce_kernel``), and kept. Pass 2, by slices of V_s classes in descending order (only when
+    grad_weight or grad_bias is wanted): the other tokens' logits again and their gradient from the stored
+    coefficients, the kept tokens' gradient copied beside them, ``dW_s = dlogits_s.T @ h``, one GEMM over all
+    tokens; ``db_s`` a sum over all tokens. The slice's rows of grad_weight are written over storage whose
+    kept gradient was just copied out; the descending order keeps every lower slice's kept gradient below
+    them. FLOPs: 6 BT H V where every token is kept (BT <= H), up to 8 BT H V; extra memory: the gradients and
+    one slice of logits."""
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
@@ -683,7 +785,6 @@ def _two_pass_loop(
     weight_grad_bytes = need_weight * vocab * hidden_size * accum.itemsize
     chunk, cols = two_pass_sizes(
         n_tokens, hidden_size, vocab, hidden.dtype, device, max_chunk_bytes,
-        weight_grad_bytes if vocab_pass else None,
         reserved_bytes=weight_grad_bytes + need_hidden * n_tokens * hidden_size * dh_dtype.itemsize,
     )  # fmt: skip
 
@@ -692,13 +793,16 @@ def _two_pass_loop(
     state = torch.empty(n_tokens, _STATE, dtype=torch.float64, device=device)
     grad_hidden = torch.empty(n_tokens, hidden_size, dtype=dh_dtype, device=device) if need_hidden else None
     weight_arg = ce_weight if ce_weight is not None else loss_rows
+    row_scale_arg = row_scale if row_scale is not None else loss_rows
     softcap_args = split_f64(softcap if softcap is not None else 1.0)
+    loss_args = (*split_f64(label_smoothing), *split_f64(lse_square_scale), *softcap_args)
     flags = dict(
         HAS_WEIGHT=ce_weight is not None,
         HAS_SMOOTHING=label_smoothing != 0.0,
         HAS_SOFTCAP=softcap is not None,
         COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32,
     )
+    on_gpu = device.type == "cuda"
 
     def row_grads(logits, start, end, col_start):
         """dlogits of rows start:end over classes col_start:col_start + logits.shape[1], in place."""
@@ -708,9 +812,8 @@ def _two_pass_loop(
             col_start, ignore_index, *softcap_args, **flags, BLOCK_SIZE=block, num_warps=warps,
         )  # fmt: skip
 
-    # pass 1: losses, gradient coefficients and grad_hidden, by chunks of tokens over every class
-    block, warps = looped_row_settings(vocab, device, fp64_math)
-    for start, end, _, logits in _chunk_logits(hidden, weight, bias, chunk):
+    def token_chunk(logits, start, end):
+        """Pass 1 on the (end - start, V) logits of rows start:end: losses, coefficients, grad_hidden rows."""
         if need_hidden and resident_kernel_runs(logits, ce_weight, softcap):
             # the CE kernel with the row on chip: one read, one write, and the coefficients for pass 2
             launch_cross_entropy(
@@ -719,38 +822,83 @@ def _two_pass_loop(
                 lse_square_scale=lse_square_scale, softcap=softcap,
                 grad_scale=row_scale[start:end] if row_scale is not None else None, state=state[start:end],
             )  # fmt: skip
+        else:
+            block, warps = looped_row_settings(vocab, device, fp64_math)
+            _row_stats_kernel[(end - start,)](
+                logits, logits.stride(0), target[start:end], weight_arg, state[start:end],
+                loss_rows[start:end], z_rows[start:end], row_scale_arg[start:end], stats, vocab, ignore_index,
+                *loss_args, MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None,
+                COMPUTE_GRAD=compute_grad, **flags, BLOCK_SIZE=block, num_warps=warps,
+            )  # fmt: skip
+            if need_hidden:
+                row_grads(logits, start, end, 0)
+        if need_hidden:
             hidden_grad_into(grad_hidden[start:end], logits, weight)
-            continue
-        _row_stats_kernel[(end - start,)](
-            logits, logits.stride(0), target[start:end], weight_arg, state[start:end], loss_rows[start:end],
-            z_rows[start:end], row_scale[start:end] if row_scale is not None else loss_rows, stats, vocab,
-            ignore_index, *split_f64(label_smoothing), *split_f64(lse_square_scale), *softcap_args,
-            MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None, COMPUTE_GRAD=compute_grad,
-            **flags, BLOCK_SIZE=block, num_warps=warps,
+
+    grad_weight = kept = None
+    kept_tokens = 0  # the last tokens, whose gradient pass 1 keeps vocabulary-major for pass 2
+    if need_weight and n_tokens > 0:
+        # pass 1 inside grad_weight's storage: token chunks, then the kept chunk
+        storage = torch.empty(vocab * hidden_size * accum.itemsize, dtype=torch.uint8, device=device)
+        grad_weight = storage.view(accum).view(vocab, hidden_size)
+        logits_store = storage.view(hidden.dtype)
+        capacity = logits_store.numel() // vocab  # tokens per chunk; H for equal dtypes
+        kept_tokens = min(n_tokens, capacity)
+        if on_gpu and kept_tokens < n_tokens:
+            kept_tokens -= kept_tokens % 8
+        # row stride a multiple of 8 on a GPU (16-byte aligned GEMM rows)
+        kept_ld = min(capacity, -(-kept_tokens // 8) * 8) if on_gpu else kept_tokens
+        rest = n_tokens - kept_tokens
+        if rest:
+            n_chunks = -(-rest // capacity)
+            step = -(-rest // n_chunks)
+            step = min(capacity, -(-step // 8) * 8) if on_gpu else step
+            for start in range(0, rest, step):
+                end = min(start + step, rest)
+                logits = logits_store[: (end - start) * vocab].view(end - start, vocab)
+                linear_into(logits, hidden[start:end], weight, bias)
+                token_chunk(logits, start, end)
+        kept = logits_store[: vocab * kept_ld].view(vocab, kept_ld)[:, :kept_tokens]
+        hidden_kept = hidden[rest:]
+        if bias is None:
+            torch.mm(weight, hidden_kept.t(), out=kept)
+        else:
+            torch.addmm(bias[:, None], weight, hidden_kept.t(), out=kept)
+        _columns_ce_kernel[(triton.cdiv(kept_tokens, COLUMNS_BLOCK_T),)](
+            kept, kept.stride(0), target[rest:], weight_arg, loss_rows[rest:], z_rows[rest:],
+            row_scale_arg[rest:], stats, kept_tokens, vocab, ignore_index, *loss_args,
+            MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None, **flags,
+            BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T, num_warps=COLUMNS_WARPS,
         )  # fmt: skip
         if need_hidden:
-            row_grads(logits, start, end, 0)
-            hidden_grad_into(grad_hidden[start:end], logits, weight)
-    logits = None  # pass 1's chunk buffer is freed before grad_weight takes its memory
+            hidden_grad_into(grad_hidden[rest:], kept.t(), weight)
+    else:
+        for start, end, _, logits in _chunk_logits(hidden, weight, bias, chunk):
+            token_chunk(logits, start, end)
+        logits = None  # pass 1's chunk buffer is freed before pass 2's slice
 
-    # pass 2: grad_weight and grad_bias, by slices of classes over every token
-    grad_weight = torch.empty(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
+    # pass 2: grad_weight and grad_bias, by slices of classes over every token, the last slice first
+    rest = n_tokens - kept_tokens
     grad_bias = (
         torch.empty(vocab, dtype=torch.float64 if fp64_math else torch.float32, device=device)
         if need_bias
         else None
     )
     if vocab_pass and n_tokens == 0:
-        for g in (grad_weight, grad_bias):
-            if g is not None:
-                g.zero_()
+        grad_weight = torch.zeros(vocab, hidden_size, dtype=accum, device=device) if need_weight else None
+        if grad_bias is not None:
+            grad_bias.zero_()
     elif vocab_pass:
         buffer = torch.empty(n_tokens * cols, dtype=hidden.dtype, device=device)
-        for start in range(0, vocab, cols):
+        for start in reversed(range(0, vocab, cols)):
             end = min(start + cols, vocab)
             logits = buffer[: n_tokens * (end - start)].view(n_tokens, end - start)
-            linear_into(logits, hidden, weight[start:end], bias[start:end] if bias is not None else None)
-            row_grads(logits, 0, n_tokens, start)
+            if rest:
+                b = bias[start:end] if bias is not None else None
+                linear_into(logits[:rest], hidden[:rest], weight[start:end], b)
+                row_grads(logits[:rest], 0, rest, start)
+            if kept is not None:
+                logits[rest:].copy_(kept[start:end].t())  # before grad_weight's rows overwrite it
             if grad_weight is not None:
                 _slice_weight_grad(grad_weight[start:end], logits, hidden)
             if grad_bias is not None:

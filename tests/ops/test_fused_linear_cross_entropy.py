@@ -97,7 +97,8 @@ def test_flce_matches_float64(device, dtype, reduction, order, poison_empty):
     Exact logits: with Gaussian inputs the scalar losses' errors in fp32 are two draws of GEMM roundings (the
     op's chunk rows vs eager's all rows; a CI run: z_loss 8.7e-8 vs eager's lucky 2.1e-8)."""
     opts = dict(OPTIONS[reduction])
-    n, hidden_size, vocab = (37, 67, 131) if device == "cpu" else (2048, 4096, 128256)
+    # CPU: H < n, so the two-pass loop keeps H (fp32) or 2H (bf16 into an fp32 dW) tokens and chunks the rest
+    n, hidden_size, vocab = (37, 15, 131) if device == "cpu" else (2048, 4096, 128256)
     hidden, weight, bias, target, ce_weight = _inputs(
         device,
         dtype,
@@ -139,7 +140,7 @@ def test_flce_bf16_default_accumulation(order, poison_empty):
     n, hidden_size, vocab = 37, 67, 131
     hidden, weight, bias, target, _ = _inputs("cpu", torch.bfloat16, n, hidden_size, vocab, bias=True)
     if order == "vocab":
-        _, cols = two_pass_sizes(n, hidden_size, vocab, torch.bfloat16, hidden.device, None, 0, 0)
+        _, cols = two_pass_sizes(n, hidden_size, vocab, torch.bfloat16, hidden.device, None, 0)
         assert cols < vocab
         ours_kwargs, dweight_slack = {}, SLACK
     else:
@@ -180,7 +181,8 @@ def test_flce_denominator_rounds_gradients_once(device, order, as_tensor, poison
     num_items_in_batch: the kept tokens of all micro-batches, not a power of two) inside the op is at eager's
     accuracy in the loss and every gradient. In the token-major order (``chunk_size``) dW keeps its documented
     per-chunk rounding (sqrt(chunks) x); dh and db are each rounded once there too."""
-    n, hidden_size, vocab = (37, 67, 131) if device == "cpu" else (2048, 4096, 128256)
+    # CPU: H < n, so the two-pass loop keeps H tokens (bf16 logits in the bf16 dW) and chunks the rest
+    n, hidden_size, vocab = (37, 15, 131) if device == "cpu" else (2048, 4096, 128256)
     hidden, weight, bias, target, _ = _inputs(
         device, torch.bfloat16, n, hidden_size, vocab, bias=True, exact=True
     )
@@ -353,25 +355,25 @@ def test_flce_never_materialises_the_logits():
 
 
 def test_flce_two_pass_order_never_materialises_the_logits():
-    """The two-pass loop's tensors: token chunks (C, V) of at most the slice's and grad_weight's bytes (pass
-    1 runs before grad_weight exists), one slice of logits (n, V_s), the (V, H) and (n, H) gradients and
-    their fp64 products for fp32 inputs; never (n, V)."""
+    """The two-pass loop's tensors: grad_weight's storage, which holds pass 1's token chunks (rest, V) and the
+    kept chunk (V, kept) of H tokens (fp32 logits in an fp32 dW), one slice of logits (n, V_s), the (n, H)
+    gradient and the fp64 products for fp32 inputs; never (n, V) in either layout."""
     n, hidden_size, vocab = 37, 23, 1031
     hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, n, hidden_size, vocab, bias=True)
     options = (IGNORE, "sum", 0.1, 1e-3, 30.0)
     budget = 8 * vocab * 4  # the logits of 8 tokens
-    weight_bytes = vocab * hidden_size * 4
-    chunk, cols = two_pass_sizes(n, hidden_size, vocab, torch.float32, hidden.device, budget, weight_bytes, 0)
+    _, cols = two_pass_sizes(n, hidden_size, vocab, torch.float32, hidden.device, budget, 0)
     assert cols == vocab_slice_columns(n, vocab, 4, budget, hidden.device)
     assert -(-vocab // cols) > 1 and n * cols * 4 <= budget  # several slices within the budget
-    assert 1 < -(-n // chunk) and chunk * vocab * 4 <= budget + weight_bytes  # several chunks
+    kept, rest = hidden_size, n - hidden_size  # storage for V x H fp32 holds H tokens of fp32 logits
     for row_scale in (None, torch.randn(n)):
         with _RecordShapes() as rec:
             _two_pass_loop(
                 hidden, weight, target, bias, None, *options, True, True, True, None, budget, row_scale
             )
-        assert rec.nbytes and max(rec.nbytes) <= 8 * max(chunk * vocab, vocab * hidden_size, n * hidden_size)
-        assert (n, vocab) not in rec.shapes and (n, cols) in rec.shapes and (chunk, vocab) in rec.shapes
+        assert rec.nbytes and max(rec.nbytes) <= 8 * max(n * cols, vocab * hidden_size, n * hidden_size)
+        assert (n, vocab) not in rec.shapes and (vocab, n) not in rec.shapes
+        assert (n, cols) in rec.shapes and (rest, vocab) in rec.shapes and (vocab, kept) in rec.shapes
     loss = fused_linear_cross_entropy(hidden, weight, target, bias, max_chunk_bytes=budget)
     torch.testing.assert_close(
         loss.double(),
@@ -485,7 +487,7 @@ def test_flce_peak_memory_cuda():
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     grads = (n * hidden_size + vocab * hidden_size) * 2
-    _, cols = two_pass_sizes(n, hidden_size, vocab, torch.bfloat16, h.device, None, grads, grads)
+    _, cols = two_pass_sizes(n, hidden_size, vocab, torch.bfloat16, h.device, None, grads)
     fused_linear_cross_entropy(h, w, target).backward()
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated() - base
@@ -564,10 +566,11 @@ def test_flce_headroom_order_cuda(headroom, monkeypatch):
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("resident_on", [True, False])
 def test_flce_two_pass_pass1_kernels_cuda(reduction, resident_on, monkeypatch):
-    """Pass 1 of the two-pass loop runs cross_entropy's resident kernel where it runs (Hopper, 16-bit, no
-    class weights or softcap), which also stores the coefficients that pass 2 applies to the recomputed
-    logits; else the Triton row kernels. Either way: gradients at eager's accuracy with label smoothing,
-    z-loss, ignored rows and (reduction none) per-token grad_output, Gaussian inputs (recomputed logits)."""
+    """Pass 1 of the two-pass loop (a token-major chunk, then the kept vocabulary-major chunk of H tokens)
+    runs cross_entropy's resident kernel where it runs (Hopper, 16-bit, no class weights or softcap), which
+    also stores the coefficients that pass 2 applies to the recomputed logits; else the Triton row kernels.
+    Either way: gradients at eager's accuracy with label smoothing, z-loss, ignored rows and (reduction none)
+    per-token grad_output, Gaussian inputs (recomputed logits)."""
     ce_mod = importlib.import_module("liger_core.ops.cross_entropy")
     mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
     monkeypatch.setattr(ce_mod, "CE_RESIDENT", resident_on)
@@ -579,11 +582,9 @@ def test_flce_two_pass_pass1_kernels_cuda(reduction, resident_on, monkeypatch):
     elif not resident_on:
         assert not ce_mod.resident_kernel_runs(probe, None, None)
     grad_out = torch.randn(n, device="cuda") if reduction == "none" else torch.tensor(1.0, device="cuda")
-    budget = 32 * 2**20  # several vocabulary slices, two pass-1 chunks
-    chunk, cols = two_pass_sizes(
-        n, hidden_size, vocab, torch.bfloat16, hidden.device, budget, vocab * hidden_size * 2, 0
-    )
-    assert chunk < n and cols < vocab
+    budget = 32 * 2**20  # several vocabulary slices
+    _, cols = two_pass_sizes(n, hidden_size, vocab, torch.bfloat16, hidden.device, budget, 0)
+    assert cols < vocab and n > hidden_size  # a token-major chunk, then H kept tokens
     before = mod.LOOP_COUNTS["two-pass"]
     opts = dict(reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3)
     ours, eager, ref = _three_ways(
