@@ -510,14 +510,38 @@ def _row_stats_kernel(
         )  # fmt: skip
     # the target logit (clamped: an out-of-range target is reported by the host)
     y_safe = tl.minimum(tl.maximum(y, 0), n_classes - 1)
-    x_y = tl.load(logits_row + y_safe).to(COMPUTE_DTYPE)
+    ce, z_loss, coef_p, coef_c, coef_y = _finish_rows(
+        m, d, smooth_acc, shift, tl.load(logits_row + y_safe), y_safe, row, weight_ptr, stats_ptr,
+        grad_scale_ptr, softcap, smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo, n_classes,
+        MEAN, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_GRAD_SCALE, COMPUTE_DTYPE,
+    )  # fmt: skip
+    tl.store(loss_ptr + row, ce)
+    tl.store(z_loss_ptr + row, z_loss)
+    if COMPUTE_GRAD:
+        state = state_ptr + row * 4
+        tl.store(state + 0, m.to(tl.float64))
+        tl.store(state + 1, coef_p)
+        tl.store(state + 2, coef_c)
+        tl.store(state + 3, coef_y)
+
+
+@triton.jit
+def _finish_rows(
+    m, d, smooth_acc, shift, x_y_raw, y_safe, rows, weight_ptr, stats_ptr, grad_scale_ptr, softcap,
+    smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo, n_classes,
+    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_GRAD_SCALE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """A row's (or a vector of rows') loss, z-loss and gradient coefficients (coef_p, coef_c, coef_y), fp64,
+    from its max m, rescaled sum d, smoothing sum shifted by ``shift`` (the row's first logit; the CE kernel
+    shifts by x_y) and target logit ``x_y_raw``: the CE kernel's per-row scalars."""
+    x_y = x_y_raw.to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         x_y, _ = _softcap(x_y, softcap, COMPUTE_DTYPE)
     x_y = x_y.to(tl.float64)
     w_y = 1.0
     if HAS_WEIGHT:
         w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
-    # the CE kernel's per-row scalars (fp64), with the smoothing sum shifted by s instead of x_y
     d64 = d.to(tl.float64)
     log_d = tl.log(d64)
     m64 = m.to(tl.float64)
@@ -527,17 +551,10 @@ def _row_stats_kernel(
     w_total = tl.load(stats_ptr + 4)
     nll_shift = (m64 - shift.to(tl.float64)) + log_d
     ce = _row_loss((m64 - x_y) + log_d, nll_shift, smooth_acc, w_y, eps, w_total, n_classes, HAS_SMOOTHING)
-    tl.store(loss_ptr + row, ce)
-    tl.store(z_loss_ptr + row, zs * lse * lse)
-    if COMPUTE_GRAD:
-        p_ce, p_z, coef_c, coef_y = _grad_coefs(
-            stats_ptr, grad_scale_ptr, row, w_y, eps, zs, w_total, n_classes, MEAN, HAS_GRAD_SCALE
-        )
-        state = state_ptr + row * 4
-        tl.store(state + 0, m64)
-        tl.store(state + 1, (p_ce + p_z * lse) / d64)
-        tl.store(state + 2, coef_c)
-        tl.store(state + 3, coef_y)
+    p_ce, p_z, coef_c, coef_y = _grad_coefs(
+        stats_ptr, grad_scale_ptr, rows, w_y, eps, zs, w_total, n_classes, MEAN, HAS_GRAD_SCALE
+    )
+    return ce, zs * lse * lse, (p_ce + p_z * lse) / d64, coef_c, coef_y
 
 
 @fast_launch
@@ -591,25 +608,82 @@ def _slice_grad_kernel(
         )  # fmt: skip
 
 
-# tiles of _columns_ce_kernel: classes x tokens (16-bit: 64-byte runs of contiguous tokens per class row)
-COLUMNS_BLOCK_V = 128
-COLUMNS_BLOCK_T = 32
-COLUMNS_WARPS = 8
+# Kernels on vocabulary-major logits (classes x tokens: the two-pass loop's kept chunk and pass-2 slices), in
+# (classes, tokens) tiles: 64 tokens of 16 bits = 128 contiguous bytes per class row. The statistics pass
+# splits the classes among programs (COLUMNS_SPLIT classes each) so that a few thousand tokens still fill the
+# GPU; a second kernel merges the splits.
+COLUMNS_BLOCK_V = 64
+COLUMNS_BLOCK_T = 64
+COLUMNS_SPLIT = 2048
+COLUMNS_WARPS = 4
 
 
 @fast_launch
 @triton.jit
-def _columns_ce_kernel(
-    logits_ptr,  # (n_classes, n_tokens) vocabulary-major: one token per column; overwritten with the gradient
+def _columns_stats_kernel(
+    logits_ptr,  # (n_classes, n_tokens) vocabulary-major, row stride logits_row_stride
+    logits_row_stride,
+    weight_ptr,  # class weights (V,), read only when HAS_WEIGHT and HAS_SMOOTHING
+    partials_ptr,  # (n_splits, 3, n_tokens) fp64 out: m, d, smoothing sum of this split's classes
+    n_tokens,
+    n_classes,
+    softcap_hi,
+    softcap_lo,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """``_online_block`` over one split of the classes for BLOCK_T tokens (one per column), the smoothing sum
+    shifted by each token's first logit as in ``_row_stats_kernel``."""
+    split = tl.program_id(1)
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_range = tokens < n_tokens
+    tokens = tl.minimum(tokens, n_tokens - 1)  # the tail's lanes repeat the last token; nothing is stored
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    shift = tl.load(logits_ptr + tokens).to(COMPUTE_DTYPE)
+    if HAS_SOFTCAP:
+        shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
+    m = tl.full([BLOCK_T], -float("inf"), tl.float32)
+    d = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
+    smooth_acc = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
+    lo = split * SPLIT
+    hi = tl.minimum(lo + SPLIT, n_classes)
+    lane_classes = tl.arange(0, BLOCK_V)[:, None] + tl.zeros([1, BLOCK_T], tl.int32)
+    for start in range(lo, hi, BLOCK_V):
+        classes = start + lane_classes
+        mask = classes < hi
+        ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
+        x_raw = tl.load(ptrs, mask=mask, other=-float("inf"))
+        m, d, smooth_acc = _online_block(
+            x_raw, mask, classes, m, d, smooth_acc, shift[None, :], weight_ptr, softcap,
+            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+        )  # fmt: skip
+    out = partials_ptr + split.to(tl.int64) * 3 * n_tokens + tokens
+    tl.store(out, m.to(tl.float64), mask=in_range)
+    tl.store(out + n_tokens, d.to(tl.float64), mask=in_range)
+    tl.store(out + 2 * n_tokens, smooth_acc.to(tl.float64), mask=in_range)
+
+
+@fast_launch
+@triton.jit
+def _columns_finish_kernel(
+    logits_ptr,
     logits_row_stride,
     target_ptr,
-    weight_ptr,  # class weights (V,), read only when HAS_WEIGHT
+    weight_ptr,
+    partials_ptr,  # from _columns_stats_kernel
+    state_ptr,  # (n_tokens, _STATE) fp64 out
     loss_ptr,  # (n_tokens,) fp64 out: unscaled cross-entropy per token
     z_loss_ptr,  # (n_tokens,) fp64 out: unscaled z-loss per token
     grad_scale_ptr,  # (n_tokens,) per-token gradient multiplier, read only when HAS_GRAD_SCALE
     stats_ptr,  # (5,) fp64 from cross_entropy's _target_stats_kernel
     n_tokens,
     n_classes,
+    n_splits,
     ignore_index,
     smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo, softcap_hi, softcap_lo,
     MEAN: tl.constexpr,
@@ -618,74 +692,89 @@ def _columns_ce_kernel(
     HAS_SOFTCAP: tl.constexpr,
     HAS_GRAD_SCALE: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr,
-    BLOCK_V: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    """``_row_stats_kernel`` then ``_slice_grad_kernel`` for BLOCK_T tokens stored as columns (the two-pass
-    loop's kept chunk): the same per-token arithmetic (``_online_block`` and ``_grad_values`` on (BLOCK_V,
-    BLOCK_T) tiles, classes along axis 0), the gradient written in place."""
+    """The splits' (m, d, smoothing sum) merged per token, then ``_finish_rows``: losses and the gradient
+    coefficients into ``state`` (as ``_row_stats_kernel`` writes them)."""
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = tokens < n_tokens
-    tokens = tl.minimum(tokens, n_tokens - 1)  # the tail's lanes repeat the last token; nothing is stored
+    tokens = tl.minimum(tokens, n_tokens - 1)
+    m = tl.full([BLOCK_T], -float("inf"), tl.float32)
+    for i in range(n_splits):
+        m = tl.maximum(m, tl.load(partials_ptr + i * 3 * n_tokens + tokens).to(tl.float32))
+    d = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
+    smooth_acc = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
+    for i in range(n_splits):
+        part = partials_ptr + i * 3 * n_tokens + tokens
+        m_i = tl.load(part).to(tl.float32)
+        d += tl.load(part + n_tokens).to(COMPUTE_DTYPE) * tl.exp((m_i - m).to(COMPUTE_DTYPE))
+        smooth_acc += tl.load(part + 2 * n_tokens).to(COMPUTE_DTYPE)
     y = tl.load(target_ptr + tokens).to(tl.int64)
     active = in_range & (y != ignore_index)
+    y_safe = tl.minimum(tl.maximum(y, 0), n_classes - 1)
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
-    # the smoothing sum is shifted by each token's first logit (as _row_stats_kernel)
     shift = tl.load(logits_ptr + tokens).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
-    m = tl.full([BLOCK_T], -float("inf"), tl.float32)
-    d = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
-    smooth_acc = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
-    lane_classes = tl.arange(0, BLOCK_V)[:, None] + tl.zeros([1, BLOCK_T], tl.int32)
-    for start in range(0, n_classes, BLOCK_V):
-        classes = start + lane_classes
-        mask = classes < n_classes
-        ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
-        x_raw = tl.load(ptrs, mask=mask, other=-float("inf"))
-        m, d, smooth_acc = _online_block(
-            x_raw, mask, classes, m, d, smooth_acc, shift[None, :], weight_ptr, softcap,
-            HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
-        )  # fmt: skip
-    y_safe = tl.minimum(tl.maximum(y, 0), n_classes - 1)
-    x_y = tl.load(logits_ptr + y_safe * logits_row_stride + tokens).to(COMPUTE_DTYPE)
-    if HAS_SOFTCAP:
-        x_y, _ = _softcap(x_y, softcap, COMPUTE_DTYPE)
-    x_y = x_y.to(tl.float64)
-    w_y = tl.full([BLOCK_T], 1.0, tl.float64)
-    if HAS_WEIGHT:
-        w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
-    d64 = d.to(tl.float64)
-    log_d = tl.log(d64)
-    m64 = m.to(tl.float64)
-    lse = m64 + log_d
-    eps = _f64(smoothing_hi, smoothing_lo)
-    zs = _f64(z_scale_hi, z_scale_lo)
-    w_total = tl.load(stats_ptr + 4)
-    nll_shift = (m64 - shift.to(tl.float64)) + log_d
-    ce = _row_loss((m64 - x_y) + log_d, nll_shift, smooth_acc, w_y, eps, w_total, n_classes, HAS_SMOOTHING)
+    ce, z_loss, coef_p, coef_c, coef_y = _finish_rows(
+        m, d, smooth_acc, shift, tl.load(logits_ptr + y_safe * logits_row_stride + tokens), y_safe, tokens,
+        weight_ptr, stats_ptr, grad_scale_ptr, softcap, smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo,
+        n_classes, MEAN, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, HAS_GRAD_SCALE, COMPUTE_DTYPE,
+    )  # fmt: skip
     tl.store(loss_ptr + tokens, tl.where(active, ce, 0.0), mask=in_range)
-    tl.store(z_loss_ptr + tokens, tl.where(active, zs * lse * lse, 0.0), mask=in_range)
-    p_ce, p_z, coef_c, coef_y = _grad_coefs(
-        stats_ptr, grad_scale_ptr, tokens, w_y, eps, zs, w_total, n_classes, MEAN, HAS_GRAD_SCALE
-    )
-    # the coefficients in COMPUTE_DTYPE, as _slice_grad_kernel reads them from the fp64 state
-    m_c = m.to(COMPUTE_DTYPE)
-    coef_p = ((p_ce + p_z * lse) / d64).to(COMPUTE_DTYPE)
-    lanes = tl.zeros([BLOCK_T], tl.float64)  # without per-token factors these two are scalars
-    coef_c = (coef_c + lanes).to(COMPUTE_DTYPE)
-    coef_y = (coef_y + lanes).to(COMPUTE_DTYPE)
-    for start in range(0, n_classes, BLOCK_V):
-        classes = start + lane_classes
-        mask = classes < n_classes
-        ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
-        x_raw = tl.load(ptrs, mask=mask, other=0.0)
-        dx = _grad_values(
-            x_raw, mask, classes, y[None, :], m_c[None, :], coef_p[None, :], coef_c[None, :], coef_y[None, :],
-            weight_ptr, softcap, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
-        )  # fmt: skip
-        dx = tl.where(active[None, :], dx, 0.0)
-        tl.store(ptrs, dx.to(logits_ptr.dtype.element_ty), mask=mask & in_range[None, :])
+    tl.store(z_loss_ptr + tokens, tl.where(active, z_loss, 0.0), mask=in_range)
+    lanes = tl.zeros([BLOCK_T], tl.float64)  # without per-token factors coef_c and coef_y are scalars
+    state = state_ptr + tokens * 4
+    tl.store(state + 0, m.to(tl.float64), mask=in_range)
+    tl.store(state + 1, coef_p + lanes, mask=in_range)
+    tl.store(state + 2, coef_c + lanes, mask=in_range)
+    tl.store(state + 3, coef_y + lanes, mask=in_range)
+
+
+@fast_launch
+@triton.jit
+def _columns_grad_kernel(
+    logits_ptr,  # (n_cols, n_tokens) vocabulary-major slice of classes col_offset.., overwritten with dlogits
+    logits_row_stride,
+    target_ptr,
+    weight_ptr,
+    state_ptr,  # (n_tokens, _STATE) fp64: _row_stats_kernel, the resident kernel or _columns_finish_kernel
+    n_tokens,
+    n_cols,
+    col_offset,
+    ignore_index,
+    softcap_hi,
+    softcap_lo,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """``_slice_grad_kernel`` on one (BLOCK_V classes, BLOCK_T tokens) tile of vocabulary-major logits: the
+    same ``_grad_values`` from each token's stored coefficients, in place; ignored tokens get 0."""
+    tokens = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_range = tokens < n_tokens
+    tokens = tl.minimum(tokens, n_tokens - 1)
+    y = tl.load(target_ptr + tokens).to(tl.int64)
+    active = in_range & (y != ignore_index)
+    state = state_ptr + tokens * 4
+    m_c = tl.load(state + 0).to(tl.float32).to(COMPUTE_DTYPE)
+    coef_p = tl.load(state + 1).to(COMPUTE_DTYPE)
+    coef_c = tl.load(state + 2).to(COMPUTE_DTYPE)
+    coef_y = tl.load(state + 3).to(COMPUTE_DTYPE)
+    softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
+    classes = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)[:, None] + tl.zeros([1, BLOCK_T], tl.int32)
+    mask = classes < n_cols
+    ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
+    x_raw = tl.load(ptrs, mask=mask, other=0.0)
+    dx = _grad_values(
+        x_raw, mask, col_offset + classes, y[None, :], m_c[None, :], coef_p[None, :], coef_c[None, :],
+        coef_y[None, :], weight_ptr, softcap, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
+    )  # fmt: skip
+    dx = tl.where(active[None, :], dx, 0.0)
+    tl.store(ptrs, dx.to(logits_ptr.dtype.element_ty), mask=mask & in_range[None, :])
 
 
 # vocabulary slice of pass 2 of the two-pass loop: at least this large on a GPU, by default half the
@@ -812,6 +901,16 @@ def _two_pass_loop(
             col_start, ignore_index, *softcap_args, **flags, BLOCK_SIZE=block, num_warps=warps,
         )  # fmt: skip
 
+    def columns_grads(logits_t, start, end, col_start):
+        """dlogits of tokens start:end stored vocabulary-major (classes col_start.. by tokens), in place."""
+        n_cols, n = logits_t.shape
+        grid = (triton.cdiv(n_cols, COLUMNS_BLOCK_V), triton.cdiv(n, COLUMNS_BLOCK_T))
+        _columns_grad_kernel[grid](
+            logits_t, logits_t.stride(0), target[start:end], weight_arg, state[start:end], n, n_cols,
+            col_start, ignore_index, *softcap_args, **flags, BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T,
+            num_warps=COLUMNS_WARPS,
+        )  # fmt: skip
+
     def token_chunk(logits, start, end):
         """Pass 1 on the (end - start, V) logits of rows start:end: losses, coefficients, grad_hidden rows."""
         if need_hidden and resident_kernel_runs(logits, ce_weight, softcap):
@@ -864,12 +963,20 @@ def _two_pass_loop(
             torch.mm(weight, hidden_kept.t(), out=kept)
         else:
             torch.addmm(bias[:, None], weight, hidden_kept.t(), out=kept)
-        _columns_ce_kernel[(triton.cdiv(kept_tokens, COLUMNS_BLOCK_T),)](
-            kept, kept.stride(0), target[rest:], weight_arg, loss_rows[rest:], z_rows[rest:],
-            row_scale_arg[rest:], stats, kept_tokens, vocab, ignore_index, *loss_args,
-            MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None, **flags,
-            BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T, num_warps=COLUMNS_WARPS,
+        n_splits = triton.cdiv(vocab, COLUMNS_SPLIT)
+        partials = torch.empty(n_splits, 3, kept_tokens, dtype=torch.float64, device=device)
+        _columns_stats_kernel[(triton.cdiv(kept_tokens, COLUMNS_BLOCK_T), n_splits)](
+            kept, kept.stride(0), weight_arg, partials, kept_tokens, vocab, *softcap_args, **flags,
+            SPLIT=COLUMNS_SPLIT, BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T, num_warps=COLUMNS_WARPS,
         )  # fmt: skip
+        _columns_finish_kernel[(triton.cdiv(kept_tokens, 128),)](
+            kept, kept.stride(0), target[rest:], weight_arg, partials, state[rest:], loss_rows[rest:],
+            z_rows[rest:], row_scale_arg[rest:], stats, kept_tokens, vocab, n_splits, ignore_index,
+            *loss_args, MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None, **flags,
+            BLOCK_T=128, num_warps=4,
+        )  # fmt: skip
+        partials = None
+        columns_grads(kept, rest, n_tokens, 0)
         if need_hidden:
             hidden_grad_into(grad_hidden[rest:], kept.t(), weight)
     else:
@@ -889,21 +996,26 @@ def _two_pass_loop(
         if grad_bias is not None:
             grad_bias.zero_()
     elif vocab_pass:
-        buffer = torch.empty(n_tokens * cols, dtype=hidden.dtype, device=device)
+        # the slice vocabulary-major (V_s, tokens), as the kept chunk: its part of it is one plain copy
+        ld = -(-n_tokens // 8) * 8 if on_gpu else n_tokens  # 16-byte aligned GEMM rows
+        buffer = torch.empty(ld * cols, dtype=hidden.dtype, device=device)
         for start in reversed(range(0, vocab, cols)):
             end = min(start + cols, vocab)
-            logits = buffer[: n_tokens * (end - start)].view(n_tokens, end - start)
+            logits_t = buffer[: ld * (end - start)].view(end - start, ld)[:, :n_tokens]
             if rest:
-                b = bias[start:end] if bias is not None else None
-                linear_into(logits[:rest], hidden[:rest], weight[start:end], b)
-                row_grads(logits[:rest], 0, rest, start)
+                rest_t = logits_t[:, :rest]
+                if bias is None:
+                    torch.mm(weight[start:end], hidden[:rest].t(), out=rest_t)
+                else:
+                    torch.addmm(bias[start:end, None], weight[start:end], hidden[:rest].t(), out=rest_t)
+                columns_grads(rest_t, 0, rest, start)
             if kept is not None:
-                logits[rest:].copy_(kept[start:end].t())  # before grad_weight's rows overwrite it
+                logits_t[:, rest:].copy_(kept[start:end])  # before grad_weight's rows overwrite it
             if grad_weight is not None:
-                _slice_weight_grad(grad_weight[start:end], logits, hidden)
+                _slice_weight_grad(grad_weight[start:end], logits_t.t(), hidden)
             if grad_bias is not None:
-                grad_bias[start:end] = logits.sum(0, dtype=grad_bias.dtype)
-        buffer = logits = None
+                grad_bias[start:end] = logits_t.sum(1, dtype=grad_bias.dtype)
+        buffer = logits_t = None
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
         finish_target_check(pending, ignore_index, vocab)
     if grad_bias is not None:
