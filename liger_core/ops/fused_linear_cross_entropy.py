@@ -640,11 +640,12 @@ def _columns_stats_kernel(
     """``_online_block`` over one split of the classes for BLOCK_T tokens (one per column), the smoothing sum
     shifted by each token's first logit as in ``_row_stats_kernel``."""
     split = tl.program_id(1)
+    # tokens stay an unclamped arange (masked instead): Triton then proves each class row's run contiguous
+    # and vectorises the loads (a clamp made them 2-byte loads: 10x slower, H100 session 13)
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = tokens < n_tokens
-    tokens = tl.minimum(tokens, n_tokens - 1)  # the tail's lanes repeat the last token; nothing is stored
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
-    shift = tl.load(logits_ptr + tokens).to(COMPUTE_DTYPE)
+    shift = tl.load(logits_ptr + tokens, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
     m = tl.full([BLOCK_T], -float("inf"), tl.float32)
@@ -655,7 +656,7 @@ def _columns_stats_kernel(
     lane_classes = tl.arange(0, BLOCK_V)[:, None] + tl.zeros([1, BLOCK_T], tl.int32)
     for start in range(lo, hi, BLOCK_V):
         classes = start + lane_classes
-        mask = classes < hi
+        mask = (classes < hi) & in_range[None, :]
         ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
         x_raw = tl.load(ptrs, mask=mask, other=-float("inf"))
         m, d, smooth_acc = _online_block(
@@ -698,17 +699,18 @@ def _columns_finish_kernel(
     coefficients into ``state`` (as ``_row_stats_kernel`` writes them)."""
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = tokens < n_tokens
-    tokens = tl.minimum(tokens, n_tokens - 1)
+    tokens = tl.minimum(tokens, n_tokens - 1)  # the tail's lanes repeat the last token; nothing is stored
     m = tl.full([BLOCK_T], -float("inf"), tl.float32)
     for i in range(n_splits):
         m = tl.maximum(m, tl.load(partials_ptr + i * 3 * n_tokens + tokens).to(tl.float32))
-    d = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
-    smooth_acc = tl.zeros([BLOCK_T], COMPUTE_DTYPE)
+    # the splits' sums merged in fp64: one more level of partial sums than the row kernel's, no more error
+    d = tl.zeros([BLOCK_T], tl.float64)
+    smooth_acc = tl.zeros([BLOCK_T], tl.float64)
     for i in range(n_splits):
         part = partials_ptr + i * 3 * n_tokens + tokens
         m_i = tl.load(part).to(tl.float32)
-        d += tl.load(part + n_tokens).to(COMPUTE_DTYPE) * tl.exp((m_i - m).to(COMPUTE_DTYPE))
-        smooth_acc += tl.load(part + 2 * n_tokens).to(COMPUTE_DTYPE)
+        d += tl.load(part + n_tokens) * tl.exp((m_i - m).to(COMPUTE_DTYPE)).to(tl.float64)
+        smooth_acc += tl.load(part + 2 * n_tokens)
     y = tl.load(target_ptr + tokens).to(tl.int64)
     active = in_range & (y != ignore_index)
     y_safe = tl.minimum(tl.maximum(y, 0), n_classes - 1)
@@ -754,19 +756,18 @@ def _columns_grad_kernel(
 ):
     """``_slice_grad_kernel`` on one (BLOCK_V classes, BLOCK_T tokens) tile of vocabulary-major logits: the
     same ``_grad_values`` from each token's stored coefficients, in place; ignored tokens get 0."""
-    tokens = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tokens = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # unclamped: vector loads
     in_range = tokens < n_tokens
-    tokens = tl.minimum(tokens, n_tokens - 1)
-    y = tl.load(target_ptr + tokens).to(tl.int64)
+    y = tl.load(target_ptr + tokens, mask=in_range, other=ignore_index).to(tl.int64)
     active = in_range & (y != ignore_index)
     state = state_ptr + tokens * 4
-    m_c = tl.load(state + 0).to(tl.float32).to(COMPUTE_DTYPE)
-    coef_p = tl.load(state + 1).to(COMPUTE_DTYPE)
-    coef_c = tl.load(state + 2).to(COMPUTE_DTYPE)
-    coef_y = tl.load(state + 3).to(COMPUTE_DTYPE)
+    m_c = tl.load(state + 0, mask=in_range, other=0.0).to(tl.float32).to(COMPUTE_DTYPE)
+    coef_p = tl.load(state + 1, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
+    coef_c = tl.load(state + 2, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
+    coef_y = tl.load(state + 3, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
     classes = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)[:, None] + tl.zeros([1, BLOCK_T], tl.int32)
-    mask = classes < n_cols
+    mask = (classes < n_cols) & in_range[None, :]
     ptrs = logits_ptr + classes.to(tl.int64) * logits_row_stride + tokens[None, :]
     x_raw = tl.load(ptrs, mask=mask, other=0.0)
     dx = _grad_values(
@@ -774,7 +775,7 @@ def _columns_grad_kernel(
         coef_y[None, :], weight_ptr, softcap, HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
     )  # fmt: skip
     dx = tl.where(active[None, :], dx, 0.0)
-    tl.store(ptrs, dx.to(logits_ptr.dtype.element_ty), mask=mask & in_range[None, :])
+    tl.store(ptrs, dx.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 # vocabulary slice of pass 2 of the two-pass loop: at least this large on a GPU, by default half the
