@@ -7,27 +7,28 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
 1. Two passes (the default): grad_hidden by chunks of tokens, grad_weight by slices of the vocabulary::
 
        grad_weight's storage (V x H) is allocated first; pass 1 works inside it
-       pass 1, each chunk of <= H tokens:  logits_c = h_c @ W.T (+ b)    (C, V) in dW's storage
-                                           CE kernel(s)                  losses, dlogits_c in place, and the
-                                                                         per-row gradient coefficients
-                                           dh_c = dlogits_c @ W           one GEMM over all classes
-               the last K <= H tokens:     logits_K.T = W @ h_K.T        (V, K), vocabulary-major, kept
-                                           _columns_ce_kernel             losses, dlogits_K.T in place
-                                           dh_K = dlogits_K @ W
-       pass 2, each slice of V_s classes, last slice first:
-                                           logits_s = h_rest @ W_s.T      the other tokens' logits again
-                                           _slice_grad_kernel             their dlogits from the coefficients
-                                           dlogits_K[:, s] copied beside them (out of dW's rows s)
-                                           dW_s = dlogits_s.T @ h         one GEMM over all tokens
-                                           db_s = sum_rows(dlogits_s)
+       pass 1, chunks of <= H tokens:  logits_c = h_c @ W.T (+ b)      (C, V) in dW's storage
+                                       CE kernel(s)                    losses, dlogits_c in place, per-row
+                                                                       gradient coefficients
+                                       dh_c = dlogits_c @ W             one GEMM over all classes
+               the last K <= H tokens: logits_K.T = W @ h_K.T          (V, K) vocabulary-major, kept
+                                       _columns_stats/finish/grad      losses, dlogits_K.T in place
+                                       dh_K = dlogits_K @ W
+       pass 2, slices of V_s classes, the last slice first:
+                                       logits_s = h_rest @ W_s.T        the other tokens' logits again
+                                       _slice_grad_kernel               their dlogits from the coefficients
+                                       dlogits_K[s] transposed below them (out of dW's rows s)
+                                       dW_s = dlogits_s.T @ h           one GEMM over all tokens
+                                       db_s = sum_rows(dlogits_s)
 
    Exact: every gradient is one GEMM rounded once, as eager's. FLOPs: 6 BT H V where every token is kept
    (BT <= H), 8 BT H V at most (the other tokens' logits computed twice). Peak extra memory: dW + dh + one
    slice (default: half the hidden-state gradient's size, >= 32 MiB on a GPU; ``max_chunk_bytes``). Rows s
    of dW are written over storage whose kept slice was just copied out; with the last slice first, every
-   lower slice's kept gradient lies below them. H100, 8192 x 4096 x 128256 bf16 (``benchmarks/flce_order.py``,
-   session 13): 50.1 ms at 1.073 GiB before the kept chunk (logits twice for every token); the
-   vocabulary-major loop before it (fp32 dh across slices): 53.7 ms at 1.167 GiB (session 5).
+   lower slice's kept gradient lies below them. H100, bf16, H 4096, V 128256 (session 13, kernels of one
+   fwd+bwd): 8192 tokens 41.9 ms at 1.073 GiB (4096 kept), 4096 tokens 18.6 ms (all kept; torch.compile
+   19.1 ms at 1.99 GiB); before the kept chunk 52.6 ms at 8192 tokens, and the vocabulary-major loop before
+   that (fp32 dh across slices) 53.7 ms at 1.167 GiB (session 5).
 2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
    fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
    iterations), or where ``max_chunk_bytes`` grants that much (4 bytes per element of W and h plus >= 512
@@ -608,8 +609,8 @@ def _slice_grad_kernel(
         )  # fmt: skip
 
 
-# Kernels on vocabulary-major logits (classes x tokens: the two-pass loop's kept chunk and pass-2 slices), in
-# (classes, tokens) tiles: 64 tokens of 16 bits = 128 contiguous bytes per class row. The statistics pass
+# Kernels on vocabulary-major logits (classes x tokens: the two-pass loop's kept chunk), in (classes, tokens)
+# tiles: 64 tokens of 16 bits = 128 contiguous bytes per class row. The statistics pass
 # splits the classes among programs (COLUMNS_SPLIT classes each) so that a few thousand tokens still fill the
 # GPU; a second kernel merges the splits.
 COLUMNS_BLOCK_V = 64
@@ -882,14 +883,14 @@ def _two_pass_loop(
     ``_slice_grad_kernel`` (or, on Hopper, cross_entropy's resident kernel) write the losses, each row's
     gradient coefficients into ``state`` and the chunk's gradient in place; ``dh_c = dlogits_c @ W``, one GEMM
     over all classes. Where grad_weight is wanted its storage holds the chunks, and the last chunk (up to its
-    capacity: H tokens for equal dtypes) is computed vocabulary-major, ``logits_last.T = W @ h_last.T``
-    (``_columns_ce_kernel``), and kept. Pass 2, by slices of V_s classes in descending order (only when
-    grad_weight or grad_bias is wanted): the other tokens' logits again and their gradient from the stored
-    coefficients, the kept tokens' gradient copied beside them, ``dW_s = dlogits_s.T @ h``, one GEMM over all
-    tokens; ``db_s`` a sum over all tokens. The slice's rows of grad_weight are written over storage whose
-    kept gradient was just copied out; the descending order keeps every lower slice's kept gradient below
-    them. FLOPs: 6 BT H V where every token is kept (BT <= H), up to 8 BT H V; extra memory: the gradients and
-    one slice of logits."""
+    capacity: H tokens for equal dtypes; a multiple of 8 on a GPU) is computed vocabulary-major, ``logits_K.T
+    = W @ h_K.T`` (the ``_columns_*`` kernels), and kept. Pass 2, by slices of V_s classes in descending order
+    (only when grad_weight or grad_bias is wanted): the other tokens' logits again and their gradient from the
+    stored coefficients, the kept tokens' gradient transposed below them, ``dW_s = dlogits_s.T @ h``, one GEMM
+    over all tokens; ``db_s`` a sum over all tokens. The slice's rows of grad_weight are written over storage
+    whose kept gradient was just copied out; the descending order keeps every lower slice's kept gradient
+    below them. FLOPs: 6 BT H V where every token is kept (BT <= H), up to 8 BT H V; extra memory: the
+    gradients and one slice of logits."""
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
