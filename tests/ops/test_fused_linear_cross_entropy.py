@@ -663,3 +663,22 @@ def test_flce_under_torch_compile(reduction, chunking):
         results.append((h.grad, w.grad, b.grad))
     for ours, compiled in zip(*results):
         torch.testing.assert_close(compiled, ours)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transpose_into_writes_every_element(device, dtype):
+    """``transpose_into`` (pass 2's copy of the kept gradient) equals ``src.T`` bitwise on odd shapes,
+    row-strided source and destination views (as the kept slice and the pass-2 buffer are), leaving the
+    destination's padding untouched; the destination starts as NaN so an unwritten element shows."""
+    from liger_core.ops.fused_linear_cross_entropy import transpose_into
+
+    for rows, cols in ((1, 1), (37, 131), (130, 67)):
+        src_store = torch.randn(rows, cols + 5, device=device).to(dtype)
+        src_store[:, cols:] = float("nan")  # a kernel that ignores the row stride reads NaN
+        src = src_store[:, :cols]
+        dst_store = torch.full((cols, rows + 3), float("nan"), device=device, dtype=dtype)
+        dst = dst_store[:, :rows]
+        transpose_into(dst, src)
+        assert torch.equal(dst, src.t())
+        assert torch.isnan(dst_store[:, rows:]).all()
