@@ -841,15 +841,19 @@ def two_pass_sizes(
     device: torch.device,
     max_chunk_bytes: int | None,
     reserved_bytes: int,
+    need_chunk: bool = True,
 ) -> tuple[int, int]:
-    """(tokens per pass-1 chunk where grad_weight's storage does not hold the chunks, classes per pass-2
-    slice) of ``_two_pass_loop``. The chunk is the token-major loop's own (``choose_chunk_tokens``). The
+    """(tokens per pass-1 chunk where grad_weight's storage does not hold the chunks, else 0 (``need_chunk``
+    False: no allocator queries on the host), classes per pass-2 slice) of ``_two_pass_loop``. The chunk is
+    the token-major loop's own (``choose_chunk_tokens``). The
     slice's logits (all tokens) fit the working budget: ``max_chunk_bytes``, or by default half the
     hidden-state gradient's size, at least MIN_SLICE_BYTES_CUDA on a GPU, more where the process's headroom
     (below its own earlier peak) allows."""
-    chunk = choose_chunk_tokens(
-        n_tokens, hidden_size, vocab, dtype, device, None, max_chunk_bytes, reserved_bytes
-    )
+    chunk = 0
+    if need_chunk:
+        chunk = choose_chunk_tokens(
+            n_tokens, hidden_size, vocab, dtype, device, None, max_chunk_bytes, reserved_bytes
+        )
     elt = torch.empty((), dtype=dtype).element_size()
     if max_chunk_bytes is not None:
         budget = max_chunk_bytes
@@ -909,9 +913,11 @@ def _two_pass_loop(
     fp64_math = hidden.dtype == torch.float32
     dh_dtype = hidden_accum_dtype(hidden, weight, accum_dtype)
     weight_grad_bytes = need_weight * vocab * hidden_size * accum.itemsize
+    in_weight_storage = need_weight and n_tokens > 0  # pass 1's chunks then live in grad_weight's storage
     chunk, cols = two_pass_sizes(
         n_tokens, hidden_size, vocab, hidden.dtype, device, max_chunk_bytes,
         reserved_bytes=weight_grad_bytes + need_hidden * n_tokens * hidden_size * dh_dtype.itemsize,
+        need_chunk=not in_weight_storage,
     )  # fmt: skip
 
     loss_rows = torch.empty(n_tokens, dtype=torch.float64, device=device)
@@ -973,7 +979,7 @@ def _two_pass_loop(
 
     grad_weight = kept = None
     kept_tokens = 0  # the last tokens, whose gradient pass 1 keeps vocabulary-major for pass 2
-    if need_weight and n_tokens > 0:
+    if in_weight_storage:
         # pass 1 inside grad_weight's storage: token chunks, then the kept chunk
         storage = torch.empty(vocab * hidden_size * accum.itemsize, dtype=torch.uint8, device=device)
         grad_weight = storage.view(accum).view(vocab, hidden_size)
