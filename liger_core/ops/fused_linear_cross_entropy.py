@@ -11,7 +11,7 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
                                        CE kernel(s)                    losses, dlogits_c in place, per-row
                                                                        gradient coefficients
                                        dh_c = dlogits_c @ W             one GEMM over all classes
-               the last K <= H tokens: logits_K.T = W @ h_K.T          (V, K) vocabulary-major, kept
+    without a bias, the last K <= H: logits_K.T = W @ h_K.T          (V, K) vocabulary-major, kept
                                        _columns_stats/finish/grad      losses, dlogits_K.T in place
                                        dh_K = dlogits_K @ W
        pass 2, slices of V_s classes, the last slice first:
@@ -21,14 +21,15 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
                                        dW_s = dlogits_s.T @ h           one GEMM over all tokens
                                        db_s = sum_rows(dlogits_s)
 
-   Exact: every gradient is one GEMM rounded once, as eager's. FLOPs: 6 BT H V where every token is kept
-   (BT <= H), 8 BT H V at most (the other tokens' logits computed twice). Peak extra memory: dW + dh + one
-   slice (default: half the hidden-state gradient's size, >= 32 MiB on a GPU; ``max_chunk_bytes``). Rows s
-   of dW are written over storage whose kept slice was just copied out; with the last slice first, every
-   lower slice's kept gradient lies below them. H100, bf16, H 4096, V 128256 (session 13, kernels of one
-   fwd+bwd): 8192 tokens 41.9 ms at 1.073 GiB (4096 kept), 4096 tokens 18.6 ms (all kept; torch.compile
-   19.1 ms at 1.99 GiB); before the kept chunk 52.6 ms at 8192 tokens, and the vocabulary-major loop before
-   that (fp32 dh across slices) 53.7 ms at 1.167 GiB (session 5).
+   Exact: every logit and gradient is one GEMM rounded once, as eager's (hence no kept chunk with a bias:
+   cuBLAS adds a per-class bias to vocabulary-major logits only through its beta path, which rounds twice).
+   FLOPs: 6 BT H V where every token is kept (BT <= H), 8 BT H V at most (the other tokens' logits computed
+   twice). Peak extra memory: dW + dh + one slice (default: half the hidden-state gradient's size, >= 32 MiB
+   on a GPU; ``max_chunk_bytes``). Rows s of dW are written over storage whose kept slice was just copied out;
+   with the last slice first, every lower slice's kept gradient lies below them. H100, bf16, H 4096, V 128256
+   (session 13, kernels of one fwd+bwd): 8192 tokens 41.9 ms at 1.073 GiB (4096 kept), 4096 tokens 18.6 ms
+   (all kept; torch.compile 19.1 ms at 1.99 GiB); before the kept chunk 52.6 ms at 8192 tokens, and the
+   vocabulary-major loop before that (fp32 dh across slices) 53.7 ms at 1.167 GiB (session 5).
 2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
    fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
    iterations), or where ``max_chunk_bytes`` grants that much (4 bytes per element of W and h plus >= 512
@@ -890,15 +891,15 @@ def _two_pass_loop(
     Pass 1, token-major (chunks of tokens, every class): ``logits_c = h_c @ W.T``; ``_row_stats_kernel`` and
     ``_slice_grad_kernel`` (or, on Hopper, cross_entropy's resident kernel) write the losses, each row's
     gradient coefficients into ``state`` and the chunk's gradient in place; ``dh_c = dlogits_c @ W``, one GEMM
-    over all classes. Where grad_weight is wanted its storage holds the chunks, and the last chunk (up to its
-    capacity: H tokens for equal dtypes; a multiple of 8 on a GPU) is computed vocabulary-major, ``logits_K.T
-    = W @ h_K.T`` (the ``_columns_*`` kernels), and kept. Pass 2, by slices of V_s classes in descending order
-    (only when grad_weight or grad_bias is wanted): the other tokens' logits again and their gradient from the
-    stored coefficients, the kept tokens' gradient transposed below them, ``dW_s = dlogits_s.T @ h``, one GEMM
-    over all tokens; ``db_s`` a sum over all tokens. The slice's rows of grad_weight are written over storage
-    whose kept gradient was just copied out; the descending order keeps every lower slice's kept gradient
-    below them. FLOPs: 6 BT H V where every token is kept (BT <= H), up to 8 BT H V; extra memory: the
-    gradients and one slice of logits."""
+    over all classes. Where grad_weight is wanted its storage holds the chunks, and (without a bias) the last
+    chunk (up to its capacity: H tokens for equal dtypes; a multiple of 8 on a GPU) is computed
+    vocabulary-major, ``logits_K.T = W @ h_K.T`` (the ``_columns_*`` kernels), and kept. Pass 2, by slices of
+    V_s classes in descending order (only when grad_weight or grad_bias is wanted): the other tokens' logits
+    again and their gradient from the stored coefficients, the kept tokens' gradient transposed below them,
+    ``dW_s = dlogits_s.T @ h``, one GEMM over all tokens; ``db_s`` a sum over all tokens. The slice's rows of
+    grad_weight are written over storage whose kept gradient was just copied out; the descending order keeps
+    every lower slice's kept gradient below them. FLOPs: 6 BT H V where every token is kept (BT <= H), up to
+    8 BT H V; extra memory: the gradients and one slice of logits."""
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
@@ -985,7 +986,10 @@ def _two_pass_loop(
         grad_weight = storage.view(accum).view(vocab, hidden_size)
         logits_store = storage.view(hidden.dtype)
         capacity = logits_store.numel() // vocab  # tokens per chunk; H for equal dtypes
-        kept_tokens = min(n_tokens, capacity)
+        # no kept chunk with a bias: a vocabulary-major GEMM adds a per-class bias only through cuBLAS's beta
+        # path, which rounds twice (7 % of the logits one ulp off, H100 session 14); the token-major GEMM adds
+        # it in its epilogue, rounded once, as eager's
+        kept_tokens = min(n_tokens, capacity) if bias is None else 0
         if on_gpu:  # a multiple of 8: the kept chunk's GEMMs run over it contiguously (odd counts: slow
             kept_tokens -= kept_tokens % 8  # unaligned kernels, 84 vs 18.6 ms at 4093 tokens, H100)
         rest = n_tokens - kept_tokens
@@ -998,28 +1002,26 @@ def _two_pass_loop(
                 logits = logits_store[: (end - start) * vocab].view(end - start, vocab)
                 linear_into(logits, hidden[start:end], weight, bias)
                 token_chunk(logits, start, end)
-        kept = logits_store[: vocab * kept_tokens].view(vocab, kept_tokens)
-        hidden_kept = hidden[rest:]
-        if bias is None:
-            torch.mm(weight, hidden_kept.t(), out=kept)
-        else:
-            torch.addmm(bias[:, None], weight, hidden_kept.t(), out=kept)
-        n_splits = triton.cdiv(vocab, COLUMNS_SPLIT)
-        partials = torch.empty(n_splits, 3, kept_tokens, dtype=torch.float64, device=device)
-        _columns_stats_kernel[(triton.cdiv(kept_tokens, COLUMNS_BLOCK_T), n_splits)](
-            kept, kept.stride(0), weight_arg, partials, kept_tokens, vocab, *softcap_args, **flags,
-            SPLIT=COLUMNS_SPLIT, BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T, num_warps=COLUMNS_WARPS,
-        )  # fmt: skip
-        _columns_finish_kernel[(triton.cdiv(kept_tokens, 128),)](
-            kept, kept.stride(0), target[rest:], weight_arg, partials, state[rest:], loss_rows[rest:],
-            z_rows[rest:], row_scale_arg[rest:], stats, kept_tokens, vocab, n_splits, ignore_index,
-            *loss_args, MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None, **flags,
-            BLOCK_T=128, num_warps=4,
-        )  # fmt: skip
-        partials = None
-        columns_grads(kept, rest, n_tokens, 0)
-        if need_hidden:
-            hidden_grad_into(grad_hidden[rest:], kept.t(), weight)
+        if kept_tokens:
+            kept = logits_store[: vocab * kept_tokens].view(vocab, kept_tokens)
+            torch.mm(weight, hidden[rest:].t(), out=kept)
+            n_splits = triton.cdiv(vocab, COLUMNS_SPLIT)
+            partials = torch.empty(n_splits, 3, kept_tokens, dtype=torch.float64, device=device)
+            _columns_stats_kernel[(triton.cdiv(kept_tokens, COLUMNS_BLOCK_T), n_splits)](
+                kept, kept.stride(0), weight_arg, partials, kept_tokens, vocab, *softcap_args, **flags,
+                SPLIT=COLUMNS_SPLIT, BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T,
+                num_warps=COLUMNS_WARPS,
+            )  # fmt: skip
+            _columns_finish_kernel[(triton.cdiv(kept_tokens, 128),)](
+                kept, kept.stride(0), target[rest:], weight_arg, partials, state[rest:], loss_rows[rest:],
+                z_rows[rest:], row_scale_arg[rest:], stats, kept_tokens, vocab, n_splits, ignore_index,
+                *loss_args, MEAN=reduction == "mean", HAS_GRAD_SCALE=row_scale is not None, **flags,
+                BLOCK_T=128, num_warps=4,
+            )  # fmt: skip
+            partials = None
+            columns_grads(kept, rest, n_tokens, 0)
+            if need_hidden:
+                hidden_grad_into(grad_hidden[rest:], kept.t(), weight)
     else:
         for start, end, _, logits in _chunk_logits(hidden, weight, bias, chunk):
             token_chunk(logits, start, end)
