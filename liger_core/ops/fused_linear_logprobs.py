@@ -15,16 +15,17 @@ with TRL's logit transform (``trl.kernels.ChunkedLogProbFunction``; scale, softc
 
 ``log_probs`` is minus ``fused_linear_cross_entropy(reduction="none")`` of the rescaled logits ``x`` with
 softcap ``c'``, and is computed by its chunk loop: per chunk of ``C`` tokens the GEMM writes ``x`` (the factor
-``logit_scale / temperature`` applied in the GEMM's epilogue for 16-bit logits: one rounding, no pass over
-memory; in place after the plain GEMM for fp32, see ``_scaling``) into one reused ``(C, V)`` buffer,
-``_logit_stats_kernel`` reads it once for the requested statistics, and the cross-entropy kernel gives the
-per-token losses. Forward computes no gradient (the per-token ``grad_output`` is unknown then); backward runs
-the chunk loop again with ``-grad_output * logit_scale / temperature`` per token inside the CE kernel, whose
-in-place logits gradient feeds the dh/dW GEMMs (see ``fused_linear_cross_entropy``). When the entropy has a
-gradient too (GRPO's entropy bonus), backward runs ``_logprob_entropy_grad_kernel`` instead, one pass per row
-from the forward's saved ``logsumexp(z)`` and entropy: ``dz_v = g_logp ([v == y] - p_v) - g_H p_v (log p_v +
-H)``. ``dW`` and ``dh`` accumulate in fp32 by default (as TRL's kernel does: bf16 accumulation per chunk
-biases training), ``accum_dtype=None`` keeps them in the weight's dtype.
+``logit_scale / temperature`` applied in the GEMM's epilogue for 16-bit logits: one rounding (nearly, with a
+bias: see ``linear_into``), no pass over memory; in place after the plain GEMM for fp32, see ``_scaling``)
+into one reused ``(C, V)`` buffer, ``_logit_stats_kernel`` reads it once for the requested statistics, and the
+cross-entropy kernel gives the per-token losses. Forward computes no gradient (the per-token ``grad_output``
+is unknown then); backward runs the chunk loop again with ``-grad_output * logit_scale / temperature`` per
+token inside the CE kernel, whose in-place logits gradient feeds the dh/dW GEMMs (see
+``fused_linear_cross_entropy``). When the entropy has a gradient too (GRPO's entropy bonus), backward runs
+``_logprob_entropy_grad_kernel`` instead, one pass per row from the forward's saved ``logsumexp(z)`` and
+entropy: ``dz_v = g_logp ([v == y] - p_v) - g_H p_v (log p_v + H)``. ``dW`` and ``dh`` accumulate in fp32 by
+default (as TRL's kernel does: bf16 accumulation per chunk biases training), ``accum_dtype=None`` keeps them
+in the weight's dtype.
 
 Statistics kernel, one program per token, streaming its row in column blocks once (online, rescaled as the
 running max ``m`` grows)::

@@ -78,14 +78,15 @@ def _three_ways(hidden, weight, bias, target, grad_out, ours_kwargs, **opts):
     return out
 
 
-def assert_loss_no_worse(name, ours, eager, ref64):
+def assert_loss_no_worse(name, ours, eager, ref64, half_ulps=1):
     """A scalar's error is mostly its final rounding (a lottery eager can win by luck): a scalar loss may
-    exceed SLACK x eager's error by that unavoidable relative half ulp, no more."""
+    exceed SLACK x eager's error by that unavoidable relative half ulp (``half_ulps`` of them), no more."""
     if ours.dim() > 0:
         assert_no_worse_than_eager(name, ours, eager, ref64)
         return
     e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
-    assert e_ours <= SLACK * e_eager + HALF_ULP[ours.dtype], f"{name}: {e_ours:.3e} vs eager's {e_eager:.3e}"
+    bound = SLACK * e_eager + half_ulps * HALF_ULP[ours.dtype]
+    assert e_ours <= bound, f"{name}: {e_ours:.3e} vs eager's {e_eager:.3e}"
 
 
 @pytest.mark.parametrize("device", devices())
@@ -130,14 +131,16 @@ def test_flce_matches_float64(device, dtype, reduction, order, poison_empty):
     # The logits are exact before their one rounding (dyadic inputs), so the loss arithmetic alone is
     # compared too, against float64 on those rounded logits. Against float64 logits the logits' own rounding
     # dominates both errors, and a GEMM that rounds twice only sometimes shows there (H100 session 14:
-    # cuBLAS's beta path for a per-class bias, 7 % of the logits one ulp off, 2-1.5x eager's loss error).
+    # cuBLAS's beta path for a per-class bias, 7 % of the logits one ulp off: 50-175x eager's error here).
+    # Here the two sums' own final roundings may land one fp32 ulp apart (H100: a sum of 40000 one ulp off
+    # where eager's was correctly rounded): two half ulps.
     logits_rounded = F.linear(hidden, weight, bias).double()
     weight_64 = ce_weight.double() if ce_weight is not None else None
     ref_rounded = reference.cross_entropy(
         logits_rounded, target, weight_64, reduction=reduction, return_z_loss=True, **opts
     )
-    assert_loss_no_worse("loss vs the rounded logits", ours[0], eager[0], ref_rounded[0])
-    assert_loss_no_worse("z_loss vs the rounded logits", ours[1], eager[1], ref_rounded[1])
+    assert_loss_no_worse("loss vs the rounded logits", ours[0], eager[0], ref_rounded[0], half_ulps=2)
+    assert_loss_no_worse("z_loss vs the rounded logits", ours[1], eager[1], ref_rounded[1], half_ulps=2)
     for name, i in (("dhidden", 2), ("dweight", 3), ("dbias", 4)):
         if i < len(ours):
             assert ours[i].dtype == dtype
