@@ -613,13 +613,14 @@ def _slice_grad_kernel(
 
 
 # Kernels on vocabulary-major logits (classes x tokens: the two-pass loop's kept chunk), in (classes, tokens)
-# tiles: 64 tokens of 16 bits = 128 contiguous bytes per class row. The statistics pass
-# splits the classes among programs (COLUMNS_SPLIT classes each) so that a few thousand tokens still fill the
-# GPU; a second kernel merges the splits.
-COLUMNS_BLOCK_V = 64
-COLUMNS_BLOCK_T = 64
+# tiles (BLOCK_V, BLOCK_T, num_warps). The statistics pass splits the classes among programs (COLUMNS_SPLIT
+# classes each) so that a few thousand tokens still fill the GPU; a second kernel merges the splits. Tiles
+# from a sweep (H100 session 14, `call7_columns_tiles.log`, bf16 V 128256 x 4096 tokens, 0.98 GiB): stats
+# 128 x 64, 4 warps 0.505 ms (64 x 64: 0.72; floor 0.35), gradient 64 x 128 (256 contiguous bytes per class
+# row), 4 warps 0.732 ms (64 x 64: 1.26; floor 0.70).
+COLUMNS_STATS_TILE = (128, 64, 4)
+COLUMNS_GRAD_TILE = (64, 128, 4)
 COLUMNS_SPLIT = 2048
-COLUMNS_WARPS = 4
 
 
 @fast_launch
@@ -950,11 +951,12 @@ def _two_pass_loop(
     def columns_grads(logits_t, start, end, col_start):
         """dlogits of tokens start:end stored vocabulary-major (classes col_start.. by tokens), in place."""
         n_cols, n = logits_t.shape
-        grid = (triton.cdiv(n_cols, COLUMNS_BLOCK_V), triton.cdiv(n, COLUMNS_BLOCK_T))
+        block_v, block_t, warps = COLUMNS_GRAD_TILE
+        grid = (triton.cdiv(n_cols, block_v), triton.cdiv(n, block_t))
         _columns_grad_kernel[grid](
             logits_t, logits_t.stride(0), target[start:end], weight_arg, state[start:end], n, n_cols,
-            col_start, ignore_index, *softcap_args, **flags, BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T,
-            num_warps=COLUMNS_WARPS,
+            col_start, ignore_index, *softcap_args, **flags, BLOCK_V=block_v, BLOCK_T=block_t,
+            num_warps=warps,
         )  # fmt: skip
 
     def token_chunk(logits, start, end):
@@ -1009,10 +1011,10 @@ def _two_pass_loop(
             torch.mm(weight, hidden[rest:].t(), out=kept)
             n_splits = triton.cdiv(vocab, COLUMNS_SPLIT)
             partials = torch.empty(n_splits, 3, kept_tokens, dtype=torch.float64, device=device)
-            _columns_stats_kernel[(triton.cdiv(kept_tokens, COLUMNS_BLOCK_T), n_splits)](
+            block_v, block_t, warps = COLUMNS_STATS_TILE
+            _columns_stats_kernel[(triton.cdiv(kept_tokens, block_t), n_splits)](
                 kept, kept.stride(0), weight_arg, partials, kept_tokens, vocab, *softcap_args, **flags,
-                SPLIT=COLUMNS_SPLIT, BLOCK_V=COLUMNS_BLOCK_V, BLOCK_T=COLUMNS_BLOCK_T,
-                num_warps=COLUMNS_WARPS,
+                SPLIT=COLUMNS_SPLIT, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=warps,
             )  # fmt: skip
             _columns_finish_kernel[(triton.cdiv(kept_tokens, 128),)](
                 kept, kept.stride(0), target[rest:], weight_arg, partials, state[rest:], loss_rows[rest:],
