@@ -808,8 +808,9 @@ def _bench_restoring(run: ProviderRun, mode: str, warmup_ms, rep_ms, max_reps, e
     """triton.testing.do_bench's loop (L2 flush, one event pair per run, median) for a provider that writes
     into its inputs: runs go in batches of up to RESTORE_BATCH, each run on its own working copy of the
     written inputs, all restored from the pristine copy (and synchronized) before the batch, outside the timed
-    region. Within a batch the host runs ahead of the GPU as in do_bench's loop; only a batch's first run
-    starts from an idle GPU queue. (A restore copy queued right before each run would instead give every run a
+    region; each run starts with its differentiable inputs' gradients cleared, as do_bench's. Within a batch
+    the host runs ahead of the GPU as in do_bench's loop; only a batch's first run starts from an idle GPU
+    queue. (A restore copy queued right before each run would instead give every run a
     GPU head start that do_bench gives no host-bound provider; a synchronize before each run would make every
     run start from an idle queue, which do_bench does not either.)"""
     cache = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
@@ -827,7 +828,12 @@ def _bench_restoring(run: ProviderRun, mode: str, warmup_ms, rep_ms, max_reps, e
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in replicas
         ]
         torch.cuda.synchronize()
-        for (step, _, _), (start, end) in zip(replicas, events):
+        for (step, _, diff), (start, end) in zip(replicas, events):
+            # as do_bench's grad_to_none before every run: the replicas share the inputs they do not write,
+            # so a gradient left by the previous run would make this run add into it (a full-size add that
+            # the runs of sessions 5-14 charged to the in-place RMSNorms, whose x is shared)
+            for t in diff:
+                t.grad = None
             cache.zero_()
             start.record()
             step()

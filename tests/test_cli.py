@@ -163,6 +163,30 @@ def test_runner_detects_providers_that_write_into_their_inputs():
     assert runner.run_checked(reference.swiglu).restore_pairs == []
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")
+def test_restoring_timer_starts_every_run_without_a_gradient():
+    """The timer for providers that write into their inputs runs each batch on copies of the written inputs
+    but shares the others (here x and w of an in-place RMSNorm, which writes dx over dy): every timed run
+    must find their gradients cleared, as do_bench's runs do, or it is charged an accumulation into them."""
+    from liger_core import ops
+
+    spec = bench.OPS["rms_norm"]
+    runner = bench.CaseRunner(spec, {"M": 1000, "N": 1536}, torch.bfloat16, torch.device("cuda"))
+    runner.compute_reference()
+    seen: list[bool] = []
+
+    def in_place_rms_norm(x, w, *rest):
+        seen.append(x.grad is None and w.grad is None)
+        return ops.rms_norm(x, w, *rest, in_place=True)
+
+    run = runner.run_checked(in_place_rms_norm)
+    assert [name for name in bench._written_names(runner, run)] == ["grad_out0"]
+    seen.clear()
+    median, _, _ = bench._bench_restoring(run, "fwd+bwd", 1.0, 2.0, 40, est_ms=0.05)
+    assert median > 0 and len(seen) > bench.RESTORE_BATCH and all(seen), seen
+
+
 @pytest.mark.slow
 def test_bench_dry_run_writes_csv_and_plots(tmp_path):
     r = subprocess.run(
