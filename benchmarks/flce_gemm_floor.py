@@ -2,6 +2,7 @@
 bound on any exact implementation that runs those FLOPs, beside the op and torch.compile in the same run.
 
     PYTHONPATH=. python benchmarks/flce_gemm_floor.py [--bt 8192 4096] [--hidden 4096] [--vocab 128256]
+        [--rounds 3]
 
 Orders (bf16, T tokens, hidden H, vocabulary V; one "GEMM" = 2 T H V FLOPs):
   every logit  logits = h W^T, dh = dlogits W, dW = dlogits^T h: 3 GEMMs (6 BT H V), T x V logits in memory
@@ -10,9 +11,10 @@ Orders (bf16, T tokens, hidden H, vocabulary V; one "GEMM" = 2 T H V FLOPs):
                dW's storage, the other T - K recomputed in pass 2): 3 + (T - K) / T GEMMs (7 BT H V at 8192
                x 4096)
 Each order's GEMMs run back to back as single calls at their full shapes (the op runs them by chunks and
-slices, which can only add time), on random inputs, under ``triton.testing.do_bench`` (median, L2 flushed).
-The op (default loop, ``USE_HEADROOM=False`` as in the suite) and torch.compile's ``F.linear`` +
-``F.cross_entropy`` take fwd+bwd in the same process. On CPU: a smoke run at tiny shapes.
+slices), on random inputs, under ``triton.testing.do_bench`` (median, L2 flushed). The op (default loop,
+``USE_HEADROOM=False`` as in the suite) and torch.compile's ``F.linear`` + ``F.cross_entropy`` take fwd+bwd
+in the same process, all interleaved over ``--rounds`` rounds (the median round is reported). On CPU: a
+smoke run at tiny shapes.
 """
 
 from __future__ import annotations
@@ -95,21 +97,34 @@ def main() -> int:
     ap.add_argument("--bt", type=int, nargs="+", default=[8192, 4096] if GPU else [37])
     ap.add_argument("--hidden", type=int, default=4096 if GPU else 64)
     ap.add_argument("--vocab", type=int, default=128256 if GPU else 1031)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median round is reported")
     args = ap.parse_args()
     FLCE.USE_HEADROOM = False
     compiled = torch.compile(eager)
     print(f"device: {torch.cuda.get_device_name() if GPU else 'cpu'}, torch {torch.__version__}")
-    print(f"{'tokens':>7} {'what':<34} {'GEMMs':>6} {'ms':>8} {'TFLOP/s':>8}")
+    print(f"{'tokens':>7} {'what':<34} {'GEMMs':>6} {'ms':>8} {'TFLOP/s':>8}  rounds")
     for t in args.bt:
         unit = 2 * t * args.hidden * args.vocab  # FLOPs of one GEMM
-        for name, (count, ms) in gemm_orders(t, args.hidden, args.vocab).items():
-            print(f"{t:>7} {name:<34} {count:>6.2f} {ms:>8.3f} {count * unit / ms / 1e9:>8.1f}")
-        providers = (("liger_core fwd+bwd", fused_linear_cross_entropy), ("torch.compile fwd+bwd", compiled))
-        for name, fn in providers:
+        times: dict[str, list[float]] = {}
+        counts: dict[str, float] = {}
+        for _ in range(args.rounds):  # interleaved: the clock drifts with power and heat between rounds
+            for name, (count, ms) in gemm_orders(t, args.hidden, args.vocab).items():
+                times.setdefault(name, []).append(ms)
+                counts[name] = count
+            for name, fn in (("liger_core fwd+bwd", fused_linear_cross_entropy), ("torch.compile", compiled)):
+                if GPU:
+                    torch.cuda.empty_cache()
+                times.setdefault(name, []).append(fwd_bwd_ms(fn, t, args.hidden, args.vocab))
             if GPU:
                 torch.cuda.empty_cache()
-            ms = fwd_bwd_ms(fn, t, args.hidden, args.vocab)
-            print(f"{t:>7} {name:<34} {'':>6} {ms:>8.3f}")
+        for name, ms_list in times.items():
+            ms = sorted(ms_list)[len(ms_list) // 2]
+            rounds = " ".join(f"{x:.2f}" for x in ms_list)
+            if name in counts:
+                rate = counts[name] * unit / ms / 1e9
+                print(f"{t:>7} {name:<34} {counts[name]:>6.2f} {ms:>8.3f} {rate:>8.1f}  {rounds}")
+            else:
+                print(f"{t:>7} {name:<34} {'':>6} {ms:>8.3f} {'':>8}  {rounds}")
     return 0
 
 
