@@ -50,7 +50,11 @@ GROUPINGS = {
 @pytest.mark.parametrize(
     "case",
     [
-        dict(grouping="pairs", opts={}, bias=True, entropy=0.0, shape=(6, 9, 24, 131)),
+        # 48 sequences, not 6: a sequence's target terms g (1 - p_y) share one factor, so dbias's error rests
+        # on few draws; ours and eager's are alike in distribution (grad_output applied after the bf16
+        # rounding or before it), and with 6 sequences a CI run drew 1.28 x eager's (80-100 draws each, bf16,
+        # ours / eager's: 6 sequences p99 1.23, max 1.25; 48 sequences p99 1.13, max 1.17)
+        dict(grouping="pairs", opts={}, bias=True, entropy=0.0, shape=(48, 9, 24, 131)),
         dict(
             grouping="blocks",
             opts=dict(temperature=0.7, logit_scale=1.3),
