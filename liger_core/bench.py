@@ -831,7 +831,7 @@ def _bench_restoring(run: ProviderRun, mode: str, warmup_ms, rep_ms, max_reps, e
         for (step, _, diff), (start, end) in zip(replicas, events):
             # as do_bench's grad_to_none before every run: the replicas share the inputs they do not write,
             # so a gradient left by the previous run would make this run add into it (a full-size add that
-            # the runs of sessions 5-14 charged to the in-place RMSNorms, whose x is shared)
+            # the runs of sessions 8-14 charged to the in-place RMSNorms, whose x is shared)
             for t in diff:
                 t.grad = None
             cache.zero_()

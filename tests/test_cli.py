@@ -181,7 +181,7 @@ def test_restoring_timer_starts_every_run_without_a_gradient():
         return ops.rms_norm(x, w, *rest, in_place=True)
 
     run = runner.run_checked(in_place_rms_norm)
-    assert [name for name in bench._written_names(runner, run)] == ["grad_out0"]
+    assert bench._written_names(runner, run) == ["grad_out0"]
     seen.clear()
     median, _, _ = bench._bench_restoring(run, "fwd+bwd", 1.0, 2.0, 40, est_ms=0.05)
     assert median > 0 and len(seen) > bench.RESTORE_BATCH and all(seen), seen
