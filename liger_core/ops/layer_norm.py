@@ -457,4 +457,10 @@ def layer_norm(
         raise ValueError("x has an empty last dimension; LayerNorm needs at least one element per row")
     if not use_triton(x):
         return reference.layer_norm(x, w, b, eps)
+    # the kernels read w and b with unit stride; strided parameters are rare, so they are copied here,
+    # outside the autograd Function: dw and db flow back through the copies to the strided tensors
+    if not w.is_contiguous():
+        w = w.contiguous()
+    if b is not None and not b.is_contiguous():
+        b = b.contiguous()
     return LayerNormFunction.apply(x, w, b, float(eps))

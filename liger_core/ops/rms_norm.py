@@ -500,4 +500,8 @@ def rms_norm(
         raise ValueError("x has an empty last dimension; RMSNorm needs at least one element per row")
     if not use_triton(x):
         return reference.rms_norm(x, w, eps, offset, casting_mode, in_place)
+    if not w.is_contiguous():
+        # the kernels read w with unit stride; a strided weight is rare, so it is copied here, outside the
+        # autograd Function: dw flows back through the copy to the strided tensor
+        w = w.contiguous()
     return RMSNormFunction.apply(x, w, float(eps), float(offset), casting_mode, bool(in_place))

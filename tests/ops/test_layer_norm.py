@@ -1,11 +1,13 @@
 import importlib
+import math
 
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+import torch.nn.functional as F
+from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
 
 import liger_core.ops._launch as launch
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.ops import layer_norm
 
 # >= ~20 rows per CPU shape: a row's (mean, rstd) error is shared by its whole row (see test_rms_norm)
@@ -244,3 +246,163 @@ def test_layer_norm_bad_input():
         layer_norm(x, w, torch.randn(8, device="meta"))
     with pytest.raises(ValueError, match="x"):
         layer_norm(torch.randn(4, 0), torch.randn(0), torch.randn(0))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Any strides, non-finite values and empty inputs, on every path: the Triton kernels (interpreter on CPU, or
+# the GPU) and the pure-PyTorch reference path.
+# ----------------------------------------------------------------------------------------------------------
+
+PATHS = [
+    pytest.param("interpreter", id="interpreter"),
+    pytest.param("reference", id="reference"),
+    pytest.param(
+        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
+    ),
+]
+
+
+@pytest.fixture(params=PATHS)
+def path_device(request, monkeypatch):
+    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
+    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
+    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
+    return "cuda" if request.param == "cuda" else "cpu"
+
+
+def _strided(t, how):
+    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension (NaN in
+    between), "transposed" reverses the storage order of the dimensions (1-D: a column of a row-major matrix,
+    NaN beside it), so a kernel that assumes unit or row-major strides reads the wrong elements."""
+    if how == "step2":
+        return noncontiguous(t)
+    if t.dim() == 1:
+        buf = torch.full((t.shape[0], 3), float("nan"), dtype=t.dtype, device=t.device)
+        buf[:, 1] = t
+        out = buf[:, 1]
+    else:
+        dims = list(reversed(range(t.dim())))
+        out = t.permute(dims).contiguous().permute(dims)
+    assert not out.is_contiguous()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["step2", "transposed"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_strided_arguments(path_device, dtype, how, bias):
+    """x, w, b and the incoming gradient non-contiguous: y, dx, dw and db no worse than eager on the same
+    views, and the gradients reach the strided tensors in their shapes."""
+    device = path_device
+    shape = SHAPES[device][0]
+    w, b = _make_params(shape[-1], dtype, device, bias)
+    tensors = [_make_x(shape, dtype, device), w] + ([b] if bias else [])
+    ours = [_strided(t, how).requires_grad_() for t in tensors]
+    eager = [_strided(t.detach(), how).requires_grad_() for t in ours]
+    ref = [leaf(t, torch.float64) for t in ours]
+
+    def run(fn, tensors):
+        return fn(tensors[0], tensors[1], tensors[2] if bias else None, EPS)
+
+    y, y_e, y_r = run(layer_norm, ours), run(reference.layer_norm, eager), run(reference.layer_norm, ref)
+    assert y.dtype == y_e.dtype and y.shape == ours[0].shape
+    assert_no_worse_than_eager("y", y, y_e, y_r)
+
+    dy = _strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
+    grads = torch.autograd.grad(y, ours, dy)
+    grads_e = torch.autograd.grad(y_e, eager, dy)
+    grads_r = torch.autograd.grad(y_r, ref, dy.double())
+    for name, g, g_e, g_r, t in zip(("dx", "dw", "db"), grads, grads_e, grads_r, ours):
+        assert g.shape == t.shape
+        assert_no_worse_than_eager(name, g, g_e, g_r)
+
+
+def _with_values_at_random(t, values):
+    """A copy of t with ``values`` written at distinct random positions."""
+    out = t.detach().clone()
+    flat = out.view(-1)
+    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(values, dtype=t.dtype)
+    return out
+
+
+def _assert_same_nonfinite(name, ours, eager, ref64):
+    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
+    against the float64 reference."""
+    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
+    finite = torch.isfinite(eager)
+    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+NONFINITE_CASES = [
+    (target, values, bias)
+    for target, values in [("x", [INF, -INF, NAN]), ("w", [INF]), ("w", [-INF]), ("w", [NAN])]
+    for bias in (True, False)
+] + [("b", [INF, -INF], True), ("b", [NAN], True)]
+
+
+# bf16 propagates NaN/inf as fp32 does: the kernel and PyTorch's LayerNorm both compute in fp32, round once.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("target,values,bias", NONFINITE_CASES)
+def test_layer_norm_nonfinite_inputs_follow_eager(path_device, dtype, target, values, bias):
+    """+-inf and NaN in x (a row each), w or b: y, dx, dw and db are NaN / +-inf where F.layer_norm gives them
+    (a row holding inf has an infinite mean and a NaN variance, ...), and exact elsewhere."""
+    device = path_device
+    shape = SHAPES[device][0]
+    w, b = _make_params(shape[-1], dtype, device, bias)
+    tensors = {"x": _make_x(shape, dtype, device, constant_rows=False), "w": w, "b": b}
+    tensors[target] = _with_values_at_random(tensors[target], values)
+    tensors = [tensors["x"], tensors["w"]] + ([tensors["b"]] if bias else [])
+    ours, eager, ref = (
+        [leaf(t) for t in tensors],
+        [leaf(t) for t in tensors],
+        [leaf(t, torch.float64) for t in tensors],
+    )
+
+    def run(fn, tensors):
+        return fn(tensors[0], tensors[1], tensors[2] if bias else None, EPS)
+
+    y, y_e, y_r = run(layer_norm, ours), run(reference.layer_norm, eager), run(reference.layer_norm, ref)
+    _assert_same_nonfinite("y", y, y_e, y_r)
+    assert not torch.isfinite(y_e).all()  # the case does reach the output
+
+    dy = torch.randn(shape, dtype=torch.float64, device=device).to(dtype)
+    grads = torch.autograd.grad(y, ours, dy)
+    grads_e = torch.autograd.grad(y_e, eager, dy)
+    grads_r = torch.autograd.grad(y_r, ref, dy.double())
+    for name, g, g_e, g_r in zip(("dx", "dw", "db"), grads, grads_e, grads_r):
+        if name == "dx" and target == "w" and not math.isnan(values[0]):
+            # an infinite weight makes both of a row's sums (of dy * w and dy * w * xhat) infinite; whether an
+            # element of dx is then inf or inf - inf = NaN depends on how they are combined (PyTorch's CPU
+            # kernel folds the mean into them): every element is non-finite on both sides
+            assert not torch.isfinite(g).any() and not torch.isfinite(g_e).any()
+            continue
+        _assert_same_nonfinite(name, g, g_e, g_r)
+
+
+@pytest.mark.parametrize(
+    "dtype,param_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32)]
+)
+@pytest.mark.parametrize("shape", [(0, 45), (0, 5, 45)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_empty_rows_like_eager(path_device, dtype, param_dtype, shape, bias):
+    """0 rows: the same (empty) y and dx, and the same all-zero dw and db, with PyTorch's dtypes, on every
+    path."""
+    device = path_device
+    w, b = _make_params(shape[-1], param_dtype, device, bias)
+    tensors = [torch.randn(shape, device=device).to(dtype), w] + ([b] if bias else [])
+    ours, eager = [leaf(t) for t in tensors], [leaf(t) for t in tensors]
+    y = layer_norm(ours[0], ours[1], ours[2] if bias else None, EPS)
+    y_e = F.layer_norm(eager[0], (shape[-1],), eager[1], eager[2] if bias else None, EPS)
+    assert y.dtype == y_e.dtype and y.shape == y_e.shape == ours[0].shape
+    dy = torch.randn(y.shape, device=device).to(y.dtype)
+    for g, g_e in zip(torch.autograd.grad(y, ours, dy), torch.autograd.grad(y_e, eager, dy)):
+        assert g.dtype == g_e.dtype and torch.equal(g, g_e)

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
 
 import liger_core.ops._launch as launch
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.dispatch import use_triton
 from liger_core.ops import rms_norm
 
@@ -262,3 +262,149 @@ def test_sum_partials_one_and_two_launches(n_partials, stacked):
     assert got.shape == want.shape and got.dtype == torch.bfloat16
     # fp32 sums of n_partials terms: far below the one bf16 rounding
     assert ((got.double() - want).abs() <= want.abs() * 2**-8 + 1e-6).all()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Any strides, non-finite values and empty inputs, on every path: the Triton kernels (interpreter on CPU, or
+# the GPU) and the pure-PyTorch reference path.
+# ----------------------------------------------------------------------------------------------------------
+
+PATHS = [
+    pytest.param("interpreter", id="interpreter"),
+    pytest.param("reference", id="reference"),
+    pytest.param(
+        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
+    ),
+]
+
+
+@pytest.fixture(params=PATHS)
+def path_device(request, monkeypatch):
+    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
+    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
+    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
+    return "cuda" if request.param == "cuda" else "cpu"
+
+
+def _strided(t, how):
+    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension (NaN in
+    between), "transposed" reverses the storage order of the dimensions (1-D: a column of a row-major matrix,
+    NaN beside it), so a kernel that assumes unit or row-major strides reads the wrong elements."""
+    if how == "step2":
+        return noncontiguous(t)
+    if t.dim() == 1:
+        buf = torch.full((t.shape[0], 3), float("nan"), dtype=t.dtype, device=t.device)
+        buf[:, 1] = t
+        out = buf[:, 1]
+    else:
+        dims = list(reversed(range(t.dim())))
+        out = t.permute(dims).contiguous().permute(dims)
+    assert not out.is_contiguous()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["step2", "transposed"])
+@pytest.mark.parametrize("mode,offset", MODES[:2])
+def test_rms_norm_strided_arguments(path_device, dtype, how, mode, offset):
+    """x, w and the incoming gradient non-contiguous: y, dx and dw no worse than eager on the same views, and
+    the gradients reach the strided tensors in their shapes."""
+    device = path_device
+    shape = SHAPES[device][0]
+    x = _strided(_make_x(shape, dtype, device), how).requires_grad_()
+    w = _strided(_make_w(shape[-1], dtype, device, offset), how).requires_grad_()
+    x_e, w_e = _strided(x.detach(), how).requires_grad_(), _strided(w.detach(), how).requires_grad_()
+    x_r, w_r = leaf(x, torch.float64), leaf(w, torch.float64)
+
+    y = rms_norm(x, w, EPS, offset, mode)
+    y_e = reference.rms_norm(x_e, w_e, EPS, offset, mode)
+    y_r = reference.rms_norm(x_r, w_r, EPS, offset, mode)
+    assert y.dtype == y_e.dtype and y.shape == x.shape
+    assert_no_worse_than_eager("y", y, y_e, y_r)
+
+    dy = _strided(torch.randn(shape, dtype=torch.float64, device=device).to(y.dtype), how)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy)
+    dx_r, dw_r = torch.autograd.grad(y_r, (x_r, w_r), dy.double())
+    assert dx.shape == x.shape and dw.shape == w.shape
+    assert_no_worse_than_eager("dx", dx, dx_e, dx_r)
+    assert_no_worse_than_eager("dw", dw, dw_e, dw_r)
+
+
+def _with_values_at_random(t, values):
+    """A copy of t with ``values`` written at distinct random positions."""
+    out = t.detach().clone()
+    flat = out.view(-1)
+    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(values, dtype=t.dtype)
+    return out
+
+
+def _assert_same_nonfinite(name, ours, eager, ref64):
+    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
+    against the float64 reference."""
+    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
+    finite = torch.isfinite(eager)
+    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+# bf16 propagates NaN/inf as fp32 does (same exponent range); fp16 necessarily differs in "none" mode, where
+# eager's fp16 x**2 overflows from |x| > 256 (rstd 0, y 0) and the kernel's fp32 one does not.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "target,values", [("x", [INF, -INF, NAN]), ("w", [INF]), ("w", [-INF]), ("w", [NAN])]
+)
+@pytest.mark.parametrize("mode,offset", MODES[:3])
+def test_rms_norm_nonfinite_inputs_follow_eager(path_device, dtype, target, values, mode, offset):
+    """+-inf and NaN in x (a row each) or in w: y, dx and dw are NaN / +-inf where HF's eager code gives them
+    (x * rstd with rstd = 0 for a row holding inf, ...), and exact elsewhere."""
+    device = path_device
+    shape = SHAPES[device][0]
+    x, w = _make_x(shape, dtype, device), _make_w(shape[-1], dtype, device, offset)
+    if target == "x":
+        x = _with_values_at_random(x, values)
+    else:
+        w = _with_values_at_random(w, values)
+    x_e, w_e = leaf(x), leaf(w)
+    x_r, w_r = leaf(x, torch.float64), leaf(w, torch.float64)
+    x, w = leaf(x), leaf(w)
+    y = rms_norm(x, w, EPS, offset, mode)
+    y_e = reference.rms_norm(x_e, w_e, EPS, offset, mode)
+    y_r = reference.rms_norm(x_r, w_r, EPS, offset, mode)
+    _assert_same_nonfinite("y", y, y_e, y_r)
+    assert not torch.isfinite(y_e).all()  # the case does reach the output
+
+    dy = torch.randn(shape, dtype=torch.float64, device=device).to(dtype)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy)
+    dx_r, dw_r = torch.autograd.grad(y_r, (x_r, w_r), dy.double())
+    _assert_same_nonfinite("dx", dx, dx_e, dx_r)
+    _assert_same_nonfinite("dw", dw, dw_e, dw_r)
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("shape", [(0, 45), (0, 5, 45)])
+@pytest.mark.parametrize("mode,offset", MODES[:2])
+def test_rms_norm_empty_rows_like_eager(path_device, x_dtype, w_dtype, shape, mode, offset):
+    """0 rows: the same (empty) y and dx, and the same all-zero dw, with HF's dtypes, on every path."""
+    device = path_device
+    x = leaf(torch.randn(shape, device=device).to(x_dtype))
+    w = leaf(_make_w(shape[-1], w_dtype, device, offset))
+    x_e, w_e = leaf(x), leaf(w)
+    y = rms_norm(x, w, EPS, offset, mode)
+    y_e = reference.rms_norm(x_e, w_e, EPS, offset, mode)
+    assert y.dtype == y_e.dtype and y.shape == y_e.shape == x.shape
+    dy = torch.randn(y.shape, device=device).to(y.dtype)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy)
+    for g, g_e in ((dx, dx_e), (dw, dw_e)):
+        assert g.dtype == g_e.dtype and torch.equal(g, g_e)
+    assert dw.shape == w.shape and not dw.any()
