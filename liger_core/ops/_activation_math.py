@@ -24,9 +24,13 @@ def sigmoid_of_minus_abs(x):
 @triton.jit
 def times_sigmoid(a, m):
     """``a * sigmoid(x)`` given ``m = sigmoid_of_minus_abs(x)`` for an x with a's sign (x = a for SiLU, x = 2u
-    for the tanh GELU): ``a - a * m`` for a >= 0 (one rounding next to a), ``a * m`` for a < 0."""
+    for the tanh GELU): ``a - a * m`` for a >= 0 (one rounding next to a), ``a * m`` for a < 0.
+
+    Where m is 0 (sigmoid(x) is exactly 1) the result is a itself: for a = +inf that is +inf, as torch's
+    ``a / (1 + exp(-a))`` gives, where ``a - a * m`` would be inf - inf * 0 = NaN. a = -inf gives
+    -inf * 0 = NaN, as torch does."""
     a_m = a * m
-    return tl.where(a >= 0.0, a - a_m, a_m)
+    return tl.where(a >= 0.0, tl.where(m > 0.0, a - a_m, a), a_m)
 
 
 @triton.jit

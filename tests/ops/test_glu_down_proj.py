@@ -3,9 +3,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.ops import glu_down_proj
 
 SHAPES = {
@@ -165,3 +165,167 @@ def test_glu_down_proj_recomputation_skips_the_product(device, use_reentrant, mo
     y.square().sum().backward()
     assert calls == {"forward": 2, "backward": 0 if not use_reentrant else 2}
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Any strides, non-finite values and empty inputs, on every path: the Triton kernels (interpreter on CPU, or
+# the GPU) and the pure-PyTorch reference path.
+# ----------------------------------------------------------------------------------------------------------
+
+PATHS = [
+    pytest.param("interpreter", id="interpreter"),
+    pytest.param("reference", id="reference"),
+    pytest.param(
+        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
+    ),
+]
+
+
+@pytest.fixture(params=PATHS)
+def path_device(request, monkeypatch):
+    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
+    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
+    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
+    return "cuda" if request.param == "cuda" else "cpu"
+
+
+def _strided(t, how):
+    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension (NaN in
+    between), "transposed" reverses the storage order of the dimensions (1-D: a column of a row-major matrix,
+    NaN beside it), so a kernel that assumes a contiguous layout reads the wrong elements."""
+    if how == "step2":
+        return noncontiguous(t)
+    if t.dim() == 1:
+        buf = torch.full((t.shape[0], 3), float("nan"), dtype=t.dtype, device=t.device)
+        buf[:, 1] = t
+        out = buf[:, 1]
+    else:
+        dims = list(reversed(range(t.dim())))
+        out = t.permute(dims).contiguous().permute(dims)
+    assert not out.is_contiguous()
+    return out
+
+
+def _inputs(shape, out_features, dtype, device):
+    """a, b (shape), weight (out_features, shape[-1]) and bias (out_features,): float64 draws in ``dtype``."""
+    a = (torch.randn(shape, dtype=torch.float64, device=device) * 2).to(dtype)
+    b = torch.randn(shape, dtype=torch.float64, device=device).to(dtype)
+    w = torch.randn(out_features, shape[-1], dtype=torch.float64, device=device) / shape[-1] ** 0.5
+    bias = torch.randn(out_features, dtype=torch.float64, device=device)
+    return [a, b, w.to(dtype), bias.to(dtype)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation,approximate", ACTS)
+@pytest.mark.parametrize("how", ["step2", "transposed"])
+def test_glu_down_proj_strided_arguments(path_device, dtype, activation, approximate, how):
+    """a, b, weight, bias and the incoming gradient non-contiguous: y and every gradient no worse than eager
+    on the same views, in the views' shapes; the caller's a and b keep their values (the backward writes
+    the gradients over the op's own contiguous copies)."""
+    device = path_device
+    shape, out_features = SHAPES[device][0]
+    tensors = _inputs(shape, out_features, dtype, device)
+    ours = [_strided(t, how).requires_grad_() for t in tensors]
+    before = [t.detach().clone() for t in ours[:2]]
+    eager = [_strided(t.detach(), how).requires_grad_() for t in ours]
+    ref = [leaf(t, torch.float64) for t in ours]
+
+    y = glu_down_proj(*ours, activation, approximate)
+    y_e, y_r = _eager(*eager, activation, approximate), _eager(*ref, activation, approximate)
+    assert y.dtype == dtype and y.shape == (*shape[:-1], out_features)
+    assert_no_worse_than_eager("y", y, y_e, y_r)
+
+    dy = _strided(torch.randn(y.shape, dtype=torch.float64, device=device).to(dtype), how)
+    grads = torch.autograd.grad(y, ours, dy)
+    grads_e = torch.autograd.grad(y_e, eager, dy)
+    grads_r = torch.autograd.grad(y_r, ref, dy.double())
+    for name, g, g_e, g_r, t in zip(["da", "db", "dW", "dbias"], grads, grads_e, grads_r, ours):
+        assert g.shape == t.shape
+        assert_no_worse_than_eager(name, g, g_e, g_r)
+    assert all(torch.equal(t.detach(), t_before) for t, t_before in zip(ours, before))
+
+
+INF, NAN = float("inf"), float("nan")
+# a and b values crossed (every pair once): non-finite ones, zeros of both signs, the activation saturated
+# (+-200) and ordinary values
+SPECIAL_A = [INF, -INF, NAN, 0.0, -0.0, 200.0, -200.0, 1.5, -1.5]
+SPECIAL_B = [INF, -INF, NAN, 0.0, 1.0, -2.0]
+
+
+def _special_pairs(dtype, device, n_random=45):
+    """(a, b) of shape (9, 11): every pair of SPECIAL_A x SPECIAL_B, then random values."""
+    grid_a = torch.tensor(SPECIAL_A).repeat_interleave(len(SPECIAL_B))
+    grid_b = torch.tensor(SPECIAL_B).repeat(len(SPECIAL_A))
+    a = torch.cat([grid_a, torch.randn(n_random, dtype=torch.float64) * 3])
+    b = torch.cat([grid_b, torch.randn(n_random, dtype=torch.float64)])
+    return [t.view(9, -1).to(device=device, dtype=dtype) for t in (a, b)]
+
+
+def _with_values_at_random(t, values):
+    """A copy of t with ``values`` written at distinct random positions."""
+    out = t.detach().clone()
+    flat = out.view(-1)
+    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(values, dtype=t.dtype)
+    return out
+
+
+def _assert_same_nonfinite(name, ours, eager, ref64):
+    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
+    against the float64 reference."""
+    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
+    finite = torch.isfinite(eager)
+    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
+
+
+# bf16 propagates NaN/inf as fp32 does: eager's act(a), rounded to bf16 before the product, is infinite or
+# NaN exactly where the kernel's fp32 one is, and both paths run the same GEMMs.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf * 0
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation,approximate", ACTS)
+@pytest.mark.parametrize("target", ["a,b", "weight", "bias"])
+def test_glu_down_proj_nonfinite_inputs_follow_eager(path_device, dtype, activation, approximate, target):
+    """+-inf and NaN in a and b (every special pair), in the weight or in the bias: y and every gradient are
+    NaN / +-inf where ``F.linear(act(a) * b, weight, bias)`` and its autograd give them, and exact elsewhere
+    (eager's act is ``liger_core.reference``'s: torch's, but for the erf GELU of +inf, which is +inf)."""
+    device = path_device
+    tensors = _inputs((9, 11), 7, dtype, device)
+    if target == "a,b":
+        tensors[:2] = _special_pairs(dtype, device)
+    else:
+        i = 2 if target == "weight" else 3
+        tensors[i] = _with_values_at_random(tensors[i], [INF, -INF, NAN])
+    ours, eager, ref = (
+        [leaf(t) for t in tensors],
+        [leaf(t) for t in tensors],
+        [leaf(t, torch.float64) for t in tensors],
+    )
+    y = glu_down_proj(ours[0] * 1, ours[1] * 1, *ours[2:], activation, approximate)
+    y_e, y_r = _eager(*eager, activation, approximate), _eager(*ref, activation, approximate)
+    _assert_same_nonfinite("y", y, y_e, y_r)
+    assert not torch.isfinite(y_e).all()  # the case does reach the output
+
+    dy = torch.randn(y.shape, dtype=torch.float64, device=device).to(dtype)
+    grads = torch.autograd.grad(y, ours, dy)
+    grads_e = torch.autograd.grad(y_e, eager, dy)
+    grads_r = torch.autograd.grad(y_r, ref, dy.double())
+    for name, g, g_e, g_r in zip(["da", "db", "dW", "dbias"], grads, grads_e, grads_r):
+        _assert_same_nonfinite(name, g, g_e, g_r)
+
+
+@pytest.mark.parametrize("shape", [(0, 45), (0, 5, 45)])
+@pytest.mark.parametrize("activation,approximate", ACTS)
+def test_glu_down_proj_empty_like_eager(path_device, shape, activation, approximate):
+    """0 rows: the same empty y, da, db and the same all-zero dW and dbias as eager on every path."""
+    tensors = _inputs(shape, 7, torch.float32, path_device)
+    ours, eager = [leaf(t) for t in tensors], [leaf(t) for t in tensors]
+    y = glu_down_proj(ours[0] * 1, ours[1] * 1, *ours[2:], activation, approximate)
+    y_e = _eager(*eager, activation, approximate)
+    assert y.dtype == y_e.dtype and y.shape == y_e.shape == (*shape[:-1], 7)
+    dy = torch.randn(y.shape, device=path_device)
+    for g, g_e in zip(torch.autograd.grad(y, ours, dy), torch.autograd.grad(y_e, eager, dy)):
+        assert g.dtype == g_e.dtype and torch.equal(g, g_e)
