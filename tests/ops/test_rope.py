@@ -2,10 +2,10 @@ import importlib
 
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.ops import rope
 
 # (batch, q heads, kv heads, tokens, head_dim): odd sizes, GQA, head_dim/2 not a power of two. The interpreter
@@ -327,3 +327,201 @@ def test_rope_fused_qkv_slices(device):
     ref = run(reference.rope, leaf(qkv, torch.float64), cos.double(), sin.double())
     for name, o, o_e, o_r in zip(("q_embed", "k_embed", "dqkv"), ours, eager, ref):
         assert_no_worse_than_eager(name, o, o_e, o_r)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Any strides, non-finite values and empty inputs, on every path: the Triton kernels (interpreter on CPU, or
+# the GPU) and the pure-PyTorch reference path.
+# ----------------------------------------------------------------------------------------------------------
+
+PATHS = [
+    pytest.param("interpreter", id="interpreter"),
+    pytest.param("reference", id="reference"),
+    pytest.param(
+        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
+    ),
+]
+
+
+@pytest.fixture(params=PATHS)
+def path_device(request, monkeypatch):
+    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
+    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
+    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
+    return "cuda" if request.param == "cuda" else "cpu"
+
+
+def _strided(t, how):
+    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension and
+    "gaps" every other row (index of dimension -2), with the skipped elements of the buffer NaN (0 for
+    integers); "transposed" reverses the storage order of the dimensions."""
+    if how == "transposed":
+        dims = list(reversed(range(t.dim())))
+        out = t.permute(dims).contiguous().permute(dims)
+    else:
+        dim = t.dim() - 1 if how == "step2" else t.dim() - 2
+        shape = list(t.shape)
+        shape[dim] *= 2
+        buf = torch.full(shape, float("nan") if t.is_floating_point() else 0, dtype=t.dtype, device=t.device)
+        index = [slice(None)] * t.dim()
+        index[dim] = slice(None, None, 2)
+        buf[tuple(index)] = t
+        out = buf[tuple(index)]
+    assert not out.is_contiguous() or t.numel() <= 1
+    return out
+
+
+def _check_strided(q, k, cos, sin, unsqueeze_dim, how, **kwargs):
+    """rope on the given views, with the incoming gradients in layout ``how``: outputs and dq, dk no worse
+    than HF's code on the same views, gradients in the inputs' shapes."""
+    q, k = q.requires_grad_(), k.requires_grad_()
+    q_e, k_e = _strided(q.detach(), how).requires_grad_(), _strided(k.detach(), how).requires_grad_()
+    q_r, k_r = leaf(q, torch.float64), leaf(k, torch.float64)
+    out = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, **kwargs)
+    out_e = reference.rope(q_e, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim, **kwargs)
+    out_r = reference.rope(q_r, k_r, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim, **kwargs)
+    for name, o, o_e, o_r in zip(("q_embed", "k_embed"), out, out_e, out_r):
+        assert o.dtype == o_e.dtype and o.shape == o_e.shape, name
+        assert_no_worse_than_eager(name, o, o_e, o_r)
+    dy = [_strided(torch.randn(o.shape, dtype=torch.float64, device=o.device).to(o.dtype), how) for o in out]
+    grads = torch.autograd.grad(out, (q, k), dy)
+    grads_e = torch.autograd.grad(out_e, (q_e, k_e), dy)
+    grads_r = torch.autograd.grad(out_r, (q_r, k_r), [g.double() for g in dy])
+    for name, g, g_e, g_r, t in zip(("dq", "dk"), grads, grads_e, grads_r, (q, k)):
+        assert g.shape == t.shape and g.dtype == t.dtype
+        assert_no_worse_than_eager(name, g, g_e, g_r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["step2", "gaps", "transposed"])
+@pytest.mark.parametrize("sin_layout", ["like cos", "contiguous"])
+@pytest.mark.parametrize("cos_batch, rotary", [("1", "full"), ("B", "partial")])
+def test_rope_strided_arguments(path_device, dtype, how, sin_layout, cos_batch, rotary):
+    """q, k, cos, sin and the incoming gradients non-contiguous (last-dimension stride 2, gaps between rows,
+    or transposed storage; sin in cos's layout or not): outputs and gradients no worse than HF's code."""
+    device = path_device
+    shape = SHAPES[device]
+    batch, _, _, seq_len, head_dim = shape
+    q, k, unsqueeze_dim = make_qk(shape, "contiguous", dtype, device)
+    rotary_dim = head_dim if rotary == "full" else PARTIAL_ROTARY[device]
+    cos, sin = make_cos_sin(1 if cos_batch == "1" else batch, seq_len, rotary_dim, dtype, device)
+    cos = _strided(cos, how)
+    sin = _strided(sin, how) if sin_layout == "like cos" else sin
+    _check_strided(_strided(q, how), _strided(k, how), cos, sin, unsqueeze_dim, how)
+
+
+@pytest.mark.parametrize("how", ["step2", "gaps", "transposed"])
+def test_rope_strided_tables_and_position_ids(path_device, how):
+    """position_ids and the (max_positions, rotary_dim) tables it indexes non-contiguous too."""
+    device = path_device
+    batch, _, _, seq_len, head_dim = SHAPES[device]
+    q, k, unsqueeze_dim = make_qk(SHAPES[device], "bthd", torch.float32, device)
+    cos_table, sin_table = (t[0] for t in make_cos_sin(1, 40, head_dim, torch.float32, device))
+    position_ids = torch.randint(0, 40, (batch, seq_len), device=device)
+    kwargs = dict(position_ids=_strided(position_ids, "step2" if how == "transposed" else how))
+    _check_strided(
+        _strided(q, how), _strided(k, how), _strided(cos_table, how), _strided(sin_table, how), unsqueeze_dim,
+        how, **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_broadcast_tables_and_heads(path_device, dtype):
+    """Stride-0 views: cos/sin expanded over the batch, k's heads expanded from one (MQA written as a
+    broadcast); outputs and gradients as HF's code gives them."""
+    device = path_device
+    batch, _, n_k, seq_len, head_dim = SHAPES[device]
+    q, k, unsqueeze_dim = make_qk(SHAPES[device], "hf_transpose", dtype, device)
+    k = k[:, :1].expand(batch, n_k, seq_len, head_dim)
+    cos, sin = (t.expand(batch, seq_len, head_dim) for t in make_cos_sin(1, seq_len, head_dim, dtype, device))
+    assert cos.stride(0) == 0 and k.stride(1) == 0
+    check_against_eager(q, k.contiguous(), cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
+    k = k.detach().requires_grad_()  # the expanded view itself as the input (not a contiguous copy)
+    k_e, k_r = k.detach().requires_grad_(), k.detach().double().requires_grad_()
+    k_embed = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)[1]
+    k_embed_e = apply_rotary_pos_emb(q, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim)[1]
+    k_embed_r = reference.rope(q.double(), k_r, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim)[1]
+    assert_no_worse_than_eager("k_embed", k_embed, k_embed_e, k_embed_r)
+    dy = torch.randn(k_embed.shape, dtype=torch.float64, device=device).to(k_embed.dtype)
+    (dk,) = torch.autograd.grad(k_embed, k, dy)
+    (dk_e,) = torch.autograd.grad(k_embed_e, k_e, dy)
+    (dk_r,) = torch.autograd.grad(k_embed_r, k_r, dy.double())
+    assert_no_worse_than_eager("dk", dk, dk_e, dk_r)
+
+
+def _with_values_at_random(t, values):
+    """A copy of t with ``values`` written at distinct random positions."""
+    out = t.detach().clone()
+    flat = out.view(-1)
+    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(values, dtype=t.dtype)
+    return out
+
+
+def _assert_same_nonfinite(name, ours, eager, ref64):
+    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
+    against the float64 reference."""
+    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
+    finite = torch.isfinite(eager)
+    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+# bf16 propagates NaN/inf as fp32 does: HF's bf16 products and sum round to finite values where the kernel's
+# fp32 ones are finite (|cos|, |sin| <= 1 here: nothing overflows).
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("target", ["q,k", "cos,sin"])
+@pytest.mark.parametrize("rotary", ["full", "partial"])
+def test_rope_nonfinite_inputs_follow_eager(path_device, dtype, target, rotary):
+    """+-inf and NaN in q and k, or in cos and sin: the outputs and dq, dk are NaN / +-inf where HF's
+    ``apply_rotary_pos_emb`` (and its autograd) gives them, and exact elsewhere."""
+    device = path_device
+    batch, _, _, seq_len, head_dim = SHAPES[device]
+    q, k, unsqueeze_dim = make_qk(SHAPES[device], "contiguous", dtype, device)
+    cos, sin = make_cos_sin(
+        batch, seq_len, head_dim if rotary == "full" else PARTIAL_ROTARY[device], dtype, device
+    )
+    values = [INF, -INF, NAN, INF, -INF, NAN]
+    if target == "q,k":
+        q, k = (_with_values_at_random(t, values) for t in (q, k))
+    else:
+        cos, sin = (_with_values_at_random(t, values[:3]) for t in (cos, sin))
+    q_e, k_e, q_r, k_r = leaf(q), leaf(k), leaf(q, torch.float64), leaf(k, torch.float64)
+    q, k = leaf(q), leaf(k)
+    out = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    out_e = reference.rope(q_e, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    out_r = reference.rope(q_r, k_r, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim)
+    for name, o, o_e, o_r in zip(("q_embed", "k_embed"), out, out_e, out_r):
+        _assert_same_nonfinite(name, o, o_e, o_r)
+    dy = [torch.randn(o.shape, dtype=torch.float64, device=device).to(o.dtype) for o in out]
+    grads = torch.autograd.grad(out, (q, k), dy)
+    grads_e = torch.autograd.grad(out_e, (q_e, k_e), dy)
+    grads_r = torch.autograd.grad(out_r, (q_r, k_r), [g.double() for g in dy])
+    for name, g, g_e, g_r in zip(("dq", "dk"), grads, grads_e, grads_r):
+        _assert_same_nonfinite(name, g, g_e, g_r)
+
+
+@pytest.mark.parametrize("empty", ["batch", "tokens"])
+@pytest.mark.parametrize("layout", ["hf_transpose", "bthd"])
+def test_rope_empty_like_eager(path_device, empty, layout):
+    """0 sequences or 0 tokens: the same empty outputs and gradients as HF's code, on every path."""
+    device = path_device
+    batch, seq_len = (0, 5) if empty == "batch" else (2, 0)
+    q, k, unsqueeze_dim = make_qk((batch, 4, 2, seq_len, 8), layout, torch.float32, device)
+    cos, sin = make_cos_sin(1, seq_len, 8, torch.float32, device)
+    q_e, k_e = leaf(q), leaf(k)
+    q, k = leaf(q), leaf(k)
+    out = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    out_e = apply_rotary_pos_emb(q_e, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for o, o_e in zip(out, out_e):
+        assert o.dtype == o_e.dtype and o.shape == o_e.shape
+    dy = [torch.randn(o.shape, device=device) for o in out]
+    for g, g_e in zip(torch.autograd.grad(out, (q, k), dy), torch.autograd.grad(out_e, (q_e, k_e), dy)):
+        assert g.dtype == g_e.dtype and torch.equal(g, g_e)
