@@ -10,7 +10,9 @@
 - ``supported_model_types()``.
 
 Flags (all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``layer_norm``, ``cross_entropy``
-(default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``).
+(default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``), and
+``strict`` (default False): raise ``PatchIncompleteError`` when a kernel that is asked for and that the model
+could use was not applied (``PatchReport.missing`` names each with its reason; the call is undone first).
 Importing this package imports neither transformers nor Triton.
 """
 
@@ -21,10 +23,11 @@ from torch import nn
 from liger_core.patching.class_level import apply_liger_kernel_to, revert_model_type
 from liger_core.patching.instance import apply_liger_kernel, is_patched, revert
 from liger_core.patching.recipes import RECIPES, supported_model_types
-from liger_core.patching.report import PatchReport, UnsupportedModelError
+from liger_core.patching.report import PatchIncompleteError, PatchReport, UnsupportedModelError
 
 __all__ = [
     "AutoLigerKernelForCausalLM",
+    "PatchIncompleteError",
     "PatchReport",
     "UnsupportedModelError",
     "apply_liger_kernel",
@@ -46,6 +49,7 @@ def _make_class_level_function(model_type: str):
         cross_entropy: bool = False,
         fused_linear_cross_entropy: bool = True,
         model: nn.Module | None = None,
+        strict: bool = False,
     ) -> PatchReport:
         flags = dict(
             rope=rope,
@@ -57,8 +61,8 @@ def _make_class_level_function(model_type: str):
             fused_linear_cross_entropy=fused_linear_cross_entropy,
         )
         if model is not None:  # Liger-Kernel's calling convention: patch this instance instead
-            return apply_liger_kernel(model, **flags)
-        return apply_liger_kernel_to(model_type, **flags)
+            return apply_liger_kernel(model, strict=strict, **flags)
+        return apply_liger_kernel_to(model_type, strict=strict, **flags)
 
     apply.__name__ = apply.__qualname__ = f"apply_liger_kernel_to_{model_type}"
     apply.__doc__ = (

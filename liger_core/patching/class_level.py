@@ -26,8 +26,9 @@ from types import ModuleType
 from typing import Any
 
 from liger_core.patching import forwards as fw
+from liger_core.patching.introspect import innermost_function
 from liger_core.patching.recipes import RECIPES, MLPSpec, NormSpec, Recipe, supported_model_types
-from liger_core.patching.report import PatchReport, UnsupportedModelError, logger
+from liger_core.patching.report import PatchIncompleteError, PatchReport, UnsupportedModelError, logger
 
 _MISSING = object()
 
@@ -201,20 +202,26 @@ def apply_liger_kernel_to(
     layer_norm: bool = True,
     cross_entropy: bool = False,
     fused_linear_cross_entropy: bool = True,
+    strict: bool = False,
 ) -> PatchReport:
-    """Class-level patching of ``model_type`` (module docstring); the report counts classes/functions."""
+    """Class-level patching of ``model_type`` (module docstring); the report counts classes/functions.
+
+    A kernel that is asked for and that the recipe names but could not be applied is in ``report.missing``
+    with its reason; ``strict=True`` then raises ``PatchIncompleteError`` after undoing this call's swaps.
+    """
     if cross_entropy and fused_linear_cross_entropy:
         raise ValueError("cross_entropy=True and fused_linear_cross_entropy=True are exclusive: choose one")
     recipe = recipe_for(model_type)
     module = modeling_module(recipe)
     report = PatchReport(model_type=model_type, method="class")
+    before = len(_swapped_by_type.get(model_type, []))
     mapping: dict[str, type] = {}
 
     if rms_norm:
         for spec in recipe.norms:
             original = original_attr(module, spec.class_name)
             if original is None:
-                report.skip(f"{recipe.module} has no {spec.class_name}")
+                report.miss("rms_norm", f"{recipe.module} has no {spec.class_name}")
                 continue
             replacement = norm_subclass(original, spec)
             if getattr(module, spec.class_name) is replacement:
@@ -229,7 +236,8 @@ def apply_liger_kernel_to(
         for spec in recipe.mlps:
             original = original_attr(module, spec.class_name)
             if original is None:
-                report.skip(f"{recipe.module} has no {spec.class_name}")
+                if spec.activation in allowed:
+                    report.miss(spec.activation, f"{recipe.module} has no {spec.class_name}")
                 continue
             replacement = mlp_subclass(original, spec, allowed)
             if getattr(module, spec.class_name) is replacement:
@@ -241,7 +249,9 @@ def apply_liger_kernel_to(
 
     if rope and recipe.rope:
         if original_attr(module, recipe.rope) is None:
-            report.skip(f"{recipe.module} has no {recipe.rope}")
+            report.miss("rope", f"{recipe.module} has no {recipe.rope}")
+        elif not rope_callers(module, recipe.rope):
+            report.miss("rope", f"no class of {recipe.module} calls {recipe.rope} in its forward")
         else:
             replacement = fw.rope_function(recipe.rope_casts_back)
             if getattr(module, recipe.rope) is replacement:
@@ -252,34 +262,75 @@ def apply_liger_kernel_to(
 
     causal_lm = original_attr(module, recipe.causal_lm)
     if (fused_linear_cross_entropy or cross_entropy) and causal_lm is None:
-        report.skip(f"{recipe.module} has no {recipe.causal_lm}")
+        report.miss(
+            "fused_linear_cross_entropy" if fused_linear_cross_entropy else "cross_entropy",
+            f"{recipe.module} has no {recipe.causal_lm}",
+        )
     elif fused_linear_cross_entropy:
-        if causal_lm.__dict__.get("forward") is fw.causal_lm_forward:
+        if fw.is_causal_lm_forward(causal_lm.__dict__.get("forward")):
             report.count_already("fused_linear_cross_entropy")
         elif causal_lm.__dict__.get("_loss_function") is not None:
-            report.skip(f"{recipe.causal_lm} already uses liger cross_entropy; revert_model_type() to switch")
+            report.miss(
+                "fused_linear_cross_entropy",
+                f"{recipe.causal_lm} already uses liger cross_entropy; revert_model_type() to switch",
+            )
         else:
             _swap_class_attr(model_type, causal_lm, "_liger_core_lm_spec", lm_spec(recipe, module))
-            _swap_class_attr(model_type, causal_lm, "forward", fw.causal_lm_forward)
+            _swap_class_attr(model_type, causal_lm, "forward", fw.causal_lm_forward_for(causal_lm.forward))
             report.count("fused_linear_cross_entropy")
     elif cross_entropy:
         current = causal_lm.__dict__.get("_loss_function")
         if isinstance(current, staticmethod) and current.__func__ is fw.liger_causal_lm_loss:
             report.count_already("cross_entropy")
-        elif causal_lm.__dict__.get("forward") is fw.causal_lm_forward:
-            report.skip(
-                f"{recipe.causal_lm} already uses fused_linear_cross_entropy; revert_model_type() to switch"
+        elif fw.is_causal_lm_forward(causal_lm.__dict__.get("forward")):
+            report.miss(
+                "cross_entropy",
+                f"{recipe.causal_lm} already uses fused_linear_cross_entropy; revert_model_type() to switch",
             )
         else:
             _swap_class_attr(model_type, causal_lm, "_loss_function", staticmethod(fw.liger_causal_lm_loss))
             report.count("cross_entropy")
 
-    if mapping:
-        _register_with_transformers(model_type, mapping)
     for note in recipe.notes:
         report.skip(note)
-    logger.info("%s", report)
+    if strict and report.missing:
+        _undo_this_call(model_type, before)
+        raise PatchIncompleteError(report)
+    if mapping:
+        _register_with_transformers(model_type, mapping)
+    (logger.warning if report.missing else logger.info)("%s", report)
     return report
+
+
+def rope_callers(module: ModuleType, name: str) -> list[str]:
+    """The classes of ``module`` whose forward (under its decorators) looks up its global ``name``."""
+    found = []
+    for attr, value in vars(module).items():
+        if isinstance(value, type) and value.__module__ == module.__name__:
+            inner = innermost_function(value.__dict__.get("forward"))
+            if inner is not None and name in inner.__code__.co_names and inner.__globals__ is vars(module):
+                found.append(attr)
+    return found
+
+
+def _undo_this_call(model_type: str, before: int) -> None:
+    """Undo the swaps of ``model_type`` recorded after the first ``before`` (a strict call that failed)."""
+    swapped = _swapped_by_type.get(model_type, [])
+    while len(swapped) > before:
+        _restore(*swapped.pop())
+
+
+def _restore(where: str, key: tuple) -> None:
+    if where == "module":
+        module_name, name = key
+        setattr(importlib.import_module(module_name), name, _module_originals.pop(key))
+    else:
+        cls, name = key
+        previous = _class_originals.pop(key)
+        if previous is _MISSING:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, previous)
 
 
 def revert_model_type(model_type: str) -> None:
@@ -290,16 +341,7 @@ def revert_model_type(model_type: str) -> None:
     """
     recipe_for(model_type)
     for where, key in reversed(_swapped_by_type.pop(model_type, [])):
-        if where == "module":
-            module_name, name = key
-            setattr(importlib.import_module(module_name), name, _module_originals.pop(key))
-        else:
-            cls, name = key
-            previous = _class_originals.pop(key)
-            if previous is _MISSING:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, previous)
+        _restore(where, key)
     keys = _registered_keys.pop(model_type, [])
     if keys:
         from transformers.monkey_patching import get_patch_mapping, unregister_patch_mapping

@@ -11,8 +11,9 @@ on CPU the interpreter or the reference path (``liger_core.dispatch``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import types
+import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from torch import nn
 
 import liger_core  # `liger_core.ops` is imported on first use: importing patching does not import Triton
 from liger_core.patching.distributed import call_as_forward, redirected_linear
+from liger_core.patching.introspect import RewrapError, innermost_function, rewrap, with_global
 
 # ----------------------------------------------------------------------------------------------------------
 # RMSNorm / LayerNorm
@@ -176,17 +178,19 @@ def rope_function(casts_back: bool):
     return liger_rotary_pos_emb_cast_back if casts_back else liger_rotary_pos_emb
 
 
-_rebound_forwards: dict[tuple[Any, str, Any], types.FunctionType] = {}
+_rebound_forwards: dict[tuple[Any, str, Any], Any] = {}
 
 
-def forward_with_global(func: types.FunctionType, name: str, replacement: Any) -> types.FunctionType:
-    """A copy of ``func`` that sees ``replacement`` for the global ``name`` (all else as ``func`` does).
+def forward_with_global(func: Any, name: str, replacement: Any) -> Any:
+    """A copy of the forward ``func`` whose own code sees ``replacement`` for the global ``name``.
 
     This is how RoPE is patched on one model instance: HF attention forwards call the modeling module's
     ``apply_rotary_pos_emb`` through their globals, so swapping the module attribute would change every model
     of that type in the process (a frozen reference model in DPO/distillation included). Instead the patched
-    attention module gets this copy of its class's forward, whose globals are a copy of the modeling module's
-    dict with the one name replaced. The copy of the globals is taken when the model is patched (a later
+    attention module gets this copy of its class's forward. When decorators wrap the forward (transformers'
+    ``deprecate_kwarg`` and others), the function at the bottom of the chain is copied and the chain is
+    rebuilt around the copy, so every decorator still runs (``introspect.rewrap``; ``RewrapError`` if a
+    decorator cannot be rebuilt). The copy of the globals is taken when the model is patched (a later
     monkey-patch of *another* name in that modeling module is not seen by patched attention modules).
     One copy per (function, name, replacement) is cached, so N layers share one function object.
     """
@@ -194,26 +198,13 @@ def forward_with_global(func: types.FunctionType, name: str, replacement: Any) -
     cached = _rebound_forwards.get(key)
     if cached is not None:
         return cached
-    new_globals = dict(func.__globals__)
-    new_globals[name] = replacement
-    # Without `__name__` the copy is not mistaken for the module's own namespace: torch.compile (dynamo) looks
-    # a function's globals up through `sys.modules[__name__]` when it has one, and would then trace (and
-    # guard on) HF's apply_rotary_pos_emb instead of the replacement.
-    del new_globals["__name__"]
-    new = types.FunctionType(func.__code__, new_globals, func.__name__, func.__defaults__, func.__closure__)
-    new.__kwdefaults__ = func.__kwdefaults__
-    new.__qualname__ = func.__qualname__
-    new.__module__ = func.__module__
-    new.__doc__ = func.__doc__
-    new.__dict__.update(func.__dict__)
+    inner = innermost_function(func)
+    if inner is None:
+        raise RewrapError(f"{getattr(func, '__qualname__', func)!r} is not a Python function")
+    new = rewrap(func, with_global(inner, name, replacement))
     new._liger_core_rope = replacement
     _rebound_forwards[key] = new
     return new
-
-
-def calls_global(func: object, name: str) -> bool:
-    """True if ``func`` is a plain Python function whose own code looks up the global ``name``."""
-    return isinstance(func, types.FunctionType) and name in func.__code__.co_names
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -398,7 +389,7 @@ def causal_lm_forward(
     input_ids: torch.LongTensor | None = None,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.LongTensor | None = None,
-    past_key_values: Any = None,
+    cache: Any = None,
     inputs_embeds: torch.Tensor | None = None,
     labels: torch.LongTensor | None = None,
     use_cache: bool | None = None,
@@ -413,6 +404,11 @@ def causal_lm_forward(
     ``logits`` is None. Otherwise (eval, generation, ``skip_logits=False``) the logits are computed as HF does
     and the loss, when labels are given, by the model's own ``loss_function``. ``num_items_in_batch`` (HF's
     gradient-accumulation fix) turns the mean into sum / num_items_in_batch in both paths.
+
+    The key/value cache is the fourth argument, as in HF's forwards; transformers 5.24 renamed it from
+    ``past_key_values`` to ``cache``. Both names are accepted here, and the base model and the output get it
+    under the name the installed release uses (``cache_argument_name``). Patching installs this function
+    inside the class forward's own decorators (``causal_lm_forward_for``), so they still run.
     """
     return causal_lm(
         self,
@@ -420,7 +416,7 @@ def causal_lm_forward(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
+        cache=cache,
         inputs_embeds=inputs_embeds,
         labels=labels,
         use_cache=use_cache,
@@ -430,13 +426,54 @@ def causal_lm_forward(
     )
 
 
+def causal_lm_forward_for(class_forward: Any) -> Any:
+    """``causal_lm_forward`` inside the decorators that wrap ``class_forward`` (itself when none do).
+
+    transformers decorates ``*ForCausalLM.forward`` (``deprecate_kwarg`` renames old argument names with a
+    warning, ``can_return_tuple`` honours ``return_dict``): the patched forward keeps that behaviour. A chain
+    that cannot be rebuilt leaves the plain ``causal_lm_forward``, which handles both cache names and
+    ``return_dict`` itself.
+    """
+    try:
+        return rewrap(class_forward, causal_lm_forward)
+    except RewrapError:
+        return causal_lm_forward
+
+
+def is_causal_lm_forward(forward: Any) -> bool:
+    """True for ``causal_lm_forward`` itself or inside a decorator chain (``causal_lm_forward_for``)."""
+    return forward is not None and innermost_function(forward) is causal_lm_forward
+
+
+_CACHE_NAMES = ("cache", "past_key_values")
+
+
+@torch.compiler.assume_constant_result  # a fact about a class: torch.compile takes the value, not the code
+def cache_argument_name(module_cls: type) -> str:
+    """The name of ``module_cls``'s forward's key/value cache argument in the installed transformers."""
+    inner = innermost_function(getattr(module_cls, "forward", None))
+    if inner is not None:
+        params = inspect.signature(inner).parameters
+        for name in _CACHE_NAMES:
+            if name in params:
+                return name
+    return _CACHE_NAMES[1]
+
+
+@torch.compiler.assume_constant_result
+def _output_cache_field(output_cls: type) -> str:
+    """The field of a transformers output dataclass that holds the key/value cache."""
+    names = {f.name for f in dataclasses.fields(output_cls)}
+    return next((n for n in _CACHE_NAMES if n in names), _CACHE_NAMES[1])
+
+
 def causal_lm(
     self: nn.Module,
     spec: LMSpec,
     input_ids: torch.LongTensor | None = None,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.LongTensor | None = None,
-    past_key_values: Any = None,
+    cache: Any = None,
     inputs_embeds: torch.Tensor | None = None,
     labels: torch.LongTensor | None = None,
     use_cache: bool | None = None,
@@ -445,6 +482,11 @@ def causal_lm(
     **kwargs: Any,
 ):
     """``causal_lm_forward`` with an explicit spec (structural patching probes a candidate spec with it)."""
+    if "past_key_values" in kwargs:
+        old = kwargs.pop("past_key_values")
+        if cache is not None and old is not None:
+            raise ValueError("pass the key/value cache as `cache` or as `past_key_values`, not both")
+        cache = old if cache is None else cache
     return_dict = kwargs.pop("return_dict", None)
     shift_labels = kwargs.get("shift_labels")
     num_items_in_batch = kwargs.get("num_items_in_batch")
@@ -466,11 +508,11 @@ def causal_lm(
         model_kwargs["output_router_logits"] = output_router_logits
 
     base = getattr(self, self.base_model_prefix)
+    model_kwargs[cache_argument_name(type(base))] = cache
     outputs = base(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
         inputs_embeds=inputs_embeds,
         use_cache=use_cache,
         **model_kwargs,
@@ -506,10 +548,14 @@ def causal_lm(
 
     from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
+    output_cls = MoeCausalLMOutputWithPast if spec.moe else CausalLMOutputWithPast
+    returned_cache = None
+    if not isinstance(outputs, tuple):
+        returned_cache = getattr(outputs, _output_cache_field(type(outputs)), None)
     common = dict(
         loss=loss,
         logits=logits,
-        past_key_values=getattr(outputs, "past_key_values", None),
+        **{_output_cache_field(output_cls): returned_cache},
         hidden_states=getattr(outputs, "hidden_states", None),
         attentions=getattr(outputs, "attentions", None),
     )

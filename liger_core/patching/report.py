@@ -1,4 +1,4 @@
-"""What a patch call did: ``PatchReport`` (returned, logged once per call), ``UnsupportedModelError``."""
+"""What a patch call did: ``PatchReport`` (returned, logged once per call), and the errors patching raises."""
 
 from __future__ import annotations
 
@@ -15,18 +15,43 @@ class UnsupportedModelError(ValueError):
     """Nothing in the model could be patched and its ``model_type`` has no recipe."""
 
 
+class PatchIncompleteError(RuntimeError):
+    """``strict=True``: a kernel the model could use was not applied (``report.missing`` says which and why).
+
+    Raised after the call's own swaps were undone, so the model is as it was before the call.
+    """
+
+    def __init__(self, report: PatchReport):
+        self.report = report
+        missing = "; ".join(f"{kind}: {', '.join(reasons)}" for kind, reasons in report.missing.items())
+        super().__init__(
+            f"liger_core: strict patching of {report.model_type} left kernels out ({missing}); nothing was "
+            "patched. Fix the cause, turn those kernels off by name, or patch without strict."
+        )
+
+
 @dataclass
 class PatchReport:
-    """``swapped``: kind -> number of modules (instance patching) or classes/functions (class-level patching)
-    swapped by this call. ``already``: kind -> number found already patched (a second call swaps nothing and
-    says so here). ``skipped``: human-readable reasons for what was left as it was. ``method``: "recipe",
-    "structural" or "class". ``bool(report)``: anything swapped by this call."""
+    """What one patch call did.
+
+    - ``swapped``: kind -> number of modules (instance patching) or classes/functions (class-level patching)
+      swapped by this call.
+    - ``already``: kind -> number found already patched (a second call swaps nothing and says so here).
+    - ``missing``: kind -> reasons, for each kernel that was asked for (its flag on) and that the model could
+      use (the recipe names it, or a module has its structure) but did not get. ``strict=True`` raises
+      ``PatchIncompleteError`` when this is not empty.
+    - ``skipped``: what was deliberately left as it was (a recipe's notes, modules no kernel covers).
+    - ``modules``: qualified module name -> the kind patched into it ("" for the model itself).
+    - ``method``: "recipe", "structural" or "class". ``bool(report)``: anything swapped by this call.
+    """
 
     model_type: str
     swapped: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     already: dict[str, int] = field(default_factory=dict)
     method: str = "recipe"
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    modules: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return any(self.swapped.values())
@@ -41,6 +66,17 @@ class PatchReport:
         if reason not in self.skipped:
             self.skipped.append(reason)
 
+    def miss(self, kind: str, reason: str) -> None:
+        """``kind`` was asked for and the model could use it, but it was not applied, because ``reason``."""
+        reasons = self.missing.setdefault(kind, [])
+        if reason not in reasons:
+            reasons.append(reason)
+
+    @property
+    def kinds(self) -> set[str]:
+        """Every kind the model now runs, swapped by this call or found already patched."""
+        return {k for k, n in self.swapped.items() if n} | {k for k, n in self.already.items() if n}
+
     @staticmethod
     def _fmt(counts: dict[str, int]) -> str:
         ordered = sorted(
@@ -53,6 +89,9 @@ class PatchReport:
         parts = [f"liger_core: patched {self.model_type}{how}: {self._fmt(self.swapped) or 'nothing new'}"]
         if any(self.already.values()):
             parts.append(f"already patched: {self._fmt(self.already)}")
+        if self.missing:
+            missing = "; ".join(f"{k} ({', '.join(r)})" for k, r in self.missing.items())
+            parts.append(f"NOT applied: {missing}")
         if self.skipped:
             parts.append(f"skipped: {'; '.join(self.skipped)}")
         return " | ".join(parts)

@@ -1,23 +1,33 @@
 """Structural patching: for a model type without a recipe, recognise RMSNorm-like modules, gated MLPs, rotary
 functions, LayerNorms and the causal-LM head by their structure, and swap each one only after its liger
-replacement has reproduced the original on a random probe (a numeric self-check at patch time, run in the
-module's own dtype and device on a small batch, under ``torch.no_grad``, with a private RNG so the caller's
+replacement has reproduced the original on a random probe: outputs AND gradients (a numeric self-check at
+patch time, run in the module's own dtype and device on a small batch, with a private RNG so the caller's
 random state is untouched).
 
 What is recognised (and what decides it):
 
 - RMSNorm: a leaf module whose only parameter is a 1-D ``weight``, with a float ``variance_epsilon`` or
-  ``eps`` and no bias. Three semantics are tried (Llama: ``w * xn.to(dt)``; Gemma: ``(xn * (1 + w)).to(dt)``;
-  OLMo-2: ``(xn * w).to(dt)``); the one closest to the module's own output is kept if it is within tolerance.
+  ``eps``, no bias, and a forward that takes the hidden states alone (a gated norm, ``forward(x, gate)``, is
+  not one). Three semantics are tried (Llama: ``w * xn.to(dt)``; Gemma: ``(xn * (1 + w)).to(dt)``;
+  OLMo-2: ``(xn * w).to(dt)``) with a random, non-trivial weight put in place of the module's own for the
+  probe (``torch.func.functional_call``: the parameter itself is not touched): a freshly initialised
+  weight of zeros or ones would hide a wrong offset or a scale applied before the normalisation. The
+  variant whose output, input gradient and weight gradient are all within tolerance is kept.
 - LayerNorm: exactly ``torch.nn.LayerNorm`` with weight and bias.
 - Gated MLP: ``gate_proj``/``up_proj``/``down_proj`` or ``gate_up_proj``/``down_proj`` submodules and an
-  ``act_fn``/``activation_fn`` that computes silu or gelu; then the whole MLP forward is probed.
-- RoPE: an attention-like module whose class forward calls a module-level function whose name contains
-  "rotary", "rope", "rotate" or "pos_emb"; the function is probed on random q/k/cos/sin (GQA head counts)
-  against ``liger_core.ops.rope``; on success the module gets a copy of its forward that calls liger's rope
-  (``forwards.forward_with_global``).
+  ``act_fn``/``activation_fn`` that computes silu or gelu; then the whole MLP forward and its input gradient
+  are probed.
+- RoPE: an attention-like module whose class forward (the function at the bottom of its decorator chain)
+  calls a module-level function whose name contains "rotary", "rope", "rotate" or "pos_emb"; the function is
+  probed on random q/k/cos/sin (GQA head counts) against ``liger_core.ops.rope``, outputs and q/k gradients;
+  on success the module gets a copy of its forward that calls liger's rope (``forwards.forward_with_global``).
 - Loss head: a model with ``lm_head`` (nn.Linear), ``config.vocab_size`` and a base model; its own forward's
-  loss on a 6-token probe is compared with the fused linear cross-entropy loss (after the swaps above).
+  loss and lm_head's gradient, on a 6-token probe, are compared with the fused linear cross-entropy's (after
+  the swaps above).
+
+A probe that raises is a failed probe: the module is left as it is and the reason is reported; patching never
+raises out of a probe. A recognised module whose probe fails is a miss (``report.missing``); a module no
+kernel covers (another activation) is reported in ``report.skipped``.
 
 Tolerances: relative max error 1e-5 in fp32 (float rounding differences only), 4 units of the dtype's
 epsilon in bf16/fp16 (a rounding difference, not a different formula: a wrong offset, scale or activation
@@ -26,18 +36,22 @@ is off by > 10%).
 
 from __future__ import annotations
 
+import inspect
 import re
 import types
 from types import SimpleNamespace
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 import liger_core
 from liger_core.patching import forwards as fw
-from liger_core.patching.instance import _swaps, bind, foreign_forward, own_kind, patch_loss
+from liger_core.patching.introspect import RewrapError, innermost_function
+from liger_core.patching.loss import patch_loss
 from liger_core.patching.recipes import NormSpec
 from liger_core.patching.report import PatchReport, summarize_reasons
+from liger_core.patching.swaps import bind, foreign_forward, own_kind
 
 _ROPE_NAME = re.compile(r"rotary|rope|rotate|pos_emb", re.IGNORECASE)
 _NORM_VARIANTS = (
@@ -52,24 +66,42 @@ _MLP_LAYOUTS = (
 _ACT_NAMES = ("act_fn", "activation_fn", "act")
 
 
+class _Skip(Exception):
+    """A recognised module that no liger kernel covers (reported in ``skipped``, not a miss)."""
+
+
 def _tolerance(dtype: torch.dtype) -> float:
     return 1e-5 if dtype in (torch.float32, torch.float64) else 4 * torch.finfo(dtype).eps
 
 
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    if not isinstance(y, torch.Tensor) or not isinstance(ref, torch.Tensor):
+        return float("inf")
     if y.shape != ref.shape or y.dtype != ref.dtype:
         return float("inf")
     y, ref = y.double(), ref.double()
     if not torch.isfinite(y).all():
         return float("inf")
-    scale = ref.abs().max().item()
-    return (y - ref).abs().max().item() / (scale if scale > 0 else 1.0)
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    return (y - ref).abs().max().item() / (scale if scale > 0 else 1.0) if y.numel() else 0.0
+
+
+def _max_err(pairs) -> float:
+    return max(_rel_err(a, b) for a, b in pairs)
 
 
 def _randn(shape, like: torch.Tensor, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
     return (scale * torch.randn(shape, generator=gen, dtype=torch.float32)).to(
         device=like.device, dtype=like.dtype
     )
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_(True)
+
+
+def _grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], dout: torch.Tensor) -> tuple:
+    return torch.autograd.grad(out, inputs, dout, allow_unused=True)
 
 
 def _first_param(module: nn.Module) -> torch.Tensor | None:
@@ -80,8 +112,17 @@ def _usable(t: torch.Tensor | None) -> bool:
     return t is not None and t.device.type != "meta" and t.is_floating_point()
 
 
+def _extra_forward_params(m: nn.Module) -> list[str]:
+    """The parameters of ``m``'s forward besides ``self`` and the one input (a liger forward takes one)."""
+    inner = innermost_function(type(m).forward)
+    if inner is None:
+        return ["<not a Python function>"]
+    params = list(inspect.signature(inner).parameters.values())[1:]
+    return [p.name for p in params[1:]] if params else ["<no input>"]
+
+
 # ----------------------------------------------------------------------------------------------------------
-# Recognisers + probes. Each returns what to bind, or a reason string.
+# Recognisers + probes. Each returns what to bind, or a reason string; a probe that raises is a failed probe.
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -96,35 +137,49 @@ def _looks_like_rms_norm(m: nn.Module) -> bool:
 
 
 def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
+    extra = _extra_forward_params(m)
+    if extra:
+        raise _Skip(f"forward takes ({', '.join(extra)}) besides the hidden states: no liger kernel for it")
     w = m.weight
     if not _usable(w):
         return "weight not materialised"
-    x = _randn((2, 3, w.shape[0]), w, gen, scale=3.0)
-    with torch.no_grad():
-        ref = type(m).forward(m, x)
+    # a non-trivial weight (not the zeros/ones a fresh model starts with), so offsets and scales show
+    w_probe = _leaf(_randn((w.shape[0],), w, gen, scale=0.5) + 0.75)
+    x = _leaf(_randn((2, 3, w.shape[0]), w, gen, scale=3.0))
+    with torch.enable_grad():
+        ref = functional_call(m, {"weight": w_probe}, (x,))
         if not isinstance(ref, torch.Tensor):
             return "forward does not return a tensor"
+        dy = _randn(ref.shape, ref, gen)
+        ref_grads = _grads(ref, (x, w_probe), dy)
         best, best_err = None, float("inf")
         for spec in _NORM_VARIANTS:
             y = liger_core.ops.rms_norm(
-                x, w, fw.norm_eps(m), offset=spec.offset, casting_mode=spec.casting_mode
+                x, w_probe, fw.norm_eps(m), offset=spec.offset, casting_mode=spec.casting_mode
             )
-            err = _rel_err(y, ref)
+            grads = _grads(y, (x, w_probe), dy)
+            err = _max_err([(y, ref), *zip(grads, ref_grads)])
             if err < best_err:
                 best, best_err = spec, err
     if best_err <= _tolerance(x.dtype):
         return best
-    return f"output differs from every RMSNorm variant (best rel. error {best_err:.1e})"
+    return f"output or gradients differ from every RMSNorm variant (best rel. error {best_err:.1e})"
 
 
 def _probe_layer_norm(m: nn.LayerNorm, gen: torch.Generator) -> bool | str:
     if m.weight is None or m.bias is None or len(m.normalized_shape) != 1:
-        return "not an affine LayerNorm over the last dimension"
+        raise _Skip("not an affine LayerNorm over the last dimension")
     if not _usable(m.weight):
         return "weight not materialised"
-    x = _randn((2, 3, m.normalized_shape[0]), m.weight, gen, scale=3.0)
-    with torch.no_grad():
-        err = _rel_err(liger_core.ops.layer_norm(x, m.weight, m.bias, m.eps), type(m).forward(m, x))
+    w = _leaf(_randn(m.weight.shape, m.weight, gen, scale=0.5) + 0.75)
+    b = _leaf(_randn(m.bias.shape, m.bias, gen, scale=0.5))
+    x = _leaf(_randn((2, 3, m.normalized_shape[0]), m.weight, gen, scale=3.0))
+    with torch.enable_grad():
+        ref = functional_call(m, {"weight": w, "bias": b}, (x,))
+        dy = _randn(ref.shape, ref, gen)
+        ref_grads = _grads(ref, (x, w, b), dy)
+        y = liger_core.ops.layer_norm(x, w, b, m.eps)
+        err = _max_err([(y, ref), *zip(_grads(y, (x, w, b), dy), ref_grads)])
     return True if err <= _tolerance(x.dtype) else f"probe mismatch (rel. error {err:.1e})"
 
 
@@ -133,19 +188,29 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
     for layout in _MLP_LAYOUTS:
         if not all(isinstance(getattr(m, n, None), nn.Module) for n in layout.values() if n is not None):
             continue
+        extra = _extra_forward_params(m)
+        if extra:
+            raise _Skip(f"forward takes ({', '.join(extra)}) besides the hidden states")
         act = next((a for a in _ACT_NAMES if getattr(m, a, None) is not None), None)
         if act is None:
-            return "no act_fn/activation_fn attribute"
+            raise _Skip("no act_fn/activation_fn attribute")
         resolved = fw.resolve_mlp(m, SimpleNamespace(act=act, **layout))
         if isinstance(resolved, str):
-            return resolved
+            raise _Skip(resolved)
         first = getattr(m, layout["gate_up"] or layout["gate"])
         weight = getattr(first, "weight", None)
         if not _usable(weight) or weight.dim() != 2:
             return "projection weight not materialised"
-        x = _randn((2, 3, weight.shape[1]), weight, gen)
-        with torch.no_grad():
-            err = _rel_err(fw.gated_mlp(m, resolved, x), type(m).forward(m, x))
+        x = _leaf(_randn((2, 3, weight.shape[1]), weight, gen))
+        with torch.enable_grad():
+            ref = type(m).forward(m, x)
+            if not isinstance(ref, torch.Tensor):
+                return "forward does not return a tensor"
+            dy = _randn(ref.shape, ref, gen)
+            (ref_dx,) = _grads(ref, (x,), dy)
+            y = fw.gated_mlp(m, resolved, x)
+            (dx,) = _grads(y, (x,), dy)
+        err = _max_err([(y, ref), (dx, ref_dx)])
         if err <= _tolerance(x.dtype):
             return resolved
         return f"forward is not down(act(gate(x)) * up(x)) (probe rel. error {err:.1e})"
@@ -153,11 +218,11 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
 
 
 def _rope_global(m: nn.Module) -> tuple[str, types.FunctionType] | None:
-    forward = type(m).forward
-    if not isinstance(forward, types.FunctionType):
+    inner = innermost_function(type(m).forward)
+    if inner is None:
         return None
-    for name in forward.__code__.co_names:
-        value = forward.__globals__.get(name)
+    for name in inner.__code__.co_names:
+        value = inner.__globals__.get(name)
         if _ROPE_NAME.search(name) and isinstance(value, types.FunctionType):
             return name, value
     return None
@@ -167,28 +232,33 @@ def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.G
     """liger's rope function that reproduces ``fn`` (also its output dtype with fp32 cos/sin), or a reason.
 
     Probed with cos/sin in the module's dtype (the math) and in fp32 (some models keep the tables in fp32:
-    whether ``fn`` returns q's dtype or the promoted one picks the variant).
+    whether ``fn`` returns q's dtype or the promoted one picks the variant); outputs and q/k gradients.
     """
     like = torch.empty((), dtype=dtype, device=device)
     batch, seq, head_dim = 2, 5, 8
-    q = _randn((batch, 4, seq, head_dim), like, gen)
-    k = _randn((batch, 2, seq, head_dim), like, gen)
+    q0 = _randn((batch, 4, seq, head_dim), like, gen)
+    k0 = _randn((batch, 2, seq, head_dim), like, gen)
     angles = torch.rand((batch, seq, head_dim // 2), generator=gen) * 6.0
     chosen = fw.liger_rotary_pos_emb
     for table_dtype in dict.fromkeys((dtype, torch.float32)):
         cos = torch.cat((angles.cos(), angles.cos()), -1).to(device=device, dtype=table_dtype)
         sin = torch.cat((angles.sin(), angles.sin()), -1).to(device=device, dtype=table_dtype)
+        q, k = _leaf(q0), _leaf(k0)
         try:
-            with torch.no_grad():
+            with torch.enable_grad():
                 ref_q, ref_k = fn(q, k, cos, sin)
         except Exception as e:  # noqa: BLE001 - a function with another signature is simply not ours
             return f"{fn.__name__}(q, k, cos, sin) failed on the probe ({type(e).__name__})"
         if not (isinstance(ref_q, torch.Tensor) and isinstance(ref_k, torch.Tensor)):
             return f"{fn.__name__} does not return (q, k)"
         chosen = fw.liger_rotary_pos_emb_cast_back if ref_q.dtype == q.dtype else fw.liger_rotary_pos_emb
-        with torch.no_grad():
-            out_q, out_k = chosen(q, k, cos, sin)
-        err = max(_rel_err(out_q, ref_q), _rel_err(out_k, ref_k))
+        dq, dk = _randn(ref_q.shape, ref_q, gen), _randn(ref_k.shape, ref_k, gen)
+        with torch.enable_grad():
+            ref_grads = torch.autograd.grad((ref_q, ref_k), (q, k), (dq, dk))
+            q2, k2 = _leaf(q0), _leaf(k0)
+            out_q, out_k = chosen(q2, k2, cos, sin)
+            grads = torch.autograd.grad((out_q, out_k), (q2, k2), (dq, dk))
+        err = _max_err([(out_q, ref_q), (out_k, ref_k), *zip(grads, ref_grads)])
         if err > _tolerance(dtype):
             return f"{fn.__name__} is not HF's rotate_half rotary embedding (probe rel. error {err:.1e})"
     return chosen
@@ -198,39 +268,62 @@ def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.G
 
 
 def _probe_loss(root: nn.Module, spec: fw.LMSpec, gen: torch.Generator) -> bool | str:
-    weight = getattr(getattr(root, "lm_head", None), "weight", None)
+    """The fused loss against the model's own: the loss, and the gradient of lm_head's weight (and bias).
+
+    Everything below lm_head runs the same code in both, so the head's gradient is where a different loss
+    shows. The head's parameters are made to require a gradient for the probe only (a frozen head, as under
+    LoRA, included) and set back afterwards.
+    """
+    head = getattr(root, "lm_head", None)
+    weight = getattr(head, "weight", None)
     vocab = getattr(getattr(root, "config", None), "vocab_size", None)
     if not _usable(weight) or not isinstance(vocab, int):
         return "no lm_head/vocab_size"
+    params = [p for p in (weight, getattr(head, "bias", None)) if isinstance(p, torch.Tensor)]
+    requires = [p.requires_grad for p in params]
     ids = torch.randint(0, vocab, (1, 6), generator=gen).to(weight.device)
     training = root.training
     root.eval()
     try:
-        with torch.no_grad():
+        for p in params:
+            p.requires_grad_(True)
+        with torch.enable_grad():
             ref = type(root).forward(root, input_ids=ids, labels=ids)
-            ours = fw.causal_lm(root, spec, input_ids=ids, labels=ids, skip_logits=True)
-    except Exception as e:  # noqa: BLE001 - a forward with other conventions is left alone
+            ref_loss = getattr(ref, "loss", None)
+            if not isinstance(ref_loss, torch.Tensor) or getattr(ref, "router_logits", None) is not None:
+                return "forward has no plain causal-LM loss (or is a mixture of experts)"
+            ref_grads = torch.autograd.grad(ref_loss, params)
+            ours = fw.causal_lm(root, spec, input_ids=ids, labels=ids, skip_logits=True).loss
+            grads = torch.autograd.grad(ours, params)
+    except Exception as e:  # noqa: BLE001 - a forward with other conventions is left alone, with the reason
         return f"probe forward failed ({type(e).__name__}: {e})"
     finally:
+        for p, r in zip(params, requires):
+            p.requires_grad_(r)
         root.train(training)
-    ref_loss = getattr(ref, "loss", None)
-    if not isinstance(ref_loss, torch.Tensor) or getattr(ref, "router_logits", None) is not None:
-        return "forward has no plain causal-LM loss (or is a mixture of experts)"
-    err = _rel_err(ours.loss.to(ref_loss.dtype), ref_loss)
-    return (
-        True
-        if err <= _tolerance(weight.dtype)
-        else f"loss differs from the model's own (rel. error {err:.1e})"
-    )
+    err = _max_err([(ours.to(ref_loss.dtype), ref_loss), *zip(grads, ref_grads)])
+    if err <= _tolerance(weight.dtype):
+        return True
+    return f"loss or lm_head gradient differs from the model's own (rel. error {err:.1e})"
+
+
+def _verdict(probe, *args):
+    """The probe's verdict; a probe that raises gives a reason instead (patching never raises out of one)."""
+    try:
+        return probe(*args)
+    except _Skip:
+        raise
+    except Exception as e:  # noqa: BLE001 - see docstring
+        return f"probe failed ({type(e).__name__}: {e})"
 
 
 def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchReport) -> None:
-    """Swap what is recognised and passes its probe; count and explain the rest in ``report``."""
+    """Swap what is recognised and passes its probe; report every recognised module that was not swapped."""
     gen = torch.Generator().manual_seed(0)
-    swaps = _swaps(root)
-    reasons: list[str] = []
+    misses: list[tuple[str, str]] = []
+    skips: list[str] = []
     rope_cache: dict[tuple, object] = {}
-    for m in root.modules():
+    for qualname, m in root.named_modules():
         if m is root:
             continue
         kind = own_kind(m)
@@ -238,75 +331,100 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
             report.count_already(kind)
             continue
         name = type(m).__name__
-        if foreign_forward(m):
-            continue
-        if type(m) is nn.LayerNorm:
-            if flags["layer_norm"]:
-                verdict = _probe_layer_norm(m, gen)
-                if verdict is True:
-                    bind(m, fw.layer_norm_forward, "layer_norm", swaps)
-                    report.count("layer_norm")
-                else:
-                    reasons.append(f"layer_norm {name}: {verdict}")
-            continue
-        if _looks_like_rms_norm(m):
-            if flags["rms_norm"]:
-                verdict = _probe_norm(m, gen)
-                if isinstance(verdict, NormSpec):
-                    bind(m, fw.rms_norm_forward, "rms_norm", swaps, _liger_core_norm_spec=verdict)
-                    report.count("rms_norm")
-                else:
-                    reasons.append(f"rms_norm {name}: {verdict}")
-            continue
-        if flags["swiglu"] or flags["geglu"]:
-            verdict = _probe_mlp(m, gen)
-            if isinstance(verdict, fw.ResolvedMLP):
-                if flags[verdict.kind]:
-                    bind(m, fw.gated_mlp_forward, verdict.kind, swaps, _liger_core_mlp_spec=verdict)
-                    report.count(verdict.kind)
+        try:
+            if type(m) is nn.LayerNorm:
+                if flags["layer_norm"]:
+                    verdict = _verdict(_probe_layer_norm, m, gen)
+                    if verdict is True and not foreign_forward(m):
+                        bind(root, m, fw.layer_norm_forward, "layer_norm")
+                        report.count("layer_norm")
+                        report.modules[qualname] = "layer_norm"
+                    else:
+                        misses.append(("layer_norm", f"{name}: {_reason(m, verdict)}"))
                 continue
-            if verdict is not None:
-                reasons.append(f"gated MLP {name}: {verdict}")
+            if _looks_like_rms_norm(m):
+                if flags["rms_norm"]:
+                    verdict = _verdict(_probe_norm, m, gen)
+                    if isinstance(verdict, NormSpec) and not foreign_forward(m):
+                        bind(root, m, fw.rms_norm_forward, "rms_norm", _liger_core_norm_spec=verdict)
+                        report.count("rms_norm")
+                        report.modules[qualname] = "rms_norm"
+                    else:
+                        misses.append(("rms_norm", f"{name}: {_reason(m, verdict)}"))
                 continue
-        if flags["rope"]:
-            found = _rope_global(m)
-            param = _first_param(m)
-            if found is None or not _usable(param):
-                continue
-            rope_name, fn = found
-            key = (fn, param.dtype, param.device)
-            if key not in rope_cache:
-                rope_cache[key] = _probe_rope(fn, param.dtype, param.device, gen)
-            verdict = rope_cache[key]
-            if isinstance(verdict, str):
-                reasons.append(f"rope in {name}: {verdict}")
-                continue
-            bind(m, fw.forward_with_global(type(m).forward, rope_name, verdict), "rope", swaps)
-            report.count("rope")
+            if flags["swiglu"] or flags["geglu"]:
+                verdict = _verdict(_probe_mlp, m, gen)
+                if isinstance(verdict, fw.ResolvedMLP):
+                    if flags[verdict.kind]:
+                        if foreign_forward(m):
+                            misses.append((verdict.kind, f"{name}: {_reason(m, verdict)}"))
+                        else:
+                            bind(root, m, fw.gated_mlp_forward, verdict.kind, _liger_core_mlp_spec=verdict)
+                            report.count(verdict.kind)
+                            report.modules[qualname] = verdict.kind
+                    continue
+                if verdict is not None:
+                    misses.append(("swiglu" if flags["swiglu"] else "geglu", f"gated MLP {name}: {verdict}"))
+                    continue
+            if flags["rope"]:
+                found = _rope_global(m)
+                param = _first_param(m)
+                if found is None or not _usable(param):
+                    continue
+                rope_name, fn = found
+                key = (fn, param.dtype, param.device)
+                if key not in rope_cache:
+                    rope_cache[key] = _verdict(_probe_rope, fn, param.dtype, param.device, gen)
+                verdict = rope_cache[key]
+                if isinstance(verdict, str) or foreign_forward(m):
+                    misses.append(("rope", f"{name}: {_reason(m, verdict)}"))
+                    continue
+                try:
+                    patched = fw.forward_with_global(type(m).forward, rope_name, verdict)
+                except RewrapError as e:
+                    misses.append(("rope", f"{name}.forward: {e}"))
+                    continue
+                bind(root, m, patched, "rope")
+                report.count("rope")
+                report.modules[qualname] = "rope"
+        except _Skip as why:
+            skips.append(f"{name}: {why}")
 
     if flags["fused_linear_cross_entropy"] or flags["cross_entropy"]:
-        config = getattr(root, "config", None)
-        spec = fw.LMSpec(
-            softcap_attr="final_logit_softcapping"
-            if getattr(config, "final_logit_softcapping", None)
-            else None,
-            logits_scaling_attr="logits_scaling" if getattr(config, "logits_scaling", None) else None,
-        )
-        if own_kind(root) is not None:
-            patch_loss(root, spec, flags, report)
-        elif not isinstance(getattr(root, "lm_head", None), nn.Module) or not hasattr(
-            root, "base_model_prefix"
-        ):
-            reasons.append(f"loss: {type(root).__name__} has no lm_head (not a causal LM)")
-        elif flags["fused_linear_cross_entropy"]:
-            verdict = _probe_loss(root, spec, gen)
-            if verdict is True:
-                patch_loss(root, spec, flags, report)
-            else:
-                reasons.append(f"fused_linear_cross_entropy: {verdict}")
-        elif "loss_function" in type(root).forward.__code__.co_names:
+        _patch_loss_structurally(root, flags, report, gen, misses, skips)
+    for kind in dict.fromkeys(k for k, _ in misses):
+        for reason in summarize_reasons([r for k, r in misses if k == kind]):
+            report.miss(kind, reason)
+    for reason in summarize_reasons(skips):
+        report.skip(reason)
+
+
+def _reason(m: nn.Module, verdict) -> str:
+    if isinstance(verdict, str):
+        return verdict
+    return "has an instance-level forward from another library" if foreign_forward(m) else str(verdict)
+
+
+def _patch_loss_structurally(root, flags, report, gen, misses, skips) -> None:
+    config = getattr(root, "config", None)
+    spec = fw.LMSpec(
+        softcap_attr="final_logit_softcapping" if getattr(config, "final_logit_softcapping", None) else None,
+        logits_scaling_attr="logits_scaling" if getattr(config, "logits_scaling", None) else None,
+    )
+    kind = "fused_linear_cross_entropy" if flags["fused_linear_cross_entropy"] else "cross_entropy"
+    if own_kind(root) is not None:
+        patch_loss(root, spec, flags, report)
+    elif not isinstance(getattr(root, "lm_head", None), nn.Module) or not hasattr(root, "base_model_prefix"):
+        skips.append(f"loss: {type(root).__name__} has no lm_head (not a causal LM)")
+    elif flags["fused_linear_cross_entropy"]:
+        verdict = _probe_loss(root, spec, gen)
+        if verdict is True:
             patch_loss(root, spec, flags, report)
         else:
-            reasons.append("cross_entropy: the model's forward does not use self.loss_function")
-    for reason in summarize_reasons(reasons):
-        report.skip(reason)
+            misses.append((kind, verdict))
+    else:
+        inner = innermost_function(type(root).forward)
+        if inner is not None and "loss_function" in inner.__code__.co_names:
+            patch_loss(root, spec, flags, report)
+        else:
+            misses.append((kind, "the model's forward does not use self.loss_function"))

@@ -1,0 +1,57 @@
+"""Patching a causal-LM head's loss on one built model (recipe and structural patching share it).
+
+- ``fused_linear_cross_entropy``: the causal-LM gets ``forwards.causal_lm_forward`` inside its class forward's
+  decorators (``forwards.causal_lm_forward_for``): the loss comes from the hidden states, and the
+  (tokens x vocab) logits are never materialised in training.
+- ``cross_entropy``: the model's ``loss_function`` (an instance attribute HF provides for this) is set to
+  liger's cross-entropy. The process-global ``torch.nn.functional.cross_entropy`` is never replaced.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from liger_core.patching import forwards as fw
+from liger_core.patching.distributed import redirected_linear
+from liger_core.patching.report import PatchReport
+from liger_core.patching.swaps import bind, class_forward_is, foreign_forward, own_kind, set_entry
+
+FLCE = "fused_linear_cross_entropy"
+CE = "cross_entropy"
+
+
+def patch_loss(root: nn.Module, spec: fw.LMSpec, flags: dict[str, bool], report: PatchReport) -> None:
+    """Swap in the loss ``flags`` ask for; a loss asked for and not applied is a miss with its reason."""
+    kind = own_kind(root)
+    class_flce = class_forward_is(root, fw.causal_lm_forward)
+    class_ce = getattr(type(root), "_loss_function", None) is fw.liger_causal_lm_loss
+    if flags[FLCE]:
+        if kind == FLCE or class_flce:
+            report.count_already(FLCE)
+        elif kind == CE or class_ce:
+            report.miss(FLCE, "the loss already uses liger cross_entropy; revert() first to switch")
+        elif foreign_forward(root):
+            report.miss(
+                FLCE, f"{type(root).__name__} already has an instance-level forward from another library"
+            )
+        elif fw.fusable_linear(root.lm_head) is None and redirected_linear(root.lm_head) is None:
+            report.miss(
+                FLCE,
+                f"lm_head ({type(root.lm_head).__name__}) is not a plain nn.Linear (LoRA, quantised or "
+                "offloaded); the loss is left to the model",
+            )
+        else:
+            forward = fw.causal_lm_forward_for(type(root).forward)
+            bind(root, root, forward, FLCE, _liger_core_lm_spec=spec)
+            report.count(FLCE)
+            report.modules[""] = FLCE
+    elif flags[CE]:
+        if kind == CE or class_ce:
+            report.count_already(CE)
+        elif kind == FLCE or class_flce:
+            report.miss(CE, "the loss already uses fused_linear_cross_entropy; revert() first to switch")
+        else:
+            # PreTrainedModel.loss_function is a property whose setter stores `_loss_function` on the instance
+            set_entry(root, root, "_loss_function", fw.liger_causal_lm_loss, CE)
+            report.count(CE)
+            report.modules[""] = CE
