@@ -1,8 +1,9 @@
 """Shared pieces of the preference-loss tests: batches, the three ways (ours, eager, float64), TRL's oracle.
 
-Ground truth: TRL 1.16's own loss code (tests/losses/trl_pref_oracle.py, run with the Python of TRL's
-virtualenv) applied to the float64 reference per-token log-probs of the same (already rounded) inputs; its
-gradient with respect to those log-probs is pulled back through the float64 reference op to hidden and weight.
+Ground truth: TRL 1.16's own loss code (tests/losses/trl_pref_oracle.py, run by the Python that
+$LIGER_TRL_PYTHON names: see ``trl_python``) applied to the float64 reference per-token log-probs of the same
+(already rounded) inputs; its gradient with respect to those log-probs is pulled back through the float64
+reference op to hidden and weight.
 "Eager" is the same pipeline in the input dtype: the reference op (logits in that dtype, log-softmax in fp32)
 and TRL's formula in fp32.
 """
@@ -10,6 +11,7 @@ and TRL's formula in fp32.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -23,7 +25,7 @@ from liger_core.ops import fused_linear_logprobs
 from liger_core.ops.fused_linear_logprobs import OUTPUTS
 
 IGNORE = -100
-TRL_PYTHON = Path("/work/venvs/trl/bin/python")
+TRL_PYTHON_ENV = "LIGER_TRL_PYTHON"
 ORACLE = Path(__file__).with_name("trl_pref_oracle.py")
 SCALAR_FLOOR = 4 * 2.0**-23  # 4 fp32 ulps: a scalar loss built from many fp32 log-probs (cancellation in
 # chosen - rejected) can lose a few ulps where eager, on one random draw, happened to lose fewer (CI: 3.6e-7
@@ -88,15 +90,30 @@ class TokenLogprobs:
         )
 
 
+def trl_python() -> Path:
+    """The Python that runs TRL's code: ``$LIGER_TRL_PYTHON`` (tests/run_all.sh builds the TRL plugin's
+    virtualenv and sets it). Without it the calling test skips, naming the variable, except in CI (``CI`` set
+    to true or 1), where it fails: there the TRL-parity tests must run."""
+    value = os.environ.get(TRL_PYTHON_ENV, "")
+    if not value:
+        problem = f"{TRL_PYTHON_ENV} is not set (a Python with TRL installed; tests/run_all.sh sets it)"
+    elif not os.access(value, os.X_OK) or not Path(value).is_file():
+        problem = f"{TRL_PYTHON_ENV}={value} is not an executable file"
+    else:
+        return Path(value)
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{problem}: CI must run the tests against TRL's code")
+    pytest.skip(problem)
+
+
 def run_oracle(cases: list[dict]) -> list[dict]:
-    """TRL's loss, gradient with respect to log_probs and metrics for each case (skips without TRL's venv)."""
-    if not TRL_PYTHON.exists():
-        pytest.skip("TRL's virtualenv (/work/venvs/trl) is not here")
+    """TRL's loss, gradient with respect to log_probs and metrics for each case (see ``trl_python``)."""
+    python = trl_python()
     with tempfile.TemporaryDirectory() as tmp:
         cases_path, results_path = Path(tmp, "cases.pt"), Path(tmp, "results.pt")
         torch.save(cases, cases_path)
         proc = subprocess.run(
-            [str(TRL_PYTHON), str(ORACLE), str(cases_path), str(results_path)],
+            [str(python), str(ORACLE), str(cases_path), str(results_path)],
             capture_output=True,
             text=True,
             timeout=600,

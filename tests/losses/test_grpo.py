@@ -1,6 +1,7 @@
 """GRPO-family losses: the formula on per-token log-probs against a float64 re-implementation of TRL 1.16's
-``GRPOTrainer._compute_loss`` math (and against TRL's own method, run in TRL's virtualenv), normalisation,
-masking, and the fused entry point against the unfused composition (logits -> log_softmax -> formula)."""
+``GRPOTrainer._compute_loss`` math (and against TRL's own method, run by the Python that $LIGER_TRL_PYTHON
+names), normalisation, masking, and the fused entry point against the unfused composition (logits ->
+log_softmax -> formula)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import FLOOR, SLACK, assert_no_worse_than_eager, dyadic_linear_inputs, rel_err
+from pref_common import trl_python
 
 from liger_core.losses.grpo import (
     CLIPPED_LOSS_TYPES,
@@ -23,7 +25,6 @@ from liger_core.losses.grpo import (
 )
 from liger_core.ops import fused_linear_logprobs
 
-TRL_PYTHON = Path("/work/venvs/trl/bin/python")
 REPO = Path(__file__).resolve().parents[2]
 B, T = 3, 7
 MAX_COMPLETION_LENGTH = 9
@@ -398,14 +399,13 @@ def test_argument_errors():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# TRL's own code (its virtualenv: TRL 1.16, same torch), on the same float64 tensors
+# TRL's own code (the Python of $LIGER_TRL_PYTHON: TRL 1.16, same torch), on the same float64 tensors
 # ------------------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def trl_results(tmp_path_factory):
-    if not TRL_PYTHON.exists():
-        pytest.skip(f"no TRL virtualenv at {TRL_PYTHON}")
+    python = trl_python()
     cases = [c for c in all_cases() if not c.get("advantages_per_token")]
     for case in cases:
         case["entropies"] = torch.rand(B, T, dtype=torch.float64)
@@ -414,7 +414,7 @@ def trl_results(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
     script = Path(__file__).with_name("trl_grpo_oracle.py")
     proc = subprocess.run(
-        [str(TRL_PYTHON), str(script), str(tmp / "cases.pt"), str(tmp / "out.pt")],
+        [str(python), str(script), str(tmp / "cases.pt"), str(tmp / "out.pt")],
         capture_output=True,
         text=True,
         env=env,

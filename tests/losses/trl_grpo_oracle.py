@@ -1,5 +1,5 @@
 """Runs TRL's own GRPOTrainer._compute_loss on given per-token log-probs (not a test: test_grpo.py calls it
-with the Python of TRL's virtualenv).
+with the Python that $LIGER_TRL_PYTHON names).
 
     python trl_grpo_oracle.py cases.pt results.pt
 

@@ -1,5 +1,5 @@
 """Runs TRL's own preference-loss code on given per-token log-probs (not a test: test_preference.py and
-test_kto.py call it with the Python of TRL's virtualenv).
+test_kto.py call it with the Python that $LIGER_TRL_PYTHON names).
 
     python trl_pref_oracle.py cases.pt results.pt
 
