@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU test suite of the LLaMA-Factory plugin, in its own virtualenv (LLaMA-Factory's pins clash with Axolotl's).
-#   bash integrations/llamafactory/run_tests.sh <venv_dir>
+#   bash integrations/llamafactory/run_tests.sh <venv_dir> [--install-only | pytest args...]
 # Installs torch 2.13.0 (CPU), llamafactory 0.9.5, liger-core and this plugin (editable, [test] extra: pytest,
 # playwright), Debian's Chromium for the browser test (never `playwright install`), then runs the tests with the
 # Triton kernels in Triton's interpreter. Exits non-zero on failure.
@@ -10,16 +10,20 @@
 # fail to load next to it. torchvision is uninstalled (LLaMA-Factory never imports it; transformers skips it when
 # absent); torchaudio stays broken on purpose: liger-lmf replaces a torchaudio that fails to import with a stub
 # (liger_core_llamafactory/compat.py), and these tests run through that path.
+# --install-only: create/update the venv and stop; other arguments go to pytest. pytest's exit code 5 (no
+# tests collected) is reported as an error and returned.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-venv=${1:?usage: bash run_tests.sh <venv_dir>}
+venv=${1:?usage: bash run_tests.sh <venv_dir> [--install-only | pytest args...]}
+shift
 start=$SECONDS
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0
 "${pip[@]}" torch==2.13.0 torchvision==0.28.0 llamafactory==0.9.5 -e "$root" -e "$here[test]"
 "$venv/bin/python" -m pip uninstall -y -q torchvision
+[ "${1:-}" != --install-only ] || exit 0
 
 if [ ! -x /usr/bin/chromium ]; then
   sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
@@ -33,4 +37,7 @@ export TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARA
 cd "$here"
 "$venv/bin/python" -c "import llamafactory, transformers, torch; print('liger_core_llamafactory tests: llamafactory', \
 llamafactory.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
-exec "$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=5
+rc=0
+"$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=5 "$@" || rc=$?
+if [ "$rc" = 5 ]; then echo "ERROR: pytest collected no tests in $here/tests (exit code 5)" >&2; fi
+exit "$rc"
