@@ -1,0 +1,93 @@
+"""One line per test suite from pytest's JUnit XML report, and the checks that keep a suite from passing
+silently: pytest's exit code 5 (no tests collected), a report with no test run, and skips whose reason is not
+one a CPU-only CI has (the table below). tests/run_all.sh calls it after each suite.
+
+    python3 tests/ci/summarize.py <suite> <junit.xml> <pytest exit code>
+
+Prints e.g. ``core: 597 passed, 371 skipped (356: no CUDA; 15: ...)`` and exits 1 when one of the checks fails
+(each problem on stderr), else 0. The pytest exit code itself decides nothing else: tests/run_all.sh fails a
+suite on any non-zero code.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+# Skip reasons a CPU-only CI has: a pattern of the reason pytest reports, and why CI cannot run such a test.
+# A skip with any other reason fails the suite: either the CI should install what the test needs, or the
+# reason belongs here with its explanation.
+EXPLAINED_SKIPS = [
+    (r"no CUDA", "needs a CUDA GPU (runs on the GPU machine: pytest -m gpu)"),
+    (
+        r"liger_core\.demo exists",
+        "tests the CLI of an install without liger_core/demo.py; every install from this repository has it",
+    ),
+    (
+        r"TRL \S+ has the fused LM head: covered by the 2-step run",
+        "Axolotl: the branch for TRL without a fused LM head; with a newer TRL the 2-step DPO run covers it",
+    ),
+]
+
+
+def explanation(reason: str) -> str | None:
+    for pattern, why in EXPLAINED_SKIPS:
+        if re.fullmatch(pattern, reason):
+            return why
+    return None
+
+
+def outcomes(report: Path) -> tuple[Counter, Counter]:
+    """(count per outcome, count per skip reason) of the report's test cases."""
+    counts: Counter = Counter()
+    skips: Counter = Counter()
+    for case in ET.parse(report).getroot().iter("testcase"):
+        if case.find("failure") is not None:
+            counts["failed"] += 1
+        elif case.find("error") is not None:
+            counts["error"] += 1
+        elif (skipped := case.find("skipped")) is not None:
+            if skipped.get("type") == "pytest.xfail":
+                counts["xfailed"] += 1
+            else:
+                counts["skipped"] += 1
+                skips[skipped.get("message", "").strip()] += 1
+        else:
+            counts["passed"] += 1
+    return counts, skips
+
+
+def main(argv: list[str]) -> int:
+    suite, report, rc = argv[0], Path(argv[1]), int(argv[2])
+    problems = []
+    if rc == 5:
+        problems.append("pytest collected no tests (exit code 5)")
+    if not report.is_file():
+        print(f"{suite}: no test report (exit code {rc})")
+        problems.append(f"pytest wrote no report at {report}")
+    else:
+        counts, skips = outcomes(report)
+        parts = [f"{counts['passed']} passed"]
+        if counts["skipped"]:
+            reasons = "; ".join(f"{n}: {reason}" for reason, n in skips.most_common())
+            parts.append(f"{counts['skipped']} skipped ({reasons})")
+        parts += [f"{counts[k]} {k}" for k in ("xfailed", "failed", "error") if counts[k]]
+        print(f"{suite}: {', '.join(parts)}" + (f" [pytest exit code {rc}]" if rc else ""))
+        if counts["passed"] + counts["failed"] + counts["error"] == 0:
+            problems.append("no test ran")
+        unexplained = [reason for reason in skips if explanation(reason) is None]
+        if unexplained:
+            problems.append(
+                "skipped for reasons a CPU-only CI does not have (install what the tests need, or explain "
+                "the reason in tests/ci/summarize.py): " + "; ".join(unexplained)
+            )
+    for problem in problems:
+        print(f"ERROR: {suite}: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
