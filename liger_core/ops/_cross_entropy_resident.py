@@ -11,7 +11,7 @@ H100: 28 slots of 4096 bf16 columns (224 KB of the 227 KB a block may use) + 163
 up to 131072 columns, every Llama-3 vocabulary (128256). The math is that of ``_cross_entropy_kernel``::
 
     pass 1a  m      = max_c x_c                        (per lane as the slots land, one reduction)
-             acc    = sum_c (x_c - x_y)                (label smoothing only)
+             acc    = sum_c (x_c - s)                  (label smoothing only; s = x_y, or 0 where x_y = -inf)
     pass 1b  d      = sum_c exp(x_c - m)               (from shared memory)
     pass 2   dx_c   = coef_p * exp(x_c - m) - coef_c - coef_y * [c == y]
 
@@ -128,6 +128,8 @@ if _GLUON_IMPORTED:
             # per-row scalars that do not depend on the max and the sum, while the copies are in flight
             y_safe = gl.minimum(gl.maximum(y, 0), n_cols - 1)
             x_y = gl.load(logits_row + y_safe).to(gl.float32)
+            # the smoothing sum's shift (cross_entropy.smoothing_shift): x_y, or 0 where it is -inf
+            shift = gl.where(x_y == -float("inf"), 0.0, x_y)
             eps = _f64(smoothing_hi, smoothing_lo)
             zs = _f64(z_scale_hi, z_scale_lo)
             n_classes = n_cols.to(gl.float64)
@@ -137,11 +139,9 @@ if _GLUON_IMPORTED:
                     g = gl.load(grad_scale_ptr + row).to(gl.float64)
                 ce_s = g
                 z_s = g
-                if MEAN:  # denominator 0: scale 0 (as _grad_coefs)
-                    n_valid = gl.load(stats_ptr + 0)
-                    weight_sum = gl.load(stats_ptr + 1)
-                    ce_s = gl.where(weight_sum != 0.0, g / gl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
-                    z_s = gl.where(n_valid != 0.0, g / gl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
+                if MEAN:  # IEEE division, as _grad_coefs
+                    ce_s = g / gl.load(stats_ptr + 1)
+                    z_s = g / gl.load(stats_ptr + 0)
                 p_ce = ce_s * ((1.0 - eps) + eps)  # w_y = 1, w_total = n_classes
                 p_z = z_s * 2.0 * zs
                 coef_c = (ce_s * eps / n_classes).to(gl.float32)
@@ -157,14 +157,14 @@ if _GLUON_IMPORTED:
                 x = gl.where(valid, smem.index(k).load(layout).to(gl.float32), -float("inf"))
                 m_lane = gl.maximum(m_lane, x)
                 if HAS_SMOOTHING:
-                    s_lane += gl.where(valid, x - x_y, 0.0)
+                    s_lane += gl.where(valid, x - shift, 0.0)
             m = gl.max(m_lane, axis=0)
             smooth_acc = gl.sum(s_lane, axis=0) if HAS_SMOOTHING else 0.0
             if REG_COLS > 0:
                 x_reg32 = x_reg.to(gl.float32)
                 m = gl.maximum(m, gl.max(x_reg32, axis=0))
                 if HAS_SMOOTHING:
-                    smooth_acc += gl.sum(gl.where(reg_mask, x_reg32 - x_y, 0.0), axis=0)
+                    smooth_acc += gl.sum(gl.where(reg_mask, x_reg32 - shift, 0.0), axis=0)
 
             # pass 1b: sum of exp(x - m) from shared memory (masked lanes are -inf: exp gives 0)
             d_lane = gl.zeros([SLOT], gl.float32, layout)
@@ -184,7 +184,8 @@ if _GLUON_IMPORTED:
             nll = (m64 - x_y.to(gl.float64)) + log_d
             ce = (1.0 - eps) * nll
             if HAS_SMOOTHING:
-                ce += eps / n_classes * (n_classes * nll - smooth_acc.to(gl.float64))
+                nll_shift = (m64 - shift.to(gl.float64)) + log_d
+                ce += eps / n_classes * (n_classes * nll_shift - smooth_acc.to(gl.float64))
             gl.store(loss_ptr + row, ce)
             gl.store(z_loss_ptr + row, zs * lse * lse)
 

@@ -11,8 +11,13 @@ For one row ``x`` (V logits), target ``y`` (not ``ignore_index``), class weights
     dx_raw = dx * (1 - tanh^2(x_raw / softcap))                    (softcap only)
 
 Reductions (torch's): ``sum``; ``mean`` divides the cross-entropy terms by ``sum_i w_{y_i}`` over the
-non-ignored rows (the row count without weights) and the z-loss terms by the non-ignored row count;
-``none`` keeps one loss per row. Ignored rows have loss 0 and gradient 0.
+non-ignored rows (the row count without weights) and the z-loss terms by the non-ignored row count, as IEEE
+division does (nothing to average over: NaN, as torch's 0 / 0); ``none`` keeps one loss per row. Ignored rows
+are never read: loss 0 and gradient 0. The loss is fp32 whatever the logits' dtype.
+
+Non-finite logits give torch's results (non-ignored rows): a row with a NaN or +inf logit, or only -inf ones,
+has a NaN loss and gradient; a -inf logit has probability 0, and one at the target makes the loss +inf (with
+label smoothing, any -inf logit does) while the gradient stays finite.
 
 Kernels, in launch order (no host sync between them):
 
@@ -25,8 +30,9 @@ Kernels, in launch order (no host sync between them):
    pass-2 loads and the stores evict-first, so that pass 2 finds the row in L2 (the rows in flight, one per
    SM, 33 MB at V = 128k bf16, fit in it): HBM sees about one read and one write of the logits. Per-element
    math in fp32 for 16-bit logits and in fp64 for fp32 logits (never less exact than eager fp32 that way),
-   per-row scalars in fp64, one rounding to the output dtype.
-3. ``_reduce_losses_kernel``: the per-row fp64 terms summed (and divided) in fp64, one rounding to the loss.
+   per-row scalars in fp64, one rounding to the gradient's dtype (the logits').
+3. ``_reduce_losses_kernel``: the per-row fp64 terms summed (and divided) in fp64, one rounding to the fp32
+   loss.
 
 The target range is copied to pinned host memory right after kernel 1 (an event marks it), and the host
 waits for that event only once kernels 2 and 3 are queued, then raises a ValueError for a target outside
@@ -189,16 +195,20 @@ def _online_block(
     COMPUTE_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Pass 1 on one block: running max m (fp32: any shift works, it only has to be the same in both passes),
-    rescaled sum d of exp(x - m), smoothing sum of w_c * (x_c - x_y) (shifted by x_y so that large logits do
-    not cancel in W * lse - sum_c w_c * x_c). Callers load masked-off lanes as -inf (exp gives 0 there
-    without a select per element; softcap maps -inf to -softcap, so that case selects)."""
+    rescaled sum d of exp(x - m), smoothing sum of w_c * (x_c - s) for a finite shift s (the target logit, or
+    the row's first one: large logits then do not cancel in W * lse - sum_c w_c * x_c; ``smoothing_shift``).
+    Callers load masked-off lanes as -inf (exp gives 0 there without a select per element; softcap maps -inf
+    to -softcap, so that case selects)."""
     x = x_raw.to(COMPUTE_DTYPE)
     x_masked = x
     if HAS_SOFTCAP:
         x, _ = _softcap(x, softcap, COMPUTE_DTYPE)
         x_masked = tl.where(mask, x, -float("inf"))
     m_new = tl.maximum(m, tl.max(x_masked, 0).to(tl.float32))
-    d = d * tl.exp((m - m_new).to(COMPUTE_DTYPE)) + tl.sum(tl.exp(x_masked - m_new.to(COMPUTE_DTYPE)), 0)
+    # while every logit so far is -inf the sum is 0, and exp(-inf - -inf) would make it NaN: the exponents
+    # are then taken relative to 0 (a row of -inf logits only is NaN in the end, log(0) - log(0), as torch's)
+    m_sub = tl.where(m_new == -float("inf"), 0.0, m_new)
+    d = d * tl.exp((m - m_sub).to(COMPUTE_DTYPE)) + tl.sum(tl.exp(x_masked - m_sub.to(COMPUTE_DTYPE)), 0)
     if HAS_SMOOTHING:
         if HAS_WEIGHT:
             w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
@@ -206,6 +216,13 @@ def _online_block(
         else:
             smooth_acc += tl.sum(tl.where(mask, x - x_y, 0.0), 0)
     return m_new, d, smooth_acc
+
+
+@triton.jit
+def smoothing_shift(x):
+    """The shift of the smoothing sum: the logit ``x`` itself, or 0 where it is -inf (x_c - x would be
+    inf - inf = NaN at c, where the smoothed loss is +inf, as torch's: -eps / V * log p_c = +inf)."""
+    return tl.where(x == -float("inf"), 0.0, x)
 
 
 @triton.jit
@@ -261,11 +278,9 @@ def _grad_coefs(
         g = tl.load(grad_scale_ptr + row).to(tl.float64)
     ce_s = g
     z_s = g
-    if MEAN:  # nothing to average over (denominator 0): scale 0, where torch gives NaN
-        n_valid = tl.load(stats_ptr + 0)
-        weight_sum = tl.load(stats_ptr + 1)
-        ce_s = tl.where(weight_sum != 0.0, g / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
-        z_s = tl.where(n_valid != 0.0, g / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
+    if MEAN:  # IEEE division, as torch's mean: a target-weight sum of 0 makes the row's gradient NaN
+        ce_s = g / tl.load(stats_ptr + 1)
+        z_s = g / tl.load(stats_ptr + 0)
     p_ce = ce_s * ((1.0 - eps) * w_y + eps / n_classes * w_total)
     return p_ce, z_s * 2.0 * zs, ce_s * eps / n_classes, ce_s * (1.0 - eps) * w_y
 
@@ -341,6 +356,9 @@ def _cross_entropy_kernel(
     x_y = tl.load(logits_row + y_safe).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         x_y, _ = _softcap(x_y, softcap, COMPUTE_DTYPE)
+    shift = x_y  # of the smoothing sum
+    if HAS_SMOOTHING:
+        shift = smoothing_shift(x_y)
     w_y = 1.0
     if HAS_WEIGHT:
         w_y = tl.load(weight_ptr + y_safe).to(tl.float64)
@@ -382,7 +400,7 @@ def _cross_entropy_kernel(
         else:
             x_raw = tl.load(logits_row + cols, mask=mask, other=-float("inf"), eviction_policy=PASS1_POLICY)
         m, d, smooth_acc = _online_block(
-            x_raw, mask, cols, m, d, smooth_acc, x_y, weight_ptr, softcap,
+            x_raw, mask, cols, m, d, smooth_acc, shift, weight_ptr, softcap,
             HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
         )  # fmt: skip
 
@@ -393,7 +411,8 @@ def _cross_entropy_kernel(
     m64 = m.to(tl.float64)
     lse = m64 + log_d
     nll = (m64 - x_y.to(tl.float64)) + log_d
-    ce = _row_loss(nll, nll, smooth_acc, w_y, eps, w_total, n_cols, HAS_SMOOTHING)  # shifted by x_y
+    nll_shift = (m64 - shift.to(tl.float64)) + log_d  # nll itself unless x_y = -inf
+    ce = _row_loss(nll, nll_shift, smooth_acc, w_y, eps, w_total, n_cols, HAS_SMOOTHING)
     # unscaled: the reduction kernel divides the sums by the denominators once, as torch does
     tl.store(loss_ptr + row, ce)
     tl.store(z_loss_ptr + row, zs * lse * lse)
@@ -424,16 +443,16 @@ def _reduce_losses_kernel(
     NONE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """Per-row fp64 terms -> the loss: summed and divided in fp64, one rounding to the output dtype (through
-    fp32, as torch's double -> bfloat16 conversion does). NONE: one block of rows per program; else one
-    program. Mean with nothing to average over (denominator 0) gives 0, where torch gives NaN."""
+    """Per-row fp64 terms -> the loss: summed and divided in fp64, one rounding to the output dtype. NONE: one
+    block of rows per program; else one program. Mean with nothing to average over (denominator 0) gives NaN,
+    as torch's 0 / 0 (``with_denominator`` maps a given denominator of 0 to inf: 0)."""
     if NONE:
         offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
         mask = offs < n_rows
         ce = tl.load(ce_rows_ptr + offs, mask=mask, other=0.0)
         z = tl.load(z_rows_ptr + offs, mask=mask, other=0.0)
-        tl.store(loss_ptr + offs, (ce + z).to(tl.float32).to(loss_ptr.dtype.element_ty), mask=mask)
-        tl.store(z_ptr + offs, z.to(tl.float32).to(z_ptr.dtype.element_ty), mask=mask)
+        tl.store(loss_ptr + offs, (ce + z).to(loss_ptr.dtype.element_ty), mask=mask)
+        tl.store(z_ptr + offs, z.to(z_ptr.dtype.element_ty), mask=mask)
     else:
         ce_acc = tl.zeros([BLOCK_SIZE], tl.float64)
         z_acc = tl.zeros([BLOCK_SIZE], tl.float64)
@@ -445,12 +464,10 @@ def _reduce_losses_kernel(
         ce = tl.sum(ce_acc, 0)
         z = tl.sum(z_acc, 0)
         if MEAN:
-            n_valid = tl.load(stats_ptr + 0)
-            weight_sum = tl.load(stats_ptr + 1)
-            ce = tl.where(weight_sum != 0.0, ce / tl.where(weight_sum != 0.0, weight_sum, 1.0), 0.0)
-            z = tl.where(n_valid != 0.0, z / tl.where(n_valid != 0.0, n_valid, 1.0), 0.0)
-        tl.store(loss_ptr, (ce + z).to(tl.float32).to(loss_ptr.dtype.element_ty))
-        tl.store(z_ptr, z.to(tl.float32).to(z_ptr.dtype.element_ty))
+            ce = ce / tl.load(stats_ptr + 1)
+            z = z / tl.load(stats_ptr + 0)
+        tl.store(loss_ptr, (ce + z).to(loss_ptr.dtype.element_ty))
+        tl.store(z_ptr, z.to(z_ptr.dtype.element_ty))
 
 
 @fast_launch
@@ -574,10 +591,12 @@ def denominator_tensor(
 def with_denominator(stats: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """A copy of ``stats`` whose mean denominators (n_valid for the z-loss, the target-weight sum for the
     cross-entropy) are ``denominator`` (0-dim fp64, on stats' device): a "mean" then computes
-    ``sum / denominator`` with the division folded into the gradient before it is rounded. A copy, so that a
-    target check started on ``stats`` still reads its own count; no host sync."""
+    ``sum / denominator`` with the division folded into the gradient before it is rounded. A denominator of 0
+    is stored as inf, so that the loss and the gradients are 0 (the kernels divide as IEEE does, which is
+    torch's NaN for a mean over nothing). A copy, so that a target check started on ``stats`` still reads its
+    own count; no host sync."""
     out = stats.clone()
-    out[:2] = denominator
+    out[:2] = torch.where(denominator == 0, torch.inf, denominator)
     return out
 
 
@@ -698,15 +717,15 @@ def launch_cross_entropy(
 
 
 def reduce_losses(
-    loss_rows: torch.Tensor, z_rows: torch.Tensor, stats: torch.Tensor, reduction: str, dtype: torch.dtype
+    loss_rows: torch.Tensor, z_rows: torch.Tensor, stats: torch.Tensor, reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, z_loss) in ``dtype`` from the kernel's unscaled fp64 per-row terms (the loss includes the
-    z-loss): one kernel, no host sync."""
+    """(loss, z_loss) in fp32 from the kernel's unscaled fp64 per-row terms (the loss includes the z-loss):
+    one kernel, no host sync."""
     n_rows = loss_rows.numel()
     none = reduction == "none"
     shape = (n_rows,) if none else ()
-    loss = torch.empty(shape, dtype=dtype, device=loss_rows.device)
-    z = torch.empty(shape, dtype=dtype, device=loss_rows.device)
+    loss = torch.empty(shape, dtype=torch.float32, device=loss_rows.device)
+    z = torch.empty(shape, dtype=torch.float32, device=loss_rows.device)
     if none and n_rows == 0:
         return loss, z
     block = 1024 if loss_rows.device.type == "cuda" else 64
@@ -783,7 +802,7 @@ def _forward_impl(
         softcap=softcap,
         grad_scale=grad_scale,
     )
-    loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, logits.dtype)
+    loss, z = reduce_losses(loss_rows, z_rows, stats, reduction)
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
         finish_target_check(pending, ignore_index, n_cols)
     return loss, z
@@ -791,7 +810,7 @@ def _forward_impl(
 
 def _fake_losses(logits, reduction):
     shape = (logits.shape[0],) if reduction == "none" else ()
-    return logits.new_empty(shape), logits.new_empty(shape)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.float32)
 
 
 def _cross_entropy_fwd_impl(
@@ -931,8 +950,8 @@ def _grad_in_backward_impl(
     """The gradient with ``grad_loss`` folded in before its one rounding, written into ``grad`` (may be
     ``logits``): the kernel again, with per-row gradient scales (the losses it computes are discarded)."""
     scale = grad_loss.reshape(-1).to(torch.float64)
-    if scale.numel() == 1:
-        scale = scale.expand(logits.shape[0]).contiguous()
+    scale = scale.expand(logits.shape[0]) if scale.numel() == 1 else scale
+    scale = scale.contiguous()  # the kernel reads one value per row at unit stride
     _forward_impl(
         logits, target, weight, grad, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
         False, denominator, grad_scale=scale,
@@ -1045,7 +1064,7 @@ def cross_entropy(
     check_targets: bool = True,
     denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of ``logits (..., V)`` against class indices ``target (...)``, as
+    """Cross-entropy of ``logits (..., V)`` (any strides) against class indices ``target (...)``, as
     ``torch.nn.functional.cross_entropy`` (class ``weight``, ``ignore_index``, ``label_smoothing``,
     ``reduction``), plus z-loss ``lse_square_scale * logsumexp(logits)^2`` per non-ignored token and Gemma-2
     logit softcapping ``softcap * tanh(logits / softcap)`` applied first.
@@ -1056,16 +1075,21 @@ def cross_entropy(
 
     ``denominator`` (a number >= 0 or a 0-dim tensor, with ``reduction="sum"``): the sum divided by it, as
     Hugging Face's causal-LM loss divides by ``num_items_in_batch``; the division is in the stored gradient
-    before its rounding and in the loss before its (dividing the returned loss would round both again), and
-    0 gives 0, as a mean over nothing.
+    before its rounding and in the loss before its (dividing the returned loss would round both again).
 
-    Returns the loss in the logits dtype (fp32 under autocast, as torch's autocast policy for cross_entropy),
-    or ``(loss, z_loss)`` when ``return_z_loss``: ``z_loss`` is the z-loss part of ``loss``, reduced the same
-    way, for logging (it carries no gradient; ``loss`` already includes it).
+    Returns the loss in fp32 whatever the logits' dtype (as Hugging Face's loss on upcast logits; a bf16 loss
+    would carry a relative error of ~2e-3), or ``(loss, z_loss)`` when ``return_z_loss``: ``z_loss`` is the
+    z-loss part of ``loss``, reduced the same way, for logging (it carries no gradient; ``loss`` already
+    includes it). The gradient has the logits' dtype.
+
+    ``reduction="mean"`` with nothing to average (no rows, every target ignored, or all non-ignored targets
+    of class weight 0) gives torch's NaN (0 / 0); the gradient is then 0 where every target is ignored and
+    NaN in non-ignored rows of class weight 0, as torch's. Non-finite logits: see the module doc.
 
     Departures from torch, on purpose:
-      - ``reduction="mean"`` with nothing to average (every target ignored, or all non-ignored targets of
-        class weight 0) returns 0 with zero gradients, where torch returns NaN (0 / 0).
+      - ignored rows are never read: their gradient is 0 even where their logits hold NaN or +inf (torch's
+        log_softmax backward multiplies their zero gradient by exp(NaN) there).
+      - ``denominator=0`` gives a loss of 0 and zero gradients (Hugging Face's division would give NaN).
       - the z-loss is not multiplied by class weights; ``mean`` divides it by the non-ignored token count.
 
     ``inplace_backward=True`` writes the gradient into the logits buffer during the forward pass (fp16:
@@ -1073,7 +1097,8 @@ def cross_entropy(
     reads ``logits`` afterwards: their values are gone (autograd's version counter still raises if another
     autograd node saved them).
     Use it where the logits are a temporary made for this loss (e.g. an fp32 upcast); the default never
-    modifies ``logits``.
+    modifies ``logits``, nor does a call whose logits rows share memory (an expanded tensor: the gradient then
+    goes to a buffer of its own).
 
     Targets must lie in [0, V) or equal ``ignore_index``: a ValueError otherwise, found on the device and
     read back with one host sync after the kernels are queued. ``check_targets=False`` skips that sync for
@@ -1121,6 +1146,10 @@ def cross_entropy(
         target1d = target1d.contiguous()
     if weight is not None:
         weight = weight.contiguous()
+    if inplace_backward and logits2d.shape[0] > 1 and logits2d.stride(0) < vocab:
+        # rows that share memory (e.g. an expanded tensor): the gradient of one would overwrite another's
+        # logits, so it goes to a buffer of its own
+        inplace_backward = False
     check_targets = bool(check_targets)
     if torch.is_grad_enabled() and logits.requires_grad:
         loss, z = CrossEntropyFunction.apply(
@@ -1132,6 +1161,4 @@ def cross_entropy(
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)
-    if torch.is_autocast_enabled(logits.device.type):
-        loss, z = loss.float(), z.float()
     return (loss, z) if return_z_loss else loss

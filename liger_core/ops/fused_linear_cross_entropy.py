@@ -91,6 +91,7 @@ from liger_core.ops.cross_entropy import (
     looped_row_settings,
     reduce_losses,
     resident_kernel_runs,
+    smoothing_shift,
     split_f64,
     start_target_check,
     target_stats,
@@ -499,10 +500,11 @@ def _row_stats_kernel(
     m = tl.full([], -float("inf"), tl.float32)
     d = tl.cast(0.0, COMPUTE_DTYPE)
     smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
-    # the smoothing sum is shifted by the row's first logit s (the CE kernel shifts by x_y)
+    # the smoothing sum is shifted by the row's first logit s (the CE kernel by x_y), by 0 where that is -inf
     shift = tl.load(logits_row).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
+    shift = smoothing_shift(shift)
     offs = tl.arange(0, BLOCK_SIZE)
     for start in range(0, n_classes, BLOCK_SIZE):
         cols = start + offs
@@ -653,6 +655,7 @@ def _columns_stats_kernel(
     shift = tl.load(logits_ptr + tokens, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
+    shift = smoothing_shift(shift)
     m = tl.full([BLOCK_T], -float("inf"), tl.float32)
     # fp64 running sums of the tiles' fp32 sums: a split adds 32 tiles of 64 classes where the row kernel
     # adds a few wide blocks; in fp32 the mean loss came out up to 1.5x eager's error (H100 GPU test)
@@ -727,6 +730,7 @@ def _columns_finish_kernel(
     shift = tl.load(logits_ptr + tokens).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
+    shift = smoothing_shift(shift)
     ce, z_loss, coef_p, coef_c, coef_y = _finish_rows(
         m, d, smooth_acc, shift, tl.load(logits_ptr + y_safe * logits_row_stride + tokens), y_safe, tokens,
         weight_ptr, stats_ptr, grad_scale_ptr, softcap, smoothing_hi, smoothing_lo, z_scale_hi, z_scale_lo,
@@ -1201,7 +1205,7 @@ def _flce_fwd_impl(
             check_targets=check_targets,
             denominator=denominator,
         )
-        loss, z = reduce_losses(loss_rows, z_rows, stats, reduction, torch.float32)
+        loss, z = reduce_losses(loss_rows, z_rows, stats, reduction)
     return (
         loss,
         z,
@@ -1447,13 +1451,14 @@ def fused_linear_cross_entropy(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the (tokens, V) logits.
 
-    hidden ``(..., H)`` (any strides), weight ``(V, H)`` (lm_head layout), bias ``(V,)``, target ``(...)``;
-    ``ce_weight`` are the cross-entropy class weights. Every loss option is that of
-    ``liger_core.ops.cross_entropy`` (same semantics, same departures from torch: loss 0 and zero gradients
-    when there is nothing to average). ``denominator`` (a number >= 0 or a 0-dim tensor, with
-    ``reduction="sum"``): the loss is the sum divided by it, as Hugging Face's causal-LM loss divides by
-    ``num_items_in_batch``; the op divides before the gradients stored in forward are rounded, where dividing
-    the returned loss would round them a second time in backward (0 gives 0, as a mean over nothing).
+    hidden ``(..., H)``, weight ``(V, H)`` (lm_head layout), bias ``(V,)``, target ``(...)``, all of any
+    strides; ``ce_weight`` are the cross-entropy class weights. Every loss option is that of
+    ``liger_core.ops.cross_entropy`` (same semantics, same departures from torch: a mean over nothing is
+    torch's NaN, ignored tokens' logits get a zero gradient whatever they hold, non-finite logits give
+    torch's results). ``denominator`` (a number >= 0 or a 0-dim tensor, with ``reduction="sum"``): the
+    loss is the sum divided by it, as Hugging Face's causal-LM loss divides by ``num_items_in_batch``; the op
+    divides before the gradients stored in forward are rounded, where dividing the returned loss would round
+    them a second time in backward (0 gives a loss of 0 and zero gradients, where the division gives NaN).
 
     Returns an fp32 loss (as Hugging Face's loss on upcast logits), or ``(loss, z_loss)``. The default
     computes every gradient at eager's accuracy (two-pass loop, see the module doc). ``accum_dtype``:

@@ -1,15 +1,17 @@
-"""Reference cross-entropy: ``torch.nn.functional.cross_entropy`` in the input dtype, plus z-loss and softcap.
+"""Reference cross-entropy: ``torch.nn.functional.cross_entropy`` on fp32 logits, plus z-loss and softcap.
 
-Exactly the eager composition it replaces (softcap ``c * tanh(x / c)`` first, as Gemma-2 does), with two
-documented departures from torch that the Triton op shares:
+The eager composition it replaces: 16-bit logits are upcast to fp32 first, as Hugging Face's causal-LM loss
+does (the loss is fp32, float64 for float64 logits; the gradient is rounded once to the logits' dtype), then
+softcap ``c * tanh(x / c)`` (as Gemma-2 does) and torch's cross-entropy, with torch's reductions: ``mean``
+over nothing (no rows, every target ignored, or every non-ignored target of class weight 0) is NaN (0 / 0).
+Documented departures from torch, shared with the Triton op:
 
-- ``reduction="mean"`` with nothing to average over (every target ignored, or every non-ignored target of
-  class weight 0) gives a loss of 0 and zero gradients; torch gives NaN (0 / 0).
+- ignored rows are never read: their logits are replaced by zeros first, so their gradient is 0 even where
+  they hold NaN or +inf (torch's log_softmax backward multiplies their zero gradient by exp(NaN) there).
 - z-loss ``lse_square_scale * logsumexp(logits)^2`` is added per non-ignored token, unweighted by the class
   weights; ``mean`` divides its sum by the number of non-ignored tokens.
-
-``denominator`` (with ``reduction="sum"``) divides the returned sum afterwards, as Hugging Face's
-``ForCausalLMLoss`` divides by ``num_items_in_batch`` (0 gives 0, as the mean over nothing above).
+- ``denominator`` (with ``reduction="sum"``) divides the returned sum afterwards, as Hugging Face's
+  ``ForCausalLMLoss`` divides by ``num_items_in_batch``, except that 0 gives 0 (the division gives NaN).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ def cross_entropy(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     vocab = logits.shape[-1]
     out_shape = target.shape
-    logits = logits.reshape(-1, vocab)
     target = target.reshape(-1).long()
+    valid = target != ignore_index
+    logits = logits.reshape(-1, vocab).to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.masked_fill(~valid[:, None], 0.0)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     if weight is not None:
@@ -48,29 +52,17 @@ def cross_entropy(
         reduction=reduction,
         label_smoothing=label_smoothing,
     )
-    valid = target != ignore_index
-    n_valid = valid.sum()
-    zero = logits.narrow(-1, 0, 0).sum()  # 0, connected to the graph (zero gradients)
-    if reduction == "mean" and torch.compiler.is_compiling():
-        # no host sync (torch.compile cannot trace one): all targets ignored -> 0, not F.cross_entropy's NaN
-        # (a zero *weighted* denominator still gives NaN gradients here: nll_loss's backward divides by it)
-        denom = (weight[target.masked_fill(~valid, 0)] * valid).sum() if weight is not None else n_valid
-        loss = torch.where(denom == 0, zero, loss)
-    elif reduction == "mean":
-        denom = weight[target[valid]].sum().item() if weight is not None else int(n_valid)
-        if denom == 0:
-            loss = zero  # not NaN
     if lse_square_scale != 0.0 or return_z_loss:
         z = lse_square_scale * torch.logsumexp(logits, dim=-1).square()
         z = z.masked_fill(~valid, 0.0)
         if reduction == "mean":
-            z = z.sum() / n_valid.clamp(min=1)  # all ignored: the masked sum is 0 (no host sync)
+            z = z.sum() / valid.sum()  # every target ignored: 0 / 0, as the cross-entropy's mean
         elif reduction == "sum":
             z = z.sum()
         loss = loss + z
     if reduction == "none":
         loss = loss.reshape(out_shape)
-    elif denominator is not None:  # HF's ForCausalLMLoss: the sum divided afterwards, in the loss dtype
+    elif denominator is not None:  # HF's ForCausalLMLoss: the sum divided afterwards
         loss = _divided(loss, denominator)
         z = _divided(z, denominator) if return_z_loss else None
     if not return_z_loss:
@@ -80,8 +72,7 @@ def cross_entropy(
 
 
 def _divided(value: torch.Tensor, denominator: torch.Tensor | float) -> torch.Tensor:
-    """``value / denominator``; 0 where the denominator is 0 (as a mean over nothing; a safe divisor keeps
-    the gradient finite)."""
+    """``value / denominator``; 0 where the denominator is 0 (a safe divisor keeps the gradient finite)."""
     den = torch.as_tensor(denominator, device=value.device).to(value.dtype)
     nonzero = den != 0
     return value / torch.where(nonzero, den, torch.ones_like(den)) * nonzero

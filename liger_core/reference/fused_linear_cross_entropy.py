@@ -2,8 +2,7 @@
 
 ``logits = hidden @ weight.T (+ bias)`` in the input dtype (as ``lm_head``), upcast to fp32 as Hugging Face's
 ``ForCausalLMLoss`` does, then the reference cross-entropy (``liger_core.reference.cross_entropy``, which
-documents its two departures from torch, and ``denominator``). The loss is fp32 (float64 for float64
-inputs).
+documents its departures from torch, and ``denominator``). The loss is fp32 (float64 for float64 inputs).
 """
 
 from __future__ import annotations

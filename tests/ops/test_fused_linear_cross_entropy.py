@@ -16,7 +16,7 @@ from helpers import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss
 from liger_core.ops import fused_linear_cross_entropy
 from liger_core.ops.fused_linear_cross_entropy import (
@@ -29,6 +29,28 @@ from liger_core.ops.fused_linear_cross_entropy import (
 
 IGNORE = -100
 HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-9}
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
+    tensors take where Triton is missing."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)
+    return request.param
+
+
+def assert_same_values(name, ours, want, rtol=1e-5):
+    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
+    ours = ours.detach().double()
+    assert ours.shape == want.shape, name
+    for what in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
+    finite = torch.isfinite(want)
+    scale = want[finite].abs().max().item() if finite.any() else 1.0
+    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
+
 
 # per reduction, a different mix of options (keeps the CPU interpreter time down while covering each option)
 OPTIONS = {
@@ -244,9 +266,9 @@ def test_flce_denominator_beats_dividing_afterwards():
 
 
 def test_flce_denominator_zero_and_bad_values():
-    """A denominator of 0 (nothing kept anywhere) gives loss 0 and zero gradients, as a mean over nothing
-    (torch would give NaN); negative or non-finite numbers, other reductions and non-scalar tensors are
-    refused, naming the argument."""
+    """A denominator of 0 (nothing kept anywhere) gives loss 0 and zero gradients (a documented departure:
+    Hugging Face's division gives NaN); negative or non-finite numbers, other reductions and non-scalar
+    tensors are refused, naming the argument."""
     hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, 13, 67, 131, bias=True)
     h, w = leaf(hidden), leaf(weight)
     loss = fused_linear_cross_entropy(
@@ -272,27 +294,113 @@ def test_flce_denominator_zero_and_bad_values():
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("chunking", [dict(chunk_size=5), dict(max_chunk_bytes=13 * 40 * 4), dict()])
+def test_flce_empty_and_all_ignored_as_torch(path, reduction, chunking):
+    """No tokens, or every target ignored: torch's values of the eager composition (mean: NaN, 0 / 0; sum: 0;
+    none: zeros), the z-loss reduced the same way, zero gradients; in each loop, on both paths."""
+    for n in (0, 13):
+        hidden, weight, bias, _, ce_weight = _inputs(
+            "cpu", torch.float32, n, 67, 131, bias=True, weighted=True
+        )
+        target = torch.full((n,), IGNORE)
+        h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+        opts = dict(reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-2, ce_weight=ce_weight)
+        loss, z = fused_linear_cross_entropy(h, w, target, b, return_z_loss=True, **opts, **chunking)
+        (loss * 2.0).sum().backward()
+        logits = F.linear(hidden.double(), weight.double(), bias.double())
+        want = F.cross_entropy(logits, target, ce_weight.double(), reduction=reduction, label_smoothing=0.1)
+        want_z = {"mean": torch.tensor(float("nan")), "sum": torch.tensor(0.0), "none": torch.zeros(n)}
+        assert loss.dtype == z.dtype == torch.float32
+        assert_same_values("loss", loss, want)
+        assert_same_values("z_loss", z, want_z[reduction].double())
+        for g in (h.grad, w.grad, b.grad):
+            assert torch.equal(g, torch.zeros_like(g))
+
+
+@pytest.mark.parametrize("case", ["neg_inf_weight", "non_finite_hidden"])
 @pytest.mark.parametrize("chunking", [dict(chunk_size=5), dict(max_chunk_bytes=13 * 40 * 4)])
-def test_flce_all_targets_ignored(reduction, chunking):
-    """Loss 0 and zero gradients, never NaN (torch's mean gives NaN here)."""
-    hidden, weight, bias, _, ce_weight = _inputs("cpu", torch.float32, 13, 67, 131, bias=True, weighted=True)
-    target = torch.full((13,), IGNORE)
+@pytest.mark.parametrize(
+    "opts", [dict(), dict(label_smoothing=0.1, lse_square_scale=1e-3)], ids=["plain", "smooth"]
+)
+def test_flce_non_finite_as_torch(path, case, chunking, opts):
+    """fp32 inputs holding -inf, +inf and NaN: the loss (per token) and every gradient have NaN and +-inf
+    exactly where the eager composition's (float64) have them, and its values elsewhere. ``neg_inf_weight``:
+    a -inf weight entry makes class 0's logit -inf in every row (the target of some rows, and the row's first
+    logit: the smoothing sum's shift); ``non_finite_hidden``: NaN and +inf hidden entries make rows of NaN
+    and +-inf logits (each such row's gradient NaN, and so all of dW). bf16 takes the same branches."""
+    n, hidden_size, vocab = 13, 23, 131
+    hidden, weight, bias, target, _ = _inputs("cpu", torch.float32, n, hidden_size, vocab, bias=True)
+    hidden[:, 0] = torch.rand(n) + 0.5  # positive: weight[:, 0] * hidden[:, 0] keeps its sign
+    target[[1, 4]] = 0
+    if case == "neg_inf_weight":
+        weight[0, 0] = -float("inf")
+    else:
+        hidden[2, 3] = float("nan")
+        hidden[5, 7] = float("inf")
+        target[[2, 5]] = 9  # kept rows (an ignored row's NaN hidden state would still make dW NaN: 0 * NaN)
+    grad_out = torch.randn(n)
     h, w, b = leaf(hidden), leaf(weight), leaf(bias)
-    loss = fused_linear_cross_entropy(
-        h,
-        w,
-        target,
-        b,
-        reduction=reduction,
-        label_smoothing=0.1,
-        lse_square_scale=1e-2,
-        ce_weight=ce_weight,
-        **chunking,
+    loss = fused_linear_cross_entropy(h, w, target, b, reduction="none", **opts, **chunking)
+    loss.backward(grad_out)
+    h64, w64, b64 = leaf(hidden, torch.float64), leaf(weight, torch.float64), leaf(bias, torch.float64)
+    logits = F.linear(h64, w64, b64)
+    want = F.cross_entropy(logits, target, reduction="none", label_smoothing=opts.get("label_smoothing", 0.0))
+    if opts.get("lse_square_scale"):
+        want = want + (opts["lse_square_scale"] * torch.logsumexp(logits, -1).square()).masked_fill(
+            target == IGNORE, 0.0
+        )
+    want.backward(grad_out.double())
+    assert_same_values("loss", loss, want.detach())
+    for name, g, g64 in (
+        ("dhidden", h.grad, h64.grad),
+        ("dweight", w.grad, w64.grad),
+        ("dbias", b.grad, b64.grad),
+    ):
+        assert_same_values(name, g, g64)
+    # the scalar reductions of the same rows: torch's inf or NaN
+    total = fused_linear_cross_entropy(hidden, weight, target, bias, reduction="sum", **opts, **chunking)
+    assert_same_values("sum", total, want.detach().sum())
+
+
+def _strided(t, junk=float("nan")):
+    """Same values, every other element of a twice-as-long buffer whose other elements are ``junk``."""
+    wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), junk, dtype=t.dtype)
+    wide[..., ::2] = t.detach()
+    return wide[..., ::2]
+
+
+@pytest.mark.parametrize("chunking", [dict(chunk_size=5), dict(max_chunk_bytes=13 * 40 * 4), dict()])
+def test_flce_strided_arguments(path, chunking):
+    """hidden, weight, bias, target, class weights and the per-token grad_output as non-contiguous views
+    (gaps poisoned: NaN, out-of-range targets; weight also in the transposed (H, V) storage), forward and
+    backward: the values of contiguous inputs."""
+    hidden, weight, bias, target, ce_weight = _inputs(
+        "cpu", torch.float32, 3 * 7, 23, 131, bias=True, weighted=True
     )
-    (loss * 2.0).sum().backward()
-    assert torch.equal(loss, torch.zeros_like(loss))
-    for g in (h.grad, w.grad, b.grad):
-        assert torch.equal(g, torch.zeros_like(g))
+    hidden, target = hidden.view(3, 7, 23), target.view(3, 7)
+    grad_out = torch.randn(3, 7)
+    opts = dict(reduction="none", label_smoothing=0.1, lse_square_scale=1e-3)
+    h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+    want = fused_linear_cross_entropy(h, w, target, b, ce_weight=ce_weight, **opts, **chunking)
+    want_grads = torch.autograd.grad(want, (h, w, b), grad_out)
+    for weight_layout in ("strided", "transposed"):
+        h_s, b_s = _strided(hidden).requires_grad_(), _strided(bias).requires_grad_()
+        if weight_layout == "strided":
+            w_s = _strided(weight).requires_grad_()
+        else:
+            w_s = weight.t().contiguous().t().requires_grad_()
+        assert not (h_s.is_contiguous() or w_s.is_contiguous() or b_s.is_contiguous())
+        loss = fused_linear_cross_entropy(
+            h_s, w_s, _strided(target, 10**6), b_s, ce_weight=_strided(ce_weight), **opts, **chunking
+        )
+        grads = torch.autograd.grad(loss, (h_s, w_s, b_s), _strided(grad_out))
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        for g, g_want in zip(grads, want_grads):
+            torch.testing.assert_close(g, g_want, rtol=1e-5, atol=1e-6)
+    # a scalar reduction, no gradient wanted for hidden (frozen) but for weight
+    w_s = _strided(weight).requires_grad_()
+    got = fused_linear_cross_entropy(_strided(hidden), w_s, _strided(target, 10**6), **chunking)
+    torch.testing.assert_close(got, fused_linear_cross_entropy(hidden, weight, target, **chunking))
 
 
 def test_flce_tied_weights_noncontiguous_hidden():
