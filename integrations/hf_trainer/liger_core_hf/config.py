@@ -2,7 +2,8 @@
 
 Accepted forms: None (liger_core's defaults), a dict of booleans, or the same dict as a JSON string (how it
 arrives from `--liger_kernel_config '{"rope": false}'` or from a YAML file that quotes it). The keys are the
-keyword arguments of `liger_core.apply_liger_kernel`, which are also the names liger-kernel uses.
+keyword arguments of `liger_core.apply_liger_kernel`: the kernel names liger-kernel also uses, and `strict`
+(raise `liger_core.patching.PatchIncompleteError` instead of training without a kernel that was asked for).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ KERNEL_FLAGS: tuple[str, ...] = (
     "cross_entropy",
     "fused_linear_cross_entropy",
 )
+# keys that are not kernels: `strict` makes a kernel asked for and not applied an error (default False)
+OPTIONS: tuple[str, ...] = ("strict",)
+CONFIG_KEYS: tuple[str, ...] = (*KERNEL_FLAGS, *OPTIONS)
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -37,7 +41,8 @@ def _as_bool(key: str, value: Any) -> bool:
 
 
 def parse_kernel_config(config: Mapping[str, Any] | str | None) -> dict[str, bool]:
-    """The liger_core flags that `config` sets (keys it leaves out keep liger_core's defaults).
+    """The `liger_core.apply_liger_kernel` keyword arguments that `config` sets (keys it leaves out keep
+    liger_core's defaults), `strict` included.
 
     `cross_entropy=True` without a `fused_linear_cross_entropy` key turns the fused loss off, since the two
     replace the same loss: asking for the plain cross-entropy kernel means "not the fused one".
@@ -57,10 +62,10 @@ def parse_kernel_config(config: Mapping[str, Any] | str | None) -> dict[str, boo
         raise TypeError(
             f"liger_kernel_config must be a dict of booleans or its JSON string, got {type(config).__name__}"
         )
-    unknown = sorted(str(k) for k in config if k not in KERNEL_FLAGS)
+    unknown = sorted(str(k) for k in config if k not in CONFIG_KEYS)
     if unknown:
         raise ValueError(
-            f"liger_kernel_config has unknown key(s) {unknown}; liger_core accepts {list(KERNEL_FLAGS)}"
+            f"liger_kernel_config has unknown key(s) {unknown}; liger_core accepts {list(CONFIG_KEYS)}"
         )
     flags = {key: _as_bool(key, value) for key, value in config.items()}
     if flags.get("cross_entropy") and "fused_linear_cross_entropy" not in flags:

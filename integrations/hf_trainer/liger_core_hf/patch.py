@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import logging
 import types
 import weakref
@@ -42,6 +43,17 @@ def _unwrap(model: Any) -> Any:
     return get_base() if callable(get_base) else model
 
 
+def _is_liger_core_forward(forward: Any) -> bool:
+    """True when the function at the bottom of `forward`'s decorator chain (`__wrapped__`, as functools.wraps
+    sets it) is one of liger_core's: its fused-loss forward, bound by an earlier patch."""
+    func = getattr(forward, "__func__", forward)
+    try:
+        func = inspect.unwrap(func)
+    except ValueError:  # a cycle of __wrapped__
+        return False
+    return str(getattr(func, "__module__", "")).split(".")[0] == "liger_core"
+
+
 def foreign_forward(model: Any) -> str | None:
     """Who replaced `model.forward` on this instance, or None if it is the class's own (or liger_core's).
 
@@ -51,7 +63,7 @@ def foreign_forward(model: Any) -> str | None:
     """
     module = _unwrap(model)
     bound = vars(module).get("forward")
-    if bound is None or vars(module).get("_liger_core_kind") is not None:
+    if bound is None or _is_liger_core_forward(bound):
         return None
     if getattr(module, "_hf_hook", None) is not None and "_old_forward" in vars(module):
         return None  # accelerate's device_map hook: liger_core patches the `_old_forward` it calls
@@ -85,8 +97,11 @@ def patch_model(model: Any, kernel_config: Mapping[str, Any] | str | None = None
     """Patch `model` (a transformers model, PEFT-wrapped or not) in place with liger_core; returns the report.
 
     Forwards are swapped, parameters are untouched, so this is safe at any time before the optimizer is built.
-    Calling it again on the same model does nothing. When the model's forward was already replaced by someone
-    else (see `foreign_forward`), the fused linear cross-entropy is left out and only the layer kernels apply.
+    Calling it again on the same model does nothing (returns None). When the model's forward was already
+    replaced by someone else (see `foreign_forward`), the fused linear cross-entropy is left out and only the
+    layer kernels apply. A kernel that was asked for and not applied is logged as a warning
+    (`report.missing`); with `strict` in the config, liger_core's `PatchIncompleteError` is raised instead
+    and the model is left unpatched.
     """
     if model is None:
         raise ValueError("use_liger_kernel: the Trainer has no model to patch")
@@ -119,7 +134,8 @@ def patch_model(model: Any, kernel_config: Mapping[str, Any] | str | None = None
         ) from err
     _handled.add(model)
     _announce_library()
-    logger.info("use_liger_kernel: %s", report)
+    # str(report) names each kernel in report.missing with its reason ("NOT applied: ...")
+    (logger.warning if report.missing else logger.info)("use_liger_kernel: %s", report)
     return report
 
 
