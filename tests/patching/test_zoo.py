@@ -1,0 +1,97 @@
+"""Every model type the installed transformers offers for causal-LM (and image-text-to-text) training:
+patching never raises, and the patched model's loss and every parameter gradient equal the unpatched model's
+(fp32).
+
+The zoo itself (building, shrinking, comparing) is ``zoo.py``. It runs in a subprocess, once per test session:
+- on the pure-PyTorch reference path (``TRITON_INTERPRET=0``) for every type: the patching logic, fast;
+- in Triton's interpreter (``TRITON_INTERPRET=1``) for a representative subset: the real kernels.
+Each type is then its own test case, reading its record. A type is skipped only when its tiny model cannot be
+built (or cannot train text-only) on CPU, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import zoo  # noqa: E402
+
+# A representative subset for the interpreter: a recipe model, a recipe MoE, a Gemma (offset norms, GeGLU,
+# soft-capping), structural patching of an unknown dense model and a vision-language model.
+INTERPRETED = ("llama", "qwen3_moe", "gemma3_text", "gpt2", "llava")
+
+ZOO = Path(zoo.__file__)
+ROOT = ZOO.parents[2]
+
+
+def _run_zoo(tmp_path: Path, interpret: bool, types: tuple[str, ...] = (), timeout: int = 900) -> dict:
+    out = tmp_path / ("interpreted.json" if interpret else "reference.json")
+    table = tmp_path / ("interpreted.md" if interpret else "reference.md")
+    env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(ZOO), "-q", "--json", str(out), "--out", str(table)]
+    if types:
+        cmd += ["--types", ",".join(types)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"zoo.py failed:\n{proc.stdout}\n{proc.stderr}"
+    records = {r["model_type"]: r for r in json.loads(out.read_text())}
+    table_text = table.read_text()
+    for t in records:  # the generated table has a row per type
+        assert f"| {t}" in table_text
+    return records
+
+
+@pytest.fixture(scope="module")
+def reference_results(tmp_path_factory):
+    return _run_zoo(tmp_path_factory.mktemp("zoo"), interpret=False)
+
+
+@pytest.fixture(scope="module")
+def interpreted_results(tmp_path_factory):
+    return _run_zoo(tmp_path_factory.mktemp("zoo_interp"), interpret=True, types=INTERPRETED)
+
+
+def _check(record: dict) -> None:
+    if not record["built"]:
+        pytest.skip(f"cannot be built on CPU: {record['unbuildable']}")
+    if record["forward_error"]:
+        pytest.skip(f"the unpatched model cannot train text-only on CPU: {record['forward_error']}")
+    report = f"method={record['method']} swapped={record['swapped']} missing={record['missing']}"
+    assert record["patch_error"] is None, f"apply_liger_kernel raised: {record['patch_error']}"
+    assert record["patched_forward_error"] is None, (
+        f"the patched model raised in its training step: {record['patched_forward_error']} ({report})"
+    )
+    assert record["loss_equal"], (
+        f"loss {record['loss_patched']!r} != unpatched {record['loss_ref']!r} ({report})"
+    )
+    mismatches = record["grad_mismatches"]
+    assert record["grads_equal"], (
+        f"{len(mismatches)} parameter gradients differ from the unpatched model's ({report}):\n"
+        + "\n".join(mismatches[:20])
+    )
+
+
+def test_zoo_lists_the_recipe_types():
+    from liger_core.patching import supported_model_types
+
+    assert set(supported_model_types()) <= set(zoo.model_types())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", zoo.model_types())
+def test_patched_equals_unpatched(model_type, reference_results):
+    _check(reference_results[model_type])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", INTERPRETED)
+def test_patched_equals_unpatched_interpreted(model_type, interpreted_results):
+    record = interpreted_results[model_type]
+    assert record["built"] and not record["forward_error"], record
+    _check(record)

@@ -1,0 +1,608 @@
+"""The model zoo: every model type the installed transformers builds for causal-LM training, tiny and random,
+patched with ``liger_core.apply_liger_kernel`` and compared with itself unpatched.
+
+- ``model_types()``: the types of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and
+  ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`` (vision-language models run a text-only forward).
+- ``build_tiny(model_type)``: a shrunk fp32 model (2 layers, hidden 32, 4 heads / 2 kv heads, head_dim 8,
+  vocab 128, 4 experts, dropout off), or a string saying why it cannot be built here.
+- ``run_case(model_type)``: loss and every parameter gradient on a fixed batch, unpatched then patched;
+  returns a ``CaseResult`` (what the patch report says, whether patching raised, whether the numbers match).
+
+CLI (writes the generated coverage table and/or the raw results):
+
+    python tests/patching/zoo.py --out docs/coverage.md [--json results.json] [--types llama,gpt2]
+
+The kernels take whatever path the process has: the pure-PyTorch reference path on CPU, or Triton's
+interpreter when ``TRITON_INTERPRET=1`` is set before Triton is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+# Tolerances for fp32: the kernels do the same math as the model, only the order of summation may differ.
+LOSS_TOL = dict(rtol=1e-5, atol=1e-6)
+GRAD_TOL = dict(rtol=1e-4, atol=1e-5)
+
+VOCAB = 128
+HIDDEN = 32
+INTERMEDIATE = 64
+LAYERS = 2
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 8
+EXPERTS = 4
+EXPERTS_PER_TOK = 2
+BATCH, SEQ = 2, 8
+SEED = 0
+
+# Config attribute name -> the value it gets. Names are matched exactly, in the config and every sub-config.
+_SIZES: dict[str, object] = {
+    **dict.fromkeys(
+        ("hidden_size", "d_model", "n_embd", "n_embed", "embed_dim", "word_embed_proj_dim", "dim"), HIDDEN
+    ),
+    **dict.fromkeys(
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "n_inner",
+            "d_ff",
+            "ffn_hidden_size",
+            "decoder_ffn_dim",
+            "encoder_ffn_dim",
+            "hidden_dim",
+            "inner_dim",
+        ),
+        INTERMEDIATE,
+    ),
+    **dict.fromkeys(
+        (
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "expert_intermediate_size",
+            "moe_ffn_hidden_size",
+            "expert_ffn_hidden_size",
+            "shared_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+        ),
+        32,
+    ),
+    **dict.fromkeys(
+        (
+            "num_hidden_layers",
+            "n_layer",
+            "n_layers",
+            "num_layers",
+            "decoder_layers",
+            "encoder_layers",
+            "num_decoder_layers",
+            "num_encoder_layers",
+            "text_layers",
+        ),
+        LAYERS,
+    ),
+    **dict.fromkeys(
+        (
+            "num_attention_heads",
+            "n_head",
+            "n_heads",
+            "num_heads",
+            "decoder_attention_heads",
+            "encoder_attention_heads",
+        ),
+        HEADS,
+    ),
+    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"), KV_HEADS),
+    **dict.fromkeys(("head_dim", "kv_channels", "attention_head_dim"), HEAD_DIM),
+    **dict.fromkeys(("vocab_size",), VOCAB),
+    **dict.fromkeys(
+        ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"),
+        EXPERTS,
+    ),
+    **dict.fromkeys(
+        ("num_experts_per_tok", "moe_topk", "moe_top_k", "num_experts_per_token"), EXPERTS_PER_TOK
+    ),
+    **dict.fromkeys(("n_shared_experts", "num_shared_experts"), 1),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"), 64),
+    **dict.fromkeys(("router_jitter_noise", "jitter_noise"), 0.0),
+}
+
+# More sizes: multi-head latent attention (DeepSeek-V2/V3 and kin), partial rotary, per-layer inputs
+# (Gemma-3n), sparse-attention indexers, sliding windows shorter than the batch's sequence.
+_SIZES.update(
+    {
+        **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim"), HEAD_DIM),
+        **dict.fromkeys(("kv_lora_rank", "q_lora_rank", "laurel_rank"), 16),
+        "rotary_dim": HEAD_DIM // 2,
+        "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": VOCAB,
+        "index_n_heads": 2,
+        "sliding_window": 4,
+        "num_kv_shared_layers": 0,
+    }
+)
+
+# Per-type config overrides, applied after the generic shrink (only where the generic rules do not suffice).
+OVERRIDES: dict[str, dict] = {}
+
+
+@dataclass
+class CaseResult:
+    model_type: str
+    built: bool = False
+    unbuildable: str | None = None  # why the model cannot be built here
+    model_class: str = ""
+    vlm: bool = False  # from MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES only: text-only forward
+    forward_error: str | None = None  # the unpatched model's own training step failed
+    method: str | None = None
+    swapped: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    patch_error: str | None = None  # apply_liger_kernel raised
+    patched_forward_error: str | None = None  # the patched model's training step raised
+    loss_ref: float | None = None
+    loss_patched: float | None = None
+    loss_equal: bool | None = None
+    grads_equal: bool | None = None
+    grad_mismatches: list[str] = field(default_factory=list)  # "name: max abs diff (max |ref|)"
+    seconds: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return bool(self.loss_equal and self.grads_equal)
+
+    @property
+    def status(self) -> str:
+        if not self.built:
+            return "unbuildable"
+        if self.forward_error:
+            return "forward_error"
+        if self.patch_error:
+            return "patch_raised"
+        if self.patched_forward_error:
+            return "patched_forward_raised"
+        return "exact" if self.exact else "wrong"
+
+
+def model_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    return sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES))
+
+
+def _model_class_name(model_type: str) -> tuple[str, bool]:
+    """The class the zoo builds for ``model_type`` and whether it is a vision-language model."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+        return name, model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type], True
+
+
+def _layer_count(config) -> int | None:
+    for name in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers"):
+        value = vars(config).get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _layer_picks(config, n_layers: int) -> list[int]:
+    """Which of the ``n_layers`` original layers the 2 tiny ones stand for: layer 0, then the first layer that
+    differs from those picked in any per-layer list (layer_types, mlp_layer_types...), so a hybrid model
+    keeps one layer of each kind."""
+    lists = [v for v in vars(config).values() if isinstance(v, (list, tuple)) and len(v) == n_layers]
+    signature = [tuple(repr(v[i]) for v in lists) for i in range(n_layers)]
+    picks = [0]
+    for i in range(n_layers):
+        if len(picks) < LAYERS and signature[i] not in {signature[j] for j in picks}:
+            picks.append(i)
+    picks += [i for i in range(n_layers) if i not in picks][: LAYERS - len(picks)]
+    return sorted(picks)
+
+
+def _mrope_section(section: list[int], old_head_dim: int) -> list[int]:
+    """Multimodal rope sections (sum = rotary half-width) rescaled to the tiny head_dim, each at least 1."""
+    total = max(len(section), round(sum(section) * HEAD_DIM / old_head_dim))
+    new = [max(1, int(s * total / sum(section))) for s in section]
+    new[-1] += total - sum(new)
+    return new
+
+
+def _shrink_value(name: str, value, config):
+    """The tiny value of one attribute, or ``_KEEP``."""
+    if isinstance(value, bool):
+        return _KEEP
+    if name in _SIZES and isinstance(value, (int, float)):
+        new = _SIZES[name]
+        if isinstance(value, int) and 0 < value < new and not name.startswith("vocab_size"):
+            return _KEEP  # already small (1 kv head, 1 expert per token)
+        return new
+    if name in _SIZES and isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
+        return [_SIZES[name]] * LAYERS  # a size per layer (Gemma-3n intermediate_size)
+    if ("dropout" in name or "pdrop" in name or name.endswith("_drop")) and isinstance(value, float):
+        return 0.0
+    if name == "rope_parameters" and isinstance(value, dict):
+        old_head_dim = getattr(config, "head_dim", None) or 128
+        return _shrink_rope(value, old_head_dim)
+    return _KEEP
+
+
+def _shrink_rope(params: dict, old_head_dim: int) -> dict:
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, dict):
+            out[k] = _shrink_rope(v, old_head_dim)
+        elif k == "mrope_section" and isinstance(v, (list, tuple)):
+            out[k] = _mrope_section(list(v), old_head_dim)
+        else:
+            out[k] = v
+    return out
+
+
+_KEEP = object()
+
+
+def shrink_kwargs(config) -> dict:
+    """The config kwargs that make ``config`` tiny: only the attributes that change, sub-configs as dicts of
+    their own changes (with their ``model_type``), so every field the config derives is derived again."""
+    from transformers import PretrainedConfig
+
+    kwargs: dict = {}
+    attrs = {k: v for k, v in vars(config).items() if not k.startswith("_")}
+    for name, value in attrs.items():
+        if isinstance(value, PretrainedConfig):
+            kwargs[name] = {"model_type": value.model_type, **shrink_kwargs(value)}
+            continue
+        new = _shrink_value(name, value, config)
+        if new is not _KEEP:
+            kwargs[name] = new
+    n_layers = _layer_count(config)
+    if n_layers and n_layers > LAYERS:
+        picks = _layer_picks(config, n_layers)
+        for name, value in attrs.items():
+            if isinstance(value, (list, tuple)) and len(value) == n_layers and name not in kwargs:
+                kwargs[name] = [value[i] for i in picks]
+            elif (
+                name.endswith("_layers")
+                and isinstance(value, (list, tuple))
+                and all(isinstance(i, int) for i in value)
+            ):
+                kwargs[name] = [new for new, old in enumerate(picks) if old in value]  # layer indices
+    # Special token ids beyond the tiny vocabulary move to its top (an embedding's padding_idx must fit).
+    top = VOCAB - 1
+    for name, value in sorted(_token_ids(config).items()):
+        if value >= VOCAB or value < 0:
+            kwargs[name] = top
+            top -= 1
+    return kwargs
+
+
+def _token_ids(config) -> dict[str, int]:
+    ids = {}
+    for name, value in vars(config).items():
+        if (name.endswith("token_id") or name.endswith("token_index")) and isinstance(value, int):
+            ids[name] = value
+    return ids
+
+
+def shrink_config(config, overrides: dict | None = None):
+    """A tiny config of ``config``'s class: ``shrink_kwargs`` plus ``overrides``."""
+    return type(config)(**{**shrink_kwargs(config), **(overrides or {})})
+
+
+def _special_ids(config) -> set[int]:
+    from transformers import PretrainedConfig
+
+    ids = set(_token_ids(config).values())
+    for value in vars(config).values():
+        if isinstance(value, PretrainedConfig):
+            ids |= _special_ids(value)
+    return ids
+
+
+def build_tiny(model_type: str):
+    """A tiny random fp32 model of ``model_type`` (eval/train ready, on CPU), or a string: why it cannot be
+    built here. 1-D parameters (norm weights, biases) are perturbed away from their 0/1 init, which would
+    hide an offset or casting bug."""
+    import torch
+    import transformers
+    from transformers import AutoConfig
+
+    class_name, _ = _model_class_name(model_type)
+    model_cls = getattr(transformers, class_name, None)
+    if model_cls is None:
+        return f"transformers has no {class_name}"
+    try:
+        config = shrink_config(AutoConfig.for_model(model_type), OVERRIDES.get(model_type))
+    except ImportError as e:
+        return f"config needs a package that is not installed: {e}"
+    config._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    try:
+        model = model_cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    except ImportError as e:
+        return f"needs a package that is not installed: {_first_line(e)}"
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(SEED + 1)
+        for p in model.parameters():
+            if p.dim() == 1 and p.is_floating_point():
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model.float()
+
+
+def make_batch(model):
+    """(input_ids, labels) of shape (BATCH, SEQ): random ids below the vocabulary that are no special token
+    (an image token without its image would be an error), the first 3 labels of row 0 ignored."""
+    import torch
+
+    config = model.config
+    text = getattr(config, "text_config", None) or config
+    vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", VOCAB)
+    special = _special_ids(config)
+    allowed = torch.tensor([i for i in range(3, min(vocab, VOCAB)) if i not in special])
+    g = torch.Generator().manual_seed(SEED + 2)
+    ids = allowed[torch.randint(len(allowed), (BATCH, SEQ), generator=g)]
+    labels = ids.clone()
+    labels[0, :3] = -100
+    return ids, labels
+
+
+def _first_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _where(e: BaseException) -> str:
+    """The innermost frame of the traceback, " [file:line in function]", to show where an error comes from."""
+    tb = traceback.extract_tb(e.__traceback__)
+    if not tb:
+        return ""
+    f = tb[-1]
+    path = (
+        f.filename.split("site-packages/")[-1]
+        if "site-packages" in f.filename
+        else os.path.relpath(f.filename)
+    )
+    return f" [{path}:{f.lineno} in {f.name}]"
+
+
+def train_step(model, ids, labels):
+    """Loss and every parameter gradient (name -> tensor) of one training step; the RNG is reseeded so any
+    remaining randomness repeats."""
+    import torch
+
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(SEED + 3)
+    out = model(input_ids=ids, labels=labels, use_cache=False)
+    loss = out.loss if hasattr(out, "loss") else out[0]
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().clone(), grads
+
+
+def _compare(result: CaseResult, ref, new) -> None:
+    import torch
+
+    (loss_ref, grads_ref), (loss_new, grads_new) = ref, new
+    result.loss_ref, result.loss_patched = float(loss_ref), float(loss_new)
+    result.loss_equal = bool(torch.isclose(loss_new, loss_ref, **LOSS_TOL).item())
+    mismatches = []
+    for name in sorted(set(grads_ref) | set(grads_new)):
+        if name not in grads_new:
+            mismatches.append(f"{name}: no gradient after patching")
+        elif name not in grads_ref:
+            mismatches.append(f"{name}: gradient only after patching")
+        else:
+            a, b = grads_new[name], grads_ref[name]
+            if not torch.allclose(a, b, **GRAD_TOL) or a.isnan().any() != b.isnan().any():
+                diff = (a - b).abs().max().item()
+                scale = b.abs().max().item()
+                mismatches.append(f"{name}: max abs diff {diff:.3g} (max |ref| {scale:.3g})")
+    result.grad_mismatches = mismatches
+    result.grads_equal = not mismatches and bool(grads_ref)
+
+
+def run_case(model_type: str) -> CaseResult:
+    """Build, train one step unpatched, patch, train the same step again, compare (module docstring)."""
+    import torch
+
+    import liger_core
+
+    start = time.perf_counter()
+    result = CaseResult(model_type)
+    _, result.vlm = _model_class_name(model_type)
+    try:
+        with _quiet():
+            model = build_tiny(model_type)
+    except Exception as e:  # noqa: BLE001 - any failure to build is recorded, not raised
+        model = f"cannot build: {_first_line(e)}{_where(e)}"
+    if isinstance(model, str):
+        result.unbuildable = model
+        result.seconds = time.perf_counter() - start
+        return result
+    result.built = True
+    result.model_class = type(model).__name__
+    ids, labels = make_batch(model)
+    try:
+        with _quiet():
+            ref = train_step(model, ids, labels)
+    except Exception as e:  # noqa: BLE001
+        result.forward_error = f"{_first_line(e)}{_where(e)}"
+        result.seconds = time.perf_counter() - start
+        return result
+    try:
+        with _quiet():
+            report = liger_core.apply_liger_kernel(model)
+    except Exception as e:  # noqa: BLE001
+        result.patch_error = f"{_first_line(e)}{_where(e)}"
+        result.seconds = time.perf_counter() - start
+        return result
+    result.method = report.method
+    result.swapped = {k: v for k, v in report.swapped.items() if v}
+    result.missing = {k: list(v) for k, v in report.missing.items()}
+    result.skipped = list(report.skipped)
+    try:
+        with _quiet():
+            new = train_step(model, ids, labels)
+    except Exception as e:  # noqa: BLE001
+        result.patched_forward_error = f"{_first_line(e)}{_where(e)}"
+        result.seconds = time.perf_counter() - start
+        return result
+    with torch.no_grad():
+        _compare(result, ref, new)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence transformers' and liger_core's warnings and logs (the report carries what matters)."""
+    loggers = [logging.getLogger(n) for n in ("liger_core", "transformers")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Coverage table
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _strip_module_paths(reason: str) -> str:
+    return re.sub(r"\s+", " ", reason)
+
+
+def coverage_markdown(results: list[CaseResult], header: str) -> str:
+    counts = Counter(r.status for r in results)
+    lines = [
+        "# Patching coverage: every causal-LM and image-text-to-text model type",
+        "",
+        "<!-- Generated by `python tests/patching/zoo.py --out docs/coverage.md`; do not edit by hand. -->",
+        "",
+        header,
+        "",
+        "Each model is built tiny and random in fp32 on CPU (2 layers, hidden 32, 4 heads / 2 kv heads, "
+        "head_dim 8, vocab 128, 4 experts, dropout off; vision-language models run a text-only forward), "
+        "trained one step on a fixed batch, patched with `liger_core.apply_liger_kernel(model)` and trained "
+        f"the same step again. *Exact*: the loss (rtol {LOSS_TOL['rtol']:g}, atol {LOSS_TOL['atol']:g}) and "
+        f"every parameter gradient (rtol {GRAD_TOL['rtol']:g}, atol {GRAD_TOL['atol']:g}) equal the "
+        "unpatched model's.",
+        "",
+        f"Types: {len(results)}; buildable: {sum(r.built for r in results)}; "
+        + "; ".join(f"{k}: {v}" for k, v in sorted(counts.items())),
+        "",
+        "| type | method | kernels applied | missing (reason) | exact |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        if not r.built:
+            verdict = f"not buildable: {r.unbuildable}"
+        elif r.forward_error:
+            verdict = f"unpatched model fails: {r.forward_error}"
+        elif r.patch_error:
+            verdict = f"no: patching raised {r.patch_error}"
+        elif r.patched_forward_error:
+            verdict = f"no: patched model raised {r.patched_forward_error}"
+        elif r.exact:
+            verdict = "yes"
+        else:
+            what = []
+            if not r.loss_equal:
+                what.append(f"loss {r.loss_patched:.7g} vs {r.loss_ref:.7g}")
+            if r.grad_mismatches:
+                what.append(f"{len(r.grad_mismatches)} gradients differ, e.g. {r.grad_mismatches[0]}")
+            verdict = "no: " + "; ".join(what)
+        kernels = ", ".join(f"{k} x{v}" for k, v in r.swapped.items()) if r.built else ""
+        missing = "; ".join(
+            f"{k}: {_strip_module_paths(', '.join(reasons))}" for k, reasons in r.missing.items()
+        )
+        name = f"{r.model_type}" + (" (VLM, text only)" if r.vlm else "")
+        lines.append(
+            f"| {_cell(name)} | {r.method or ''} | {_cell(kernels)} | {_cell(missing)} | {_cell(verdict)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_all(types: list[str], progress: bool = False) -> list[CaseResult]:
+    results = []
+    for t in types:
+        r = run_case(t)
+        results.append(r)
+        if progress:
+            print(f"{t:32s} {r.status:24s} {r.seconds:6.2f}s", file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the coverage table (Markdown) here")
+    parser.add_argument("--json", help="write the raw results (one object per type) here")
+    parser.add_argument("--types", help="comma-separated model types (default: all)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import transformers
+
+    import liger_core
+    from liger_core.dispatch import triton_status
+
+    torch.set_num_threads(1)
+    types = args.types.split(",") if args.types else model_types()
+    start = time.perf_counter()
+    results = run_all(types, progress=not args.quiet)
+    # The zoo runs on CPU: Triton's interpreter if it was asked for, else the pure-PyTorch reference path.
+    path = "Triton interpreter" if triton_status() == "interpreted" else "pure-PyTorch reference path"
+    header = (
+        f"transformers {transformers.__version__}, torch {torch.__version__}, "
+        f"liger_core {getattr(liger_core, '__version__', '?')}; kernels on the {path}."
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(asdict(r), status=r.status, exact=r.exact) for r in results], f, indent=1)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(coverage_markdown(results, header))
+    counts = Counter(r.status for r in results)
+    print(
+        f"{len(results)} types in {time.perf_counter() - start:.0f} s: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
