@@ -75,18 +75,33 @@ def _trainer_classes() -> list[type]:
     return classes
 
 
-def use_liger_logprobs(args: Any, config: Any) -> bool:
+def use_liger_logprobs(args: Any, config: Any, owner: str) -> bool:
     """Whether a trainer that asked for liger_core (its `args`, kernel `config`) computes its log-probs with
-    liger_core: yes unless the config turns the fused linear cross-entropy off or TRL needs its own kernel."""
-    if parse_kernel_config(config).get("fused_linear_cross_entropy", True) is False:
+    liger_core: yes unless the config turns the fused linear cross-entropy off or TRL needs its own kernel.
+
+    When TRL needs its own kernel: with `strict` in the config, liger_core's `PatchIncompleteError` (naming
+    `owner`, the trainer class); without it, one warning per `args`.
+    """
+    flags = parse_kernel_config(config)
+    if flags.get("fused_linear_cross_entropy", True) is False:
         return False
     reason = liger_logprobs_unsupported(args)
-    if reason is not None:
-        if not getattr(args, _DECLINED, False):
-            logger.warning("use_liger_kernel: TRL's own log-prob kernel is kept: %s", reason)
-            setattr(args, _DECLINED, True)
-        return False
-    return True
+    if reason is None:
+        return True
+    if flags.get("strict"):
+        from liger_core.patching import PatchIncompleteError, PatchReport
+
+        report = PatchReport(model_type=owner)
+        report.miss("fused_linear_cross_entropy", f"TRL's own log-prob kernel is needed: {reason}")
+        raise PatchIncompleteError(report)
+    if not getattr(args, _DECLINED, False):
+        logger.warning(
+            "use_liger_kernel: NOT applied: fused_linear_cross_entropy (TRL's own log-prob kernel is "
+            "kept: %s)",
+            reason,
+        )
+        setattr(args, _DECLINED, True)
+    return False
 
 
 def _hide_flag_in(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -101,7 +116,7 @@ def _hide_flag_in(original: Callable[..., Any]) -> Callable[..., Any]:
         if not getattr(training_args, "use_liger_kernel", False):
             return original(self, *args, **kwargs)
         logprobs: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if use_liger_logprobs(training_args, training_args.liger_kernel_config):
+        if use_liger_logprobs(training_args, training_args.liger_kernel_config, type(self).__name__):
             logprobs = use_liger_core_logprobs()
             logger.info(
                 "use_liger_kernel: %s's fused LM head computes its log-probs with "
@@ -133,7 +148,9 @@ def _with_liger_logprobs(cls: type, name: str, own: Callable[..., Any] | None) -
 
     @functools.wraps(own if own is not None else getattr(cls, name))
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not (wants_liger(self) and use_liger_logprobs(self.args, kernel_config(self))):
+        if not (
+            wants_liger(self) and use_liger_logprobs(self.args, kernel_config(self), type(self).__name__)
+        ):
             return call(self, *args, **kwargs)
         with use_liger_core_logprobs():
             return call(self, *args, **kwargs)

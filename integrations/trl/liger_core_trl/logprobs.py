@@ -10,8 +10,9 @@ rewards, margins, accuracies, KL, clip ratios, entropy and token-accuracy metric
 
 Two cases keep TRL's kernel, because liger_core's op gives no gradient through the entropy and does not
 gather ZeRO-3-partitioned weights in its backward: GRPO with an entropy bonus (`entropy_coef != 0` or
-`use_adaptive_entropy`), decided per trainer (`liger_logprobs_unsupported`), and DeepSpeed ZeRO-3, decided
-per call (warned once).
+`use_adaptive_entropy`), and DeepSpeed ZeRO-3. Both are decided per trainer (`liger_logprobs_unsupported`,
+when it is built and again when it trains), ZeRO-3 also per call (warned once), for a DeepSpeed setup that
+appears only once the trainer runs.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ def liger_logprobs_unsupported(args: Any) -> str | None:
         return (
             "the GRPO entropy bonus (entropy_coef / use_adaptive_entropy) backpropagates through the "
             "entropy, which liger_core's fused log-probs return as a statistic without gradient"
+        )
+    if _zero3_enabled():
+        return (
+            "DeepSpeed ZeRO-3 is on: TRL's backward re-gathers the partitioned lm_head, liger_core's does not"
         )
     return None
 
