@@ -276,6 +276,7 @@ def apply_liger_kernel_to(
             )
         else:
             _swap_class_attr(model_type, causal_lm, "_liger_core_lm_spec", lm_spec(recipe, module))
+            _swap_class_attr(model_type, causal_lm, fw.ORIGINAL_FORWARD, causal_lm.forward)
             _swap_class_attr(model_type, causal_lm, "forward", fw.causal_lm_forward_for(causal_lm.forward))
             report.count("fused_linear_cross_entropy")
     elif cross_entropy:

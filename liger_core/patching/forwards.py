@@ -170,8 +170,26 @@ def liger_rotary_pos_emb_cast_back(q, k, cos, sin, unsqueeze_dim=1, *, position_
     return q_embed.to(q.dtype), k_embed.to(k.dtype)
 
 
-liger_rotary_pos_emb._liger_core_kind = "rope"
-liger_rotary_pos_emb_cast_back._liger_core_kind = "rope"
+def liger_rotary_pos_emb_half_tables(q, k, cos, sin, unsqueeze_dim=1):
+    """For functions that take cos/sin of half the rotary width (one column per frequency, gpt-oss):
+    ``x1 * cos - x2 * sin, x2 * cos + x1 * sin`` on the two halves is rotate_half with the tables doubled."""
+    return liger_rotary_pos_emb(q, k, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1), unsqueeze_dim)
+
+
+def liger_rotary_pos_emb_half_tables_cast_back(q, k, cos, sin, unsqueeze_dim=1):
+    """``liger_rotary_pos_emb_half_tables`` returning q/k in their input dtype."""
+    q_embed, k_embed = liger_rotary_pos_emb_half_tables(q, k, cos, sin, unsqueeze_dim)
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
+for _fn in (
+    liger_rotary_pos_emb,
+    liger_rotary_pos_emb_cast_back,
+    liger_rotary_pos_emb_half_tables,
+    liger_rotary_pos_emb_half_tables_cast_back,
+):
+    _fn._liger_core_kind = "rope"
+del _fn
 
 
 def rope_function(casts_back: bool):
@@ -448,10 +466,10 @@ def is_causal_lm_forward(forward: Any) -> bool:
 _CACHE_NAMES = ("cache", "past_key_values")
 
 
-@torch.compiler.assume_constant_result  # a fact about a class: torch.compile takes the value, not the code
-def cache_argument_name(module_cls: type) -> str:
-    """The name of ``module_cls``'s forward's key/value cache argument in the installed transformers."""
-    inner = innermost_function(getattr(module_cls, "forward", None))
+@torch.compiler.assume_constant_result  # a fact about a function: torch.compile takes the value, not the code
+def cache_argument_name(forward: Any) -> str:
+    """The name of ``forward``'s key/value cache argument in the installed transformers."""
+    inner = innermost_function(forward)
     if inner is not None:
         params = inspect.signature(inner).parameters
         for name in _CACHE_NAMES:
@@ -465,6 +483,38 @@ def _output_cache_field(output_cls: type) -> str:
     """The field of a transformers output dataclass that holds the key/value cache."""
     names = {f.name for f in dataclasses.fields(output_cls)}
     return next((n for n in _CACHE_NAMES if n in names), _CACHE_NAMES[1])
+
+
+# The class forward a patched causal-LM forward stands in for (instance ``__dict__`` or class attribute): it
+# serves every call that wants logits, so evaluation and generation are exactly the model's own.
+ORIGINAL_FORWARD = "_liger_core_original_forward"
+
+
+def _has_fusable_head(model: nn.Module) -> bool:
+    return fusable_linear(model.lm_head) is not None or redirected_linear(model.lm_head) is not None
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    """The module under the head: named by ``base_model_prefix``, or ``model`` where a causal-LM class of a
+    multimodal family keeps its decoder there under another prefix (Mllama's text model)."""
+    for name in (model.base_model_prefix, "model"):
+        base = getattr(model, name, None)
+        if isinstance(base, nn.Module) and base is not model:
+            return base
+    raise AttributeError(
+        f"{type(model).__name__} has no base model under {model.base_model_prefix!r} or 'model'"
+    )
+
+
+def vocab_size(model: nn.Module) -> int:
+    """The size of the model's output vocabulary (a VLM keeps it in its text config)."""
+    config = model.config
+    size = getattr(config, "vocab_size", None)
+    if size is None and hasattr(config, "get_text_config"):
+        size = getattr(config.get_text_config(), "vocab_size", None)
+    if size is None:
+        size = model.lm_head.out_features
+    return size
 
 
 def causal_lm(
@@ -498,6 +548,28 @@ def causal_lm(
         raise ValueError(
             "skip_logits=True needs `labels` or `shift_labels`: without them there is nothing to return"
         )
+    original = self.__dict__.get(ORIGINAL_FORWARD, getattr(type(self), ORIGINAL_FORWARD, None))
+    if original is not None and not (skip_logits and _has_fusable_head(self)):
+        # logits are wanted (eval, generation) or the head cannot be fused: the model's own forward, which
+        # also returns whatever else its output class carries (a VLM's rope deltas, image states, ...)
+        if skip_logits:  # asked not to return logits, but lm_head could not be fused (see fusable_linear)
+            _warn_unfused(self.lm_head)
+        output = original(
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            **{cache_argument_name(original): cache},
+            **({} if return_dict is None else {"return_dict": return_dict}),
+            **kwargs,
+        )
+        if skip_logits and not isinstance(output, tuple):
+            output.logits = None
+        return output
 
     model_kwargs = dict(kwargs)
     output_router_logits = False
@@ -507,8 +579,8 @@ def causal_lm(
             output_router_logits = getattr(self.config, "output_router_logits", False)
         model_kwargs["output_router_logits"] = output_router_logits
 
-    base = getattr(self, self.base_model_prefix)
-    model_kwargs[cache_argument_name(type(base))] = cache
+    base = _base_model(self)
+    model_kwargs[cache_argument_name(type(base).forward)] = cache
     outputs = base(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -539,9 +611,7 @@ def causal_lm(
     else:
         logits = _logits(self, hidden, spec)
         if has_targets:
-            loss = self.loss_function(
-                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
-            )
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=vocab_size(self), **kwargs)
         if skip_logits:  # asked not to return logits, but lm_head could not be fused (see fusable_linear)
             _warn_unfused(self.lm_head)
             logits = None

@@ -42,7 +42,8 @@ def patch_loss(root: nn.Module, spec: fw.LMSpec, flags: dict[str, bool], report:
             )
         else:
             forward = fw.causal_lm_forward_for(type(root).forward)
-            bind(root, root, forward, FLCE, _liger_core_lm_spec=spec)
+            markers = {"_liger_core_lm_spec": spec, fw.ORIGINAL_FORWARD: type(root).forward}
+            bind(root, root, forward, FLCE, **markers)
             report.count(FLCE)
             report.modules[""] = FLCE
     elif flags[CE]:

@@ -228,21 +228,42 @@ def _rope_global(m: nn.Module) -> tuple[str, types.FunctionType] | None:
     return None
 
 
-def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.Generator):
-    """liger's rope function that reproduces ``fn`` (also its output dtype with fp32 cos/sin), or a reason.
+# (tables' width, liger function returning the promoted dtype, liger function returning q's dtype)
+_ROPE_LAYOUTS = (
+    ("full", fw.liger_rotary_pos_emb, fw.liger_rotary_pos_emb_cast_back),
+    ("half", fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back),
+)
 
-    Probed with cos/sin in the module's dtype (the math) and in fp32 (some models keep the tables in fp32:
-    whether ``fn`` returns q's dtype or the promoted one picks the variant); outputs and q/k gradients.
+
+def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.Generator):
+    """liger's rope function that reproduces ``fn``, or a reason.
+
+    Tried with cos/sin as wide as the rotary part (HF's rotate_half functions) and half as wide (one column
+    per frequency, as gpt-oss's). Probed with cos/sin in the module's dtype (the math) and in fp32 (some
+    models keep the tables in fp32: whether ``fn`` returns q's dtype or the promoted one picks the variant);
+    outputs and q/k gradients.
     """
+    failures = []
+    for layout, promoted, cast_back in _ROPE_LAYOUTS:
+        verdict = _probe_rope_layout(fn, layout == "half", promoted, cast_back, dtype, device, gen)
+        if not isinstance(verdict, str):
+            return verdict
+        failures.append(f"{layout} tables: {verdict}")
+    return f"{fn.__name__} is not HF's rotate_half rotary embedding ({'; '.join(failures)})"
+
+
+def _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen: torch.Generator):
     like = torch.empty((), dtype=dtype, device=device)
     batch, seq, head_dim = 2, 5, 8
     q0 = _randn((batch, 4, seq, head_dim), like, gen)
     k0 = _randn((batch, 2, seq, head_dim), like, gen)
     angles = torch.rand((batch, seq, head_dim // 2), generator=gen) * 6.0
-    chosen = fw.liger_rotary_pos_emb
+    chosen = promoted
     for table_dtype in dict.fromkeys((dtype, torch.float32)):
-        cos = torch.cat((angles.cos(), angles.cos()), -1).to(device=device, dtype=table_dtype)
-        sin = torch.cat((angles.sin(), angles.sin()), -1).to(device=device, dtype=table_dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if not half:
+            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        cos, sin = cos.to(device=device, dtype=table_dtype), sin.to(device=device, dtype=table_dtype)
         q, k = _leaf(q0), _leaf(k0)
         try:
             with torch.enable_grad():
@@ -251,7 +272,7 @@ def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.G
             return f"{fn.__name__}(q, k, cos, sin) failed on the probe ({type(e).__name__})"
         if not (isinstance(ref_q, torch.Tensor) and isinstance(ref_k, torch.Tensor)):
             return f"{fn.__name__} does not return (q, k)"
-        chosen = fw.liger_rotary_pos_emb_cast_back if ref_q.dtype == q.dtype else fw.liger_rotary_pos_emb
+        chosen = cast_back if ref_q.dtype == q.dtype else promoted
         dq, dk = _randn(ref_q.shape, ref_q, gen), _randn(ref_k.shape, ref_k, gen)
         with torch.enable_grad():
             ref_grads = torch.autograd.grad((ref_q, ref_k), (q, k), (dq, dk))
@@ -260,7 +281,7 @@ def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.G
             grads = torch.autograd.grad((out_q, out_k), (q2, k2), (dq, dk))
         err = _max_err([(out_q, ref_q), (out_k, ref_k), *zip(grads, ref_grads)])
         if err > _tolerance(dtype):
-            return f"{fn.__name__} is not HF's rotate_half rotary embedding (probe rel. error {err:.1e})"
+            return f"probe rel. error {err:.1e}"
     return chosen
 
 
@@ -276,12 +297,11 @@ def _probe_loss(root: nn.Module, spec: fw.LMSpec, gen: torch.Generator) -> bool 
     """
     head = getattr(root, "lm_head", None)
     weight = getattr(head, "weight", None)
-    vocab = getattr(getattr(root, "config", None), "vocab_size", None)
-    if not _usable(weight) or not isinstance(vocab, int):
-        return "no lm_head/vocab_size"
+    if not _usable(weight) or getattr(root, "config", None) is None:
+        return "no lm_head weight or config"
     params = [p for p in (weight, getattr(head, "bias", None)) if isinstance(p, torch.Tensor)]
     requires = [p.requires_grad for p in params]
-    ids = torch.randint(0, vocab, (1, 6), generator=gen).to(weight.device)
+    ids = _probe_ids(root, gen).to(weight.device)
     training = root.training
     root.eval()
     try:
@@ -305,6 +325,25 @@ def _probe_loss(root: nn.Module, spec: fw.LMSpec, gen: torch.Generator) -> bool 
     if err <= _tolerance(weight.dtype):
         return True
     return f"loss or lm_head gradient differs from the model's own (rel. error {err:.1e})"
+
+
+def _probe_ids(root: nn.Module, gen: torch.Generator, length: int = 6) -> torch.Tensor:
+    """Random text token ids: below the vocabulary size, and none of the config's special ids (an image
+    token without an image would make a multimodal model's forward fail)."""
+    vocab = fw.vocab_size(root)
+    try:
+        embed = root.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embed = None
+    vocab = min(vocab, getattr(embed, "num_embeddings", vocab))
+    special = set()
+    configs = [root.config, *(getattr(root.config, n, None) for n in ("text_config", "vision_config"))]
+    for config in configs:
+        for name, value in vars(config).items() if config is not None else ():
+            if name.endswith(("_token_id", "_token_index", "_token_ids")) and value is not None:
+                special.update(value if isinstance(value, (list, tuple)) else [value])
+    allowed = torch.tensor([i for i in range(vocab) if i not in special] or [0])
+    return allowed[torch.randint(0, len(allowed), (1, length), generator=gen)]
 
 
 def _verdict(probe, *args):

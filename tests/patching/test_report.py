@@ -337,3 +337,48 @@ def test_patched_llama_follows_the_installed_cache_argument():
         assert [str(w.message) for w in seen if w.category is FutureWarning] == [
             str(w.message) for w in seen_ref if w.category is FutureWarning
         ]
+
+
+def half_table_rotary(q, k, cos, sin):
+    """gpt-oss's convention: tables one column per frequency, rotation written on the two halves."""
+
+    def rotate(x, c, s):
+        first, second = torch.chunk(x, 2, dim=-1)
+        return torch.cat((first * c - second * s, second * c + first * s), dim=-1)
+
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return rotate(q, cos, sin), rotate(k, cos, sin)
+
+
+class HalfTableAttention(DecoratedAttention):
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).unbind(2)
+        q, k = half_table_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        y = nn.functional.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
+        return self.o_proj(y.transpose(1, 2).flatten(2))
+
+
+def test_rope_with_half_width_tables_is_recognised_and_exact():
+    torch.manual_seed(1)
+    attn = HalfTableAttention(32, 4)
+    pos = torch.arange(7, dtype=torch.float32)
+    angles = torch.outer(pos, 1.0 / 10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))[None]
+    cos, sin = angles.cos(), angles.sin()  # (1, 7, head_dim / 2)
+    x, dy = torch.randn(1, 7, 32), torch.randn(1, 7, 32)
+
+    def run():
+        attn.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_(True)
+        y = attn(xx, cos, sin)
+        (y * dy).sum().backward()
+        return y.detach(), xx.grad, attn.qkv.weight.grad.clone()
+
+    ref = run()
+    holder = nn.ModuleDict({"attn": attn})  # patching looks at a model's submodules
+    report = liger_core.apply_liger_kernel(holder, rms_norm=False, fused_linear_cross_entropy=False)
+    assert report.swapped == {"rope": 1} and not report.missing, str(report)
+    used = attn.forward.__func__._liger_core_rope
+    assert used in (fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back)
+    for got, want in zip(run(), ref):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
