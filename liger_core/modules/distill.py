@@ -15,7 +15,8 @@ from liger_core.ops.kl_div import REDUCTIONS, kl_div
 
 
 class LigerKLDIVLoss(nn.Module):
-    """``torch.nn.KLDivLoss`` (input = log-probs) with a Triton kernel; gradient w.r.t. the input only."""
+    """``torch.nn.KLDivLoss`` (input = log-probs) with a Triton kernel; gradient w.r.t. the input only, in its
+    dtype; the loss is fp32 whatever the input dtype (``liger_core.ops.kl_div``)."""
 
     def __init__(self, reduction: str = "batchmean", log_target: bool = False) -> None:
         super().__init__()
@@ -33,7 +34,8 @@ class LigerKLDIVLoss(nn.Module):
 
 class LigerJSD(nn.Module):
     """Generalised JSD between student and teacher log-probs (beta = 0: forward KL, beta = 1: reverse KL),
-    averaged over the rows whose ``shift_labels`` is not ``ignore_index``."""
+    averaged over the rows whose ``shift_labels`` is not ``ignore_index`` (0 where there is none); an fp32
+    loss whatever the inputs' dtype (``liger_core.ops.jsd``)."""
 
     def __init__(self, beta: float = 0.5, ignore_index: int = -100) -> None:
         super().__init__()
@@ -51,7 +53,8 @@ class LigerJSD(nn.Module):
 
 class LigerFusedLinearJSD(nn.Module):
     """lm_head projections of student and teacher + generalised JSD, chunked over tokens so that neither
-    model's logits are materialised. The weights are passed to forward (they belong to the models)."""
+    model's logits are materialised; an fp32 loss. The weights are passed to forward (they belong to the
+    models)."""
 
     def __init__(self, beta: float = 0.5, ignore_index: int = -100, temperature: float = 1.0) -> None:
         super().__init__()

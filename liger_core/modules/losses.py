@@ -29,8 +29,10 @@ def _check_options(reduction: str, label_smoothing: float, softcap: float | None
 class LigerCrossEntropyLoss(nn.Module):
     """``torch.nn.CrossEntropyLoss`` (class indices) with z-loss and softcap, gradient computed in forward.
 
+    The loss is fp32 whatever the logits' dtype (the gradient has the logits' dtype), with torch's semantics
+    for a mean over no target (NaN) and non-finite logits (see ``liger_core.ops.cross_entropy``).
     ``inplace_backward=True`` lets the loss overwrite the logits with their gradient (~0 extra memory); only
-    for logits that nothing reads after the loss (see ``liger_core.ops.cross_entropy``).
+    for logits that nothing reads after the loss.
     """
 
     weight: torch.Tensor | None
@@ -88,10 +90,11 @@ class LigerCrossEntropyLoss(nn.Module):
 class LigerFusedLinearCrossEntropyLoss(nn.Module):
     """lm_head projection + cross-entropy, never materialising the logits (``fused_linear_cross_entropy``).
 
-    Gradients at eager's accuracy. ``max_chunk_bytes`` bounds the working memory beside the gradients
-    (default: the hidden-state gradient's size, at least 64 MiB); a larger bound is faster (fewer GEMM
-    launches and fewer passes over the fp32 dh accumulator), and one that holds fp32 copies of the gradients
-    plus 512 MiB of logits selects the fastest exact order (``liger_core.ops.fused_linear_cross_entropy``)."""
+    An fp32 loss, gradients at eager's accuracy. ``max_chunk_bytes`` bounds the working memory beside the
+    gradients (default: the hidden-state gradient's size, at least 64 MiB); a larger bound is faster (fewer
+    GEMM launches and fewer passes over the fp32 dh accumulator), and one that holds fp32 copies of the
+    gradients plus 512 MiB of logits selects the fastest exact order
+    (``liger_core.ops.fused_linear_cross_entropy``)."""
 
     ce_weight: torch.Tensor | None
 

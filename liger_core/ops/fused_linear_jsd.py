@@ -105,7 +105,7 @@ def _fused_jsd_logits_kernel(
     beta = tl.load(params_ptr + 1).to(STATS)
 
     # Pass 1: online max and sum of exp of both rows of scaled logits. Ignored rows are never read (their
-    # lanes are -inf, so their statistics are NaN until replaced below).
+    # lanes are -inf: max -inf and sum 0, replaced below).
     max_s = tl.full([BLOCK_M], float("-inf"), STATS)
     max_t = tl.full([BLOCK_M], float("-inf"), STATS)
     sum_s = tl.zeros([BLOCK_M], dtype=STATS)
@@ -117,8 +117,12 @@ def _fused_jsd_logits_kernel(
         zt = _scaled_logits(zt_row, offsets, mask, temperature, STATS)
         new_max_s = tl.maximum(max_s, tl.max(zs, axis=1))
         new_max_t = tl.maximum(max_t, tl.max(zt, axis=1))
-        sum_s = sum_s * exp_precise(max_s - new_max_s) + tl.sum(exp_precise(zs - new_max_s[:, None]), axis=1)
-        sum_t = sum_t * exp_precise(max_t - new_max_t) + tl.sum(exp_precise(zt - new_max_t[:, None]), axis=1)
+        # exponents relative to 0 while a row's logits so far are all -inf (its sum is 0; exp(-inf - -inf)
+        # would make it NaN): a row of -inf only is NaN in the end, as torch's log_softmax
+        base_s = tl.where(new_max_s == float("-inf"), 0.0, new_max_s)
+        base_t = tl.where(new_max_t == float("-inf"), 0.0, new_max_t)
+        sum_s = sum_s * exp_precise(max_s - base_s) + tl.sum(exp_precise(zs - base_s[:, None]), axis=1)
+        sum_t = sum_t * exp_precise(max_t - base_t) + tl.sum(exp_precise(zt - base_t[:, None]), axis=1)
         max_s = new_max_s
         max_t = new_max_t
     # Ignored rows: finite stand-ins, so that their (all -inf) lanes give exactly zero loss and gradient.

@@ -12,8 +12,11 @@ Liger-Kernel convention: beta weights the teacher; the endpoints are the named K
     loss = sum over kept rows of JSD / n_kept,   kept = shift_labels != ignore_index (all rows without labels)
 
 A term whose probability is 0 contributes 0 (``0 * log 0 = 0``), so log-probs of -inf (a masked vocabulary
-entry) give finite results where the eager formula gives NaN. When every row is ignored the loss is 0 and the
-gradient is 0 (eager divides 0 by 0). Only ``student_logp`` gets a gradient; ``teacher_logp`` is a constant.
+entry) give finite results where the eager formula gives NaN (a documented choice: torch has no JSD of its
+own; the reference path follows it). A NaN log-prob gives a NaN loss. With no rows, or every row ignored,
+the loss is 0 and the gradient is 0 (the mean over no rows taken as 0: a batch without a kept token adds
+nothing to a distillation loss; eager's 0 / 0 would be NaN). The loss is fp32 whatever the inputs' dtype;
+only ``student_logp`` gets a gradient (in its dtype); ``teacher_logp`` is a constant.
 
 One kernel per pass. Forward streams x and y once and writes each row's loss; torch adds the rows and divides
 by n_kept (kept on the device: no host sync). Backward streams x and y again and writes
@@ -23,13 +26,16 @@ accumulation). HBM traffic: forward reads 2 tensors, backward reads 2 and writes
 references to the inputs, and no logits-sized buffer lives between forward and backward.
 
 Precision: the math is fp32 for bf16/fp16 inputs and float64 for fp32 inputs (``compute_dtype``), and the
-loss is always summed in float64, so every output is its exact value rounded once to the output dtype.
-exp and log are ``exp_precise`` / ``log_precise`` (about 1 ulp in fp32 on every backend) rather than
+loss is always summed in float64: every output of fp32 inputs is its exact value rounded once; the gradient
+of 16-bit inputs too (fp32 math is far below their rounding), and their fp32 loss carries the fp32 terms'
+last-place errors, averaged over the rows (measured no larger than eager's fp32 on upcast inputs). exp and
+log are ``exp_precise`` / ``log_precise`` (about 1 ulp in fp32 on every backend) rather than
 ``tl.exp`` / ``tl.log``, which on NVIDIA GPUs are approximations several ulp off for fp32.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -173,7 +179,8 @@ def jsd_terms(x, y, beta, MODE: tl.constexpr):
     so their error is an ulp of the (small) ratio rather than of |log M| (~10 for a large vocabulary): for a
     student close to its teacher, the case distillation converges to, this is what keeps the loss exact.
     A term whose probability is 0 is 0 (so -inf inputs and masked-off lanes loaded as -inf contribute nothing
-    instead of 0 * inf = NaN); NaN inputs still give NaN.
+    instead of 0 * inf = NaN); NaN inputs still give NaN, and so do +inf ones (not a probability) wherever
+    the eager formula's gradient is NaN.
     """
     if MODE == 0:  # forward KL(P || Q)
         p = exp_precise(y)
@@ -195,6 +202,9 @@ def jsd_terms(x, y, beta, MODE: tl.constexpr):
         q_part = (1.0 - beta) * exp_precise(x)
         dx = tl.where(q_part == 0.0, 0.0, q_part * x_minus_log_m)
         loss = tl.where(p_part == 0.0, 0.0, p_part * y_minus_log_m) + dx
+        # a +inf log-prob (no probability) leaves inf * 0 in the eager gradient: NaN, where the limits above
+        # would give +-inf (the loss is NaN either way)
+        dx = tl.where(tl.maximum(x, y) == float("inf"), float("nan"), dx)
     return loss, dx
 
 
@@ -364,9 +374,10 @@ def kept_count(
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` viewed as (rows, last dim) with unit column stride (copied only when it cannot be)."""
-    rows = t.reshape(-1, t.shape[-1])
-    return rows if rows.stride(-1) == 1 or rows.shape[-1] == 1 else rows.contiguous()
+    """``t`` viewed as (rows, last dim) with unit column stride (copied only when it cannot be); any row
+    stride, including 0 (rows expanded from one)."""
+    rows = t.reshape(math.prod(t.shape[:-1]), t.shape[-1])  # not -1: ambiguous for an empty last dim
+    return rows if rows.stride(-1) == 1 or rows.shape[-1] <= 1 else rows.contiguous()
 
 
 def check_beta(beta: object) -> float:
@@ -405,7 +416,7 @@ class JSDFunction(torch.autograd.Function):
         row_loss = _jsd_fwd(x, y, labels, beta, ignore_index)
         ctx.save_for_backward(x, y, labels, n_kept)
         ctx.beta, ctx.ignore_index, ctx.student_shape = beta, ignore_index, student_logp.shape
-        return (row_loss.sum() / n_kept).to(student_logp.dtype)
+        return (row_loss.sum() / n_kept).to(torch.float32)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -426,9 +437,10 @@ def jsd(
 
     ``beta`` weights the teacher in the mixture ``M = beta * P_teacher + (1 - beta) * Q_student``; beta = 0 is
     the forward KL(teacher || student), beta = 1 the reverse KL(student || teacher). Rows whose
-    ``shift_labels`` (shape (...) or flat) equal ``ignore_index`` are left out; with every row ignored the
-    loss is 0 with zero gradients. Returns a 0-dim tensor in the inputs' dtype; only ``student_logp`` gets a
-    gradient.
+    ``shift_labels`` (shape (...) or flat) equal ``ignore_index`` are left out; with no rows or every row
+    ignored the loss is 0 with zero gradients (see the module doc). Inputs of any strides. Returns an fp32
+    0-dim tensor whatever the inputs' dtype; only ``student_logp`` gets a gradient, in its dtype. -inf
+    log-probs follow ``0 * log 0 = 0`` (the module doc), NaN ones give NaN.
     """
     check_tensor("student_logp", student_logp, min_ndim=1)
     check_tensor("teacher_logp", teacher_logp)

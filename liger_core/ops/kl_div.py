@@ -1,18 +1,26 @@
 """KL divergence with ``torch.nn.functional.kl_div``'s semantics: ``input`` holds log-probabilities,
 ``target`` probabilities (or log-probabilities with ``log_target=True``).
 
-Math (elementwise, x = input, t = target; float64 math for fp32 tensors, fp32 for bf16/fp16 ones)::
+Math (elementwise, x = input, t = target; the loss in float64 math, so that every fp32 output, elementwise or
+reduced, is its exact value rounded once: in fp32 math the log's and exp's last-place errors add up across a
+row where the terms cancel, to more than eager fp32's error; the gradient in float64 math for fp32 tensors,
+fp32 for bf16/fp16 ones, whose one rounding dominates)::
 
     log_target=False:  l = t * log(t) - t * x      (t * log t := 0 at t = 0, like torch.xlogy)   dl/dx = -t
     log_target=True:   l = e^t * (t - x)                                                      dl/dx = -e^t
 
     reduction="none": l;  "sum": sum(l);  "mean": sum(l) / numel;  "batchmean": sum(l) / input.size(0)
 
-Rows are the last dimension (any leading dims). The forward kernel streams each row once and writes either
-l (``none``) or the row's float64 sum, which torch then adds up; one rounding to the input dtype at the end.
-Nothing but ``target`` is saved for backward, whose kernel reads target (and grad_output for ``none``) and
-writes ``-p * grad_output / divisor``. Only ``input`` gets a gradient: ``target`` is treated as a constant
-(as in Liger-Kernel; torch would also differentiate w.r.t. target).
+Rows are the last dimension (any leading dims, any strides). The forward kernel streams each row once and
+writes either l (``none``, fp32) or the row's float64 sum, which torch then adds up; one rounding to the fp32
+loss at the end (whatever the input dtype: a bf16 loss would carry a relative error of ~2e-3). Nothing but
+``target`` is saved for backward, whose kernel reads target (and grad_output for ``none``) and writes
+``-p * grad_output / divisor`` in the input's dtype. Only ``input`` gets a gradient: ``target`` is treated as
+a constant (as in Liger-Kernel; torch would also differentiate w.r.t. target).
+
+torch's semantics otherwise: no elements give ``sum`` 0, ``mean`` NaN (0 / 0), ``batchmean`` NaN for
+``input.size(0) == 0``; non-finite inputs give torch's NaN and +-inf (e.g. NaN where a -inf log-target meets
+its exp of 0, or a zero target a -inf input: 0 * inf).
 """
 
 from __future__ import annotations
@@ -34,12 +42,12 @@ def _kl_div_fwd_kernel(
     x_row_stride,
     t_ptr,
     t_row_stride,
-    out_ptr,  # (rows, n_cols) in the input dtype when not REDUCE, else (rows,) float64 row sums
+    out_ptr,  # (rows, n_cols) fp32 when not REDUCE, else (rows,) float64 row sums
     n_rows,
     n_cols,
     LOG_TARGET: tl.constexpr,
     REDUCE: tl.constexpr,
-    COMPUTE: tl.constexpr,  # float64 for fp32 inputs, float32 for bf16/fp16 ones
+    COMPUTE: tl.constexpr,  # float64 (see the module doc)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -98,12 +106,12 @@ def _kl_div_bwd_kernel(
 
 @torch.library.custom_op("liger_core::kl_div_fwd", mutates_args=())
 def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool) -> torch.Tensor:
-    """(rows, V) elementwise loss in x's dtype, or (rows,) float64 row sums when ``reduce``."""
+    """(rows, V) fp32 elementwise loss, or (rows,) float64 row sums when ``reduce``."""
     n_rows, n_cols = x.shape
     if reduce:
         out = torch.empty(n_rows, dtype=torch.float64, device=x.device)
     else:
-        out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+        out = torch.empty((n_rows, n_cols), dtype=torch.float32, device=x.device)
     tiles = row_tiles(n_rows, n_cols, x.device)
     if n_rows:
         _kl_div_fwd_kernel[tiles.grid(n_rows)](
@@ -116,7 +124,7 @@ def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool
             n_cols,
             LOG_TARGET=log_target,
             REDUCE=reduce,
-            COMPUTE=compute_dtype(x.dtype),
+            COMPUTE=tl.float64,
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps,
@@ -128,7 +136,7 @@ def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool
 def _(x, t, log_target, reduce):
     if reduce:
         return x.new_empty(x.shape[0], dtype=torch.float64)
-    return x.new_empty(x.shape)
+    return x.new_empty(x.shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("liger_core::kl_div_bwd", mutates_args=())
@@ -175,7 +183,7 @@ class KLDivFunction(torch.autograd.Function):
         ctx.log_target, ctx.input_shape, ctx.input_dtype = log_target, input.shape, input.dtype
         if not reduce:
             return out.view(input.shape)
-        return (out.sum() / ctx.divisor).to(input.dtype)  # 0 / 0 (empty input) is NaN, as in torch
+        return (out.sum() / ctx.divisor).to(torch.float32)  # 0 / 0 (empty input) is NaN, as in torch
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -193,8 +201,9 @@ def kl_div(
     input: torch.Tensor, target: torch.Tensor, reduction: str = "batchmean", log_target: bool = False
 ) -> torch.Tensor:
     """``torch.nn.functional.kl_div(input, target, reduction, log_target)`` in Triton, for tensors of equal
-    shape (..., V) and dtype. ``input`` is log-probabilities; only ``input`` gets a gradient. The loss is
-    computed in fp32 and rounded once to the input dtype."""
+    shape (..., V) and dtype, any strides. ``input`` is log-probabilities; only ``input`` gets a gradient, in
+    its dtype. The loss (elementwise for ``reduction="none"``) is fp32 whatever the input dtype, computed in
+    fp32 (float64 for fp32 inputs) and rounded once."""
     check_tensor("input", input, min_ndim=1)
     check_tensor("target", target)
     check_shape("target", target, tuple(input.shape), "target must match input")

@@ -16,7 +16,7 @@ from helpers import (
     noncontiguous,
 )
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.modules import LigerFusedLinearJSD
 from liger_core.ops import fused_linear_jsd
 from liger_core.reference.jsd import jsd_rows
@@ -292,3 +292,114 @@ def test_fused_linear_jsd_llama_shapes_cuda(beta):
     assert_mean_no_worse_than_eager("loss", loss, eager[0], ref[0], spread)
     for name, a, e, r in zip(("grad_student_hidden", "grad_student_weight"), (dh, dw), eager[1:], ref[1:]):
         assert_no_worse_than_eager(name, a, e, r)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Edge cases on both paths: empty batches, non-finite inputs, any strides
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
+    tensors take where Triton is missing."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)
+    return request.param
+
+
+def assert_same_values(name, ours, want, rtol=1e-5):
+    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
+    ours = ours.detach().double()
+    assert ours.shape == want.shape, name
+    for what in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
+    finite = torch.isfinite(want)
+    scale = want[finite].abs().max().item() if finite.any() else 1.0
+    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_fused_linear_jsd_empty_and_all_ignored(path, beta):
+    """No tokens (with or without labels, 2-D or 3-D hidden states) or every token ignored: a loss of 0 (the
+    documented mean over no rows), fp32, with zero gradients; the same on both paths."""
+    for lead, labels in (((0,), None), ((2, 0), None), ((0,), torch.zeros(0, dtype=torch.long)),
+                         ((5,), torch.full((5,), -100))):  # fmt: skip
+        sh, sw, th, tw, _ = make_inputs(1, 7, 5, 33, torch.bfloat16, "cpu", leading=lead)
+        h, w = leaf(sh), leaf(sw)
+        loss = fused_linear_jsd(h, w, th, tw, labels, beta, chunk_size=2)
+        dh, dw = torch.autograd.grad(loss * 2.0, (h, w))
+        assert loss.dtype == torch.float32 and loss.shape == () and loss.item() == 0.0, (lead, loss)
+        assert dh.shape == sh.shape and dh.dtype == torch.bfloat16 and (dh == 0).all()
+        assert dw.dtype == torch.bfloat16 and (dw == 0).all()
+
+
+@pytest.mark.parametrize("case", ["neg_inf_weights", "non_finite_hidden"])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_fused_linear_jsd_non_finite_inputs(path, case, beta):
+    """fp32 inputs holding -inf, +inf and NaN: the loss and both gradients have NaN and +-inf exactly where
+    the float64 reference composition has them, its values elsewhere. ``neg_inf_weights``: a -inf weight
+    entry in each model makes a class's logit -inf in every row (the student's the first of the vocabulary:
+    a leading column all -inf), whose probability 0 contributes 0 (documented: ``jsd``);
+    ``non_finite_hidden``: NaN and +inf hidden entries in kept rows make their logits NaN / +-inf (a NaN
+    loss, NaN rows of dh, all of dw NaN). bf16 takes the same branches."""
+    sh, sw, th, tw, labels = make_inputs(13, 9, 7, 33, torch.float32, "cpu")
+    sh[:, 0] = torch.rand(13) + 0.5  # positive: weight[:, 0] * hidden[:, 0] keeps its sign
+    th[:, 0] = torch.rand(13) + 0.5
+    labels[[2, 4, 6]] = 1
+    if case == "neg_inf_weights":
+        sw[0, 0] = -float("inf")
+        tw[5, 0] = -float("inf")
+    else:
+        sh[2, 3] = float("nan")
+        sh[4, 1] = float("inf")
+        th[6, 2] = float("nan")
+    go = torch.tensor(1.3, dtype=torch.float64)
+    ours = run(fused_linear_jsd, sh, sw, th, tw, labels, beta, 0.9, go, chunk_size=4)
+    want = run(reference.fused_linear_jsd, sh, sw, th, tw, labels, beta, 0.9, go, dtype=torch.float64)
+    for name, a, r in zip(("loss", "grad_student_hidden", "grad_student_weight"), ours, want):
+        assert_same_values(name, a, r)
+
+
+def test_fused_linear_jsd_strided_inputs(path):
+    """Every tensor argument as a non-contiguous view (hidden states and weights every other column of a
+    NaN-poisoned buffer, or a weight in transposed storage; labels strided): the contiguous inputs' values,
+    forward and backward."""
+    sh, sw, th, tw, labels = make_inputs(15, 9, 7, 33, torch.float32, "cpu", leading=(3, 5))
+    go = torch.tensor(0.8, dtype=torch.float64)
+    want = run(fused_linear_jsd, sh, sw, th, tw, labels, 0.3, 1.2, go, chunk_size=4)
+
+    def strided(t):
+        wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), float("nan"), dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+
+    lab_wide = torch.zeros(3, 10, dtype=torch.long)
+    lab_wide[:, ::2] = labels
+    for w_layout in ("strided", "transposed"):
+        h = strided(sh).requires_grad_()
+        w = (strided(sw) if w_layout == "strided" else sw.t().contiguous().t()).requires_grad_()
+        t_w = strided(tw) if w_layout == "strided" else tw.t().contiguous().t()
+        loss = fused_linear_jsd(h, w, strided(th), t_w, lab_wide[:, ::2], 0.3, temperature=1.2, chunk_size=4)
+        dh, dw = torch.autograd.grad(loss, (h, w), go.float())
+        for a, b in zip((loss, dh, dw), want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_fused_linear_jsd_leading_column_block_neg_inf(path):
+    """Logits -inf over the whole first column block of the kernel (16384 columns on the interpreter; a
+    masked leading range of the vocabulary): probability 0 there, the rest's JSD finite and as the float64
+    reference's, in both models."""
+    vocab = 16384 + 37
+    sh, sw, th, tw, labels = make_inputs(3, 5, 4, vocab, torch.float32, "cpu")
+    sh[:, 0] = th[:, 0] = 1.0
+    sw[: vocab - 37, 0] = -float("inf")
+    tw[: vocab - 30, 0] = -float("inf")
+    go = torch.tensor(1.0, dtype=torch.float64)
+    for beta in (0.0, 0.5):
+        ours = run(fused_linear_jsd, sh, sw, th, tw, None, beta, 1.0, go)
+        want = run(reference.fused_linear_jsd, sh, sw, th, tw, None, beta, 1.0, go, dtype=torch.float64)
+        assert torch.isfinite(ours[0])
+        for name, a, r in zip(("loss", "grad_student_hidden", "grad_student_weight"), ours, want):
+            assert_same_values(name, a, r)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous, rel_err
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.modules import LigerJSD
 from liger_core.ops import jsd
 from liger_core.reference.jsd import jsd_rows
@@ -52,7 +52,7 @@ def test_jsd_matches_float64(device, dtype, beta, layout, poison_empty):
         loss = jsd(s, t, beta, shift_labels=labels)
         loss_e = reference.jsd(s_e, t, beta, shift_labels=labels)
         loss_r = reference.jsd(s_r, t.double(), beta, shift_labels=labels)
-        assert loss.dtype == dtype and loss.shape == ()
+        assert loss.dtype == torch.float32 and loss.shape == ()
         assert_no_worse_than_eager("loss", loss, loss_e, loss_r)
 
         go = grad_output(dtype, device)
@@ -123,7 +123,7 @@ def test_jsd_ignored_rows(dtype):
     for beta in (0.0, 0.5, 1.0):
         loss = jsd(s, t, beta, shift_labels=torch.full((3, 13), -100))
         loss.backward()  # grad_output == 1
-        assert loss.item() == 0.0 and loss.dtype == dtype
+        assert loss.item() == 0.0 and loss.dtype == torch.float32
         assert s.grad is not None and (s.grad == 0).all()
         s.grad = None
 
@@ -264,3 +264,120 @@ def test_jsd_llama3_vocab_bf16_cuda():
     assert abs(loss.item() - loss_r) <= 2**-8 * abs(loss_r)
     assert math.sqrt(err2 / norm2) <= 2**-8
     assert (g[~kept] == 0).all()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Edge cases on both paths: empty batches, non-finite log-probs, any strides, the fp32 loss
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
+    tensors take where Triton is missing."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)
+    return request.param
+
+
+def assert_same_values(name, ours, want, rtol=1e-5):
+    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
+    ours = ours.detach().double()
+    assert ours.shape == want.shape, name
+    for what in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
+    finite = torch.isfinite(want)
+    scale = want[finite].abs().max().item() if finite.any() else 1.0
+    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_jsd_empty_and_all_ignored(path, beta):
+    """No rows (with or without labels, 2-D or 3-D) or every row ignored: a loss of 0 (the documented mean
+    over no rows), fp32, with zero gradients in the inputs' dtype; the same on both paths."""
+    for shape, labels in (
+        ((0, 131), None),
+        ((2, 0, 131), None),
+        ((0, 131), torch.zeros(0, dtype=torch.long)),
+        ((5, 131), torch.full((5,), -100)),
+    ):
+        s = leaf(log_probs(shape, torch.bfloat16, "cpu"))
+        t = log_probs(shape, torch.bfloat16, "cpu")
+        loss = jsd(s, t, beta, shift_labels=labels)
+        (g,) = torch.autograd.grad(loss * 2.0, s)
+        assert loss.dtype == torch.float32 and loss.shape == () and loss.item() == 0.0, (shape, loss)
+        assert g.dtype == torch.bfloat16 and g.shape == s.shape and (g == 0).all()
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_jsd_non_finite_log_probs(path, beta):
+    """fp32 log-probs holding -inf (probability 0), NaN and +inf: every gradient element and the loss have
+    NaN and +-inf exactly where the float64 reference has them, its values elsewhere. A term of probability
+    0 contributes 0 (``0 log 0 = 0``, documented: the plain eager formula gives NaN there); NaN gives NaN.
+    bf16 log-probs take the same branches (fp32 math inside)."""
+    s = log_probs((7, 131), torch.float32, "cpu")
+    t = log_probs((7, 131), torch.float32, "cpu")
+    s[0, 3] = t[0, 5] = -float("inf")  # a masked entry in one model
+    s[1, 7] = t[1, 7] = -float("inf")  # in both
+    s[2, :] = t[2, :] = -float("inf")  # a whole row in both
+    s[3, 9] = float("nan")
+    t[4, 2] = float("nan")
+    t[5, 1] = float("inf")
+    s[6, 4] = float("inf")
+    labels = torch.tensor([1, 2, 3, 4, 5, 6, -100])
+    x = leaf(s)
+    loss = jsd(x, t, beta, shift_labels=labels)
+    (g,) = torch.autograd.grad(loss, x, torch.tensor(1.3))
+    x64 = leaf(s, torch.float64)
+    want = reference.jsd(x64, t.double(), beta, shift_labels=labels)
+    (g64,) = torch.autograd.grad(want, x64, torch.tensor(1.3, dtype=torch.float64))
+    assert_same_values("loss", loss, want.detach())
+    assert_same_values("grad", g, g64)
+    assert (g[6] == 0).all()  # the ignored row, whatever it holds
+    # entries of probability 0 in both models: the JSD of the other entries alone (finite); in one model
+    # only, a KL with that model second is +inf (mathematically), a mixture's finite
+    keep = s[1] > -float("inf")
+    want = float(jsd_rows(s[1:2, keep].double(), t[1:2, keep].double(), beta)) / 2
+    loss = jsd(s[1:3], t[1:3], beta)
+    assert torch.isfinite(loss) and abs(loss.item() - want) <= 1e-6 * abs(want)
+    assert torch.isposinf(jsd(s[:1], t[:1], beta)) == (beta in (0.0, 1.0))
+
+
+def test_jsd_strided_inputs(path):
+    """student_logp strided (gaps poisoned with NaN), teacher_logp with rows expanded from one (row stride 0)
+    or in a transposed storage, shift_labels strided (gaps of class 0): forward and backward give the values
+    of contiguous inputs."""
+    s = log_probs((3, 5, 131), torch.float32, "cpu")
+    t = log_probs((3, 5, 131), torch.float32, "cpu")
+    t_row = log_probs((131,), torch.float32, "cpu")
+    labels = shift_labels((3, 5), "cpu")
+    wide = torch.full((3, 5, 262), float("nan"))
+    wide[..., ::2] = s
+    x = wide.requires_grad_()[..., ::2]  # a strided view: its gradient is taken w.r.t. the view
+    lab_wide = torch.zeros(3, 10, dtype=torch.long)
+    lab_wide[:, ::2] = labels
+    for teacher in (t.transpose(0, 1).contiguous().transpose(0, 1), t_row.expand(3, 5, 131)):
+        x_ref = leaf(s)
+        want = jsd(x_ref, teacher.contiguous(), 0.4, shift_labels=labels)
+        (g_want,) = torch.autograd.grad(want, x_ref)
+        loss = jsd(x, teacher, 0.4, shift_labels=lab_wide[:, ::2])
+        (g,) = torch.autograd.grad(loss, x)
+        assert not (x.is_contiguous() or teacher.is_contiguous())
+        torch.testing.assert_close(loss, want, rtol=1e-6, atol=0)
+        torch.testing.assert_close(g, g_want, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_jsd_loss_is_fp32(path, dtype):
+    """16-bit log-probs: an fp32 loss, exact to fp32 sums (the reference path's fp32 sum over 38k terms is up
+    to ~1e-6 off, a loss in the inputs' dtype ~2e-3), the gradient in the inputs' dtype."""
+    s = leaf(log_probs((37, 1031), dtype, "cpu"))
+    t = log_probs((37, 1031), dtype, "cpu")
+    labels = shift_labels((37,), "cpu")
+    for beta in (0.0, 0.5, 1.0):
+        loss = jsd(s, t, beta, shift_labels=labels)
+        (g,) = torch.autograd.grad(loss, s)
+        want = reference.jsd(s.double(), t.double(), beta, shift_labels=labels)
+        assert loss.dtype == torch.float32 and g.dtype == dtype
+        assert rel_err(loss, want) <= 2**-16

@@ -6,9 +6,9 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous, rel_err
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.modules import LigerKLDIVLoss
 from liger_core.ops import kl_div
 
@@ -43,7 +43,7 @@ def test_kl_div_matches_float64(device, dtype, reduction, log_target, poison_emp
         y = kl_div(x, t, reduction, log_target)
         y_e = reference.kl_div(x_e, t, reduction, log_target)
         y_r = reference.kl_div(x_r, t.double(), reduction, log_target)
-        assert y.dtype == dtype and y.shape == y_e.shape and torch.isfinite(y).all()
+        assert y.dtype == torch.float32 and y.shape == y_e.shape and torch.isfinite(y).all()
         assert_no_worse_than_eager("loss", y, y_e, y_r)
 
         go = (torch.rand(y.shape, dtype=torch.float64, device=device) + 0.5).to(dtype)  # never all 1
@@ -133,3 +133,114 @@ def test_kl_div_bad_input():
         kl_div(x, x.exp(), log_target=1)
     with pytest.raises(ValueError, match="target"):
         kl_div(x, torch.empty(4, 8, device="meta"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Edge cases on both paths: torch's semantics for empty and non-finite input, any strides, the fp32 loss
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
+    tensors take where Triton is missing."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)
+    return request.param
+
+
+def assert_same_values(name, ours, want, rtol=1e-5):
+    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
+    ours = ours.detach().double()
+    assert ours.shape == want.shape, name
+    for what in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
+    finite = torch.isfinite(want)
+    scale = want[finite].abs().max().item() if finite.any() else 1.0
+    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_kl_div_empty_as_torch(path, reduction):
+    """No rows, an empty last dimension, an empty middle dimension: torch's values (sum 0, mean NaN,
+    batchmean NaN for input.size(0) == 0, else 0), an fp32 loss, gradients of the input's shape."""
+    for shape in ((0, 131), (3, 0), (2, 0, 5)):
+        for log_target in (False, True):
+            x = leaf(torch.randn(shape, dtype=torch.bfloat16))
+            t = torch.rand(shape, dtype=torch.bfloat16)
+            y = kl_div(x, t, reduction, log_target)
+            (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
+            want = F.kl_div(x.double(), t.double(), reduction=reduction, log_target=log_target)
+            assert y.dtype == torch.float32 and g.dtype == torch.bfloat16 and g.shape == x.shape
+            assert_same_values(f"{shape} {log_target}", y, want)
+
+
+@pytest.mark.parametrize("log_target", [False, True])
+def test_kl_div_non_finite_as_torch(path, log_target):
+    """fp32 input and target holding -inf, +inf and NaN: the loss (elementwise and reduced) and the gradient
+    have NaN and +-inf exactly where torch's F.kl_div (float64) has them, its values elsewhere (e.g. NaN for
+    a -inf log-target, 0 * -inf; the gradient -p or -exp(t) finite wherever the target is). bf16 takes the
+    same branches (fp64 loss math, fp32 gradient math inside)."""
+    x = torch.log_softmax(torch.randn(6, 131), -1)
+    t = torch.softmax(torch.randn(6, 131), -1)
+    if log_target:
+        t = t.log()
+    t[0, 3] = 0.0 if not log_target else -float("inf")  # probability 0
+    x[0, 3] = -float("inf")  # ... at a -inf log-prob
+    x[1, 5] = -float("inf")  # a -inf log-prob where the target is positive
+    x[2, 7] = float("nan")
+    t[3, 1] = float("nan")
+    t[4, 2] = float("inf")
+    x[5, 9] = float("inf")
+    t[5, 10] = -float("inf")
+    go = torch.rand(6, 131) + 0.5
+    for reduction in REDUCTIONS:
+        xs = leaf(x)
+        y = kl_div(xs, t, reduction, log_target)
+        (g,) = torch.autograd.grad(y, xs, go if reduction == "none" else torch.tensor(1.3))
+        x64 = leaf(x, torch.float64)
+        want = F.kl_div(x64, t.double(), reduction=reduction, log_target=log_target)
+        (g64,) = torch.autograd.grad(
+            want, x64, go.double() if reduction == "none" else torch.tensor(1.3).double()
+        )
+        assert_same_values(f"loss {reduction}", y, want.detach())
+        assert_same_values(f"grad {reduction}", g, g64)
+
+
+def test_kl_div_strided_inputs(path):
+    """input as a strided view (gaps poisoned with NaN), target strided or with rows expanded from one (row
+    stride 0), the elementwise loss's grad_output strided: the values of contiguous inputs, forward and
+    backward."""
+    x = torch.log_softmax(torch.randn(3, 5, 131), -1)
+    t_row = torch.softmax(torch.randn(131), -1)
+    wide = torch.full((3, 5, 262), float("nan"))
+    wide[..., ::2] = x
+    xs = wide.requires_grad_()[..., ::2]
+    go = torch.rand(3, 5, 131) + 0.5
+    go_wide = torch.full((3, 5, 262), float("nan"))
+    go_wide[..., ::2] = go
+    for t in (noncontiguous(torch.softmax(torch.randn(3, 5, 131), -1)), t_row.expand(3, 5, 131)):
+        for reduction in REDUCTIONS:
+            x_ref = leaf(x)
+            want = kl_div(x_ref, t.contiguous(), reduction)
+            g_out = go if reduction == "none" else torch.tensor(0.7)
+            (g_want,) = torch.autograd.grad(want, x_ref, g_out)
+            y = kl_div(xs, t, reduction)
+            (g,) = torch.autograd.grad(y, xs, go_wide[..., ::2] if reduction == "none" else g_out)
+            torch.testing.assert_close(y, want, rtol=1e-6, atol=0)
+            torch.testing.assert_close(g, g_want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kl_div_loss_is_fp32(path, dtype):
+    """16-bit inputs: an fp32 loss, elementwise or reduced, exact to fp32 (in the input dtype a reduced loss
+    is ~2e-3 off), the gradient in the input dtype."""
+    x, t = inputs((37, 1031), dtype, "cpu", False)
+    x = leaf(x)
+    for reduction in REDUCTIONS:
+        y = kl_div(x, t, reduction)
+        (g,) = torch.autograd.grad(y.sum(), x)
+        want = F.kl_div(x.double(), t.double(), reduction=reduction)
+        assert y.dtype == torch.float32 and g.dtype == dtype
+        assert rel_err(y, want) <= 2**-16, reduction
