@@ -131,11 +131,56 @@ _SIZES.update(
         "index_n_heads": 2,
         "sliding_window": 4,
         "num_kv_shared_layers": 0,
+        # Widths another config must match (a vision or audio tower's output is the text model's input).
+        **dict.fromkeys(("out_hidden_size", "text_hidden_size", "embedding_dim", "codebook_dim"), HIDDEN),
+        # State-space (Mamba) blocks: heads * head width = expand (2) * hidden.
+        **dict.fromkeys(("mamba_n_heads", "mamba_num_heads"), 4),
+        **dict.fromkeys(("mamba_d_head", "mamba_head_dim"), 2 * HIDDEN // 4),
+        **dict.fromkeys(("mamba_d_state", "ssm_state_size", "state_size"), 8),
+        **dict.fromkeys(("mamba_d_ssm",), 2 * HIDDEN),
+        **dict.fromkeys(("n_groups", "mamba_n_groups", "mamba_ngroups"), 1),
+        **dict.fromkeys(("time_step_rank", "mamba_dt_rank"), 8),
+        # Other names for the same sizes.
+        "moe_k": EXPERTS_PER_TOK,
+        "moe_num_shared_experts": 1,
+        "num_blocks": LAYERS,
+        # Group-limited routing (DeepSeek-V3): groups must divide the experts.
+        **dict.fromkeys(("n_group", "num_expert_group"), 2),
+        "topk_group": 1,
+        **dict.fromkeys(
+            ("adapter_in_dim", "adapter_input_size", "adapter_out_dim", "hidden_size_global"), HIDDEN
+        ),
+        # Leading dense layers before the sparse ones: one of each kind.
+        **dict.fromkeys(("first_k_dense_replace", "num_dense_layers", "first_dense_layers"), 1),
     }
 )
 
+# Attributes that are the index of the last layer of some kind.
+_LAST_LAYER_INDEX = ("moe_layer_end_index",)
+
+_ROPE_PER_LAYER_TYPE = {
+    t: {"rope_type": "default", "rope_theta": 10000.0} for t in ("full_attention", "sliding_attention")
+}
+
 # Per-type config overrides, applied after the generic shrink (only where the generic rules do not suffice).
-OVERRIDES: dict[str, dict] = {}
+OVERRIDES: dict[str, dict] = {
+    "mamba2": dict(head_dim=16),  # num_heads * head_dim must be expand * hidden_size
+    "dbrx": dict(attn_config=dict(rope_theta=10000.0)),  # the attention reads it; the default config lacks it
+    # Default configs whose models cannot be built: rope per layer type but none given, no layer types,
+    # no image vocabulary.
+    "cohere_compass_text": dict(rope_parameters=_ROPE_PER_LAYER_TYPE),
+    "cohere_compass": dict(text_config=dict(rope_parameters=_ROPE_PER_LAYER_TYPE)),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+    "chameleon": dict(vocabulary_map={"<image>": VOCAB - 1}),
+    "deepseek_ocr2": dict(text_config=dict(mlp_layer_types=["dense", "sparse"])),
+    # The Q-Former gets vision hidden // 64 heads; features of vision layer -1 go into text layer 0.
+    "granite4_vision": dict(
+        vision_config=dict(hidden_size=64),
+        deepstack_layer_map=[[-1, 0]],
+        spatial_target_layers=[0, 1, 0, 1],
+        downsample_rate="1/2",
+    ),
+}
 
 
 @dataclass
@@ -220,6 +265,18 @@ def _layer_picks(config, n_layers: int) -> list[int]:
     return sorted(picks)
 
 
+_EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "moe_top_k", "num_experts_per_token", "moe_k")
+
+
+def _has_experts(config) -> bool:
+    names = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+    return any(isinstance(vars(config).get(n), int) for n in names)
+
+
+_KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+_HEADS_OF = {"n_kv_heads": "n_heads"}
+
+
 def _mrope_section(section: list[int], old_head_dim: int) -> list[int]:
     """Multimodal rope sections (sum = rotary half-width) rescaled to the tiny head_dim, each at least 1."""
     total = max(len(section), round(sum(section) * HEAD_DIM / old_head_dim))
@@ -236,15 +293,55 @@ def _shrink_value(name: str, value, config):
         new = _SIZES[name]
         if isinstance(value, int) and 0 < value < new and not name.startswith("vocab_size"):
             return _KEEP  # already small (1 kv head, 1 expert per token)
+        if name in _KV_HEADS and value == vars(config).get(_HEADS_OF.get(name, "num_attention_heads")):
+            return HEADS  # multi-head attention (every MLA model) stays multi-head
         return new
-    if name in _SIZES and isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
+    if (
+        name in _SIZES
+        and isinstance(value, (list, tuple))
+        and len(value) == _layer_count(config)
+        and all(isinstance(v, int) for v in value)
+    ):
         return [_SIZES[name]] * LAYERS  # a size per layer (Gemma-3n intermediate_size)
+    if name in _KV_HEADS and value is None and "num_attention_heads" in vars(config):
+        return KV_HEADS  # some configs default to None, which their attention cannot use
+    if name in _EXPERTS_PER_TOKEN and value is None and _has_experts(config):
+        return EXPERTS_PER_TOK  # some MoE configs default to None, which their router cannot use
+    if name in _LAST_LAYER_INDEX and isinstance(value, int):
+        return min(value, LAYERS - 1)
+    if name == "head_dim" and value is None and "num_attention_heads" in vars(config):
+        return HEAD_DIM  # some configs default to None, which their attention cannot use
     if ("dropout" in name or "pdrop" in name or name.endswith("_drop")) and isinstance(value, float):
         return 0.0
     if name == "rope_parameters" and isinstance(value, dict):
-        old_head_dim = getattr(config, "head_dim", None) or 128
-        return _shrink_rope(value, old_head_dim)
+        old_head_dim = vars(config).get("head_dim") or 128
+        rope = _shrink_rope(value, old_head_dim)
+        if (
+            "mrope_section" not in rope
+            and "rope_type" in rope
+            and _modeling_source_has(config, "mrope_section")
+        ):
+            # the model falls back to the full-size checkpoint's sections: give the tiny head's
+            partial = rope.get("partial_rotary_factor") or vars(config).get("partial_rotary_factor") or 1.0
+            half = int(HEAD_DIM * partial) // 2
+            rope["mrope_section"] = [half // 3, half // 3, half - 2 * (half // 3)]
+        return rope
     return _KEEP
+
+
+def _modeling_source_has(config, text: str) -> bool:
+    """Whether the modeling module next to ``config``'s configuration module mentions ``text``."""
+    import importlib.util
+
+    name = type(config).__module__.replace(".configuration_", ".modeling_")
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin:
+        return False
+    with open(spec.origin) as f:
+        return text in f.read()
 
 
 def _shrink_rope(params: dict, old_head_dim: int) -> dict:
@@ -260,6 +357,8 @@ def _shrink_rope(params: dict, old_head_dim: int) -> dict:
 
 
 _KEEP = object()
+# Fields a config derives from others (per-layer overrides keyed by the full-size layer indices).
+_DERIVED = ("per_layer_config",)
 
 
 def shrink_kwargs(config) -> dict:
@@ -271,11 +370,19 @@ def shrink_kwargs(config) -> dict:
     attrs = {k: v for k, v in vars(config).items() if not k.startswith("_")}
     for name, value in attrs.items():
         if isinstance(value, PretrainedConfig):
-            kwargs[name] = {"model_type": value.model_type, **shrink_kwargs(value)}
+            sub = {k: v for k, v in value.to_dict().items() if k not in _DERIVED}
+            kwargs[name] = {**sub, **shrink_kwargs(value)}
             continue
         new = _shrink_value(name, value, config)
         if new is not _KEEP:
             kwargs[name] = new
+    rope_dim, nope_dim = attrs.get("qk_rope_head_dim"), attrs.get("qk_nope_head_dim")
+    if (
+        isinstance(rope_dim, int)
+        and isinstance(nope_dim, int)
+        and attrs.get("head_dim") == rope_dim + nope_dim
+    ):
+        kwargs["head_dim"] = 2 * HEAD_DIM  # multi-head latent attention whose head_dim is rope + nope
     n_layers = _layer_count(config)
     if n_layers and n_layers > LAYERS:
         picks = _layer_picks(config, n_layers)
@@ -305,9 +412,17 @@ def _token_ids(config) -> dict[str, int]:
     return ids
 
 
+def _merge(base: dict, extra: dict) -> dict:
+    """``base`` updated with ``extra``, nested dicts (sub-configs) merged key by key."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def shrink_config(config, overrides: dict | None = None):
-    """A tiny config of ``config``'s class: ``shrink_kwargs`` plus ``overrides``."""
-    return type(config)(**{**shrink_kwargs(config), **(overrides or {})})
+    """A tiny config of ``config``'s class: ``shrink_kwargs`` plus ``overrides`` (sub-configs merged)."""
+    return type(config)(**_merge(shrink_kwargs(config), overrides or {}))
 
 
 def _special_ids(config) -> set[int]:
@@ -335,13 +450,17 @@ def build_tiny(model_type: str):
     try:
         config = shrink_config(AutoConfig.for_model(model_type), OVERRIDES.get(model_type))
     except ImportError as e:
-        return f"config needs a package that is not installed: {e}"
+        return _missing_package(e)
+    wanted = getattr(model_cls, "config_class", None)
+    if isinstance(wanted, type) and not isinstance(config, wanted):
+        # e.g. Qwen3_5ForCausalLM takes the text config of the composite qwen3_5 config
+        config = next((v for v in vars(config).values() if isinstance(v, wanted)), config)
     config._attn_implementation = "eager"
     torch.manual_seed(SEED)
     try:
         model = model_cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
     except ImportError as e:
-        return f"needs a package that is not installed: {_first_line(e)}"
+        return _missing_package(e)
     with torch.no_grad():
         g = torch.Generator().manual_seed(SEED + 1)
         for p in model.parameters():
@@ -365,6 +484,12 @@ def make_batch(model):
     labels = ids.clone()
     labels[0, :3] = -100
     return ids, labels
+
+
+def _missing_package(e: ImportError) -> str:
+    match = re.search(r"requires the (\S+) librar|No module named '([^'.]+)", str(e))
+    name = next((g for g in match.groups() if g), None) if match else None
+    return f"needs {name}, which is not installed" if name else f"needs a package that is not installed: {e}"
 
 
 def _first_line(e: BaseException) -> str:
