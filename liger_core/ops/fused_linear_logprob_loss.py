@@ -268,7 +268,7 @@ def _loss_loop(hidden, weight, bias, target, seq_len, groups, group_loss, opts, 
     gemm_scale, post_scale = _scaling(hidden.dtype, scale)
     fp64_math = hidden.dtype == torch.float32 and CE_FP32_MATH == "fp64"
     block, warps = looped_row_settings(vocab, device, fp64_math)
-    largest = max(sum(b - a for a, b in g) for g in groups) * seq_len
+    largest = max((sum(b - a for a, b in g) for g in groups), default=0) * seq_len  # no groups: no rows
     logits_buffer = torch.empty(largest, vocab, dtype=hidden.dtype, device=device)
     total = torch.zeros((), dtype=torch.float64, device=device)
     for index, segments in enumerate(groups):
@@ -305,11 +305,11 @@ def _loss_loop(hidden, weight, bias, target, seq_len, groups, group_loss, opts, 
         if g_entropy is not None:
             g_h = (g_entropy.reshape(-1).to(torch.float32) * scale).contiguous()
         else:
-            g_h = torch.zeros_like(g_logp)
+            g_h = g_logp  # not read (HAS_ENTROPY_GRAD False)
         _logprob_entropy_grad_kernel[(n_g,)](
             logits, logits.stride(0), target_g, state, g_logp, g_h,
             vocab, ignore_index, *split_f64(softcap if softcap is not None else 1.0),
-            HAS_SOFTCAP=softcap is not None, HAS_LOGP_GRAD=True,
+            HAS_SOFTCAP=softcap is not None, HAS_LOGP_GRAD=True, HAS_ENTROPY_GRAD=g_entropy is not None,
             COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32, BLOCK_SIZE=block, num_warps=warps,
         )  # fmt: skip
         if grad_hidden is not None:
@@ -418,8 +418,8 @@ def fused_linear_logprob_loss(
                 parts = parts._replace(entropy=parts.entropy.detach())
             term = group_loss(index, parts)
             total = term if total is None else total + term
-        if total is None:
-            total = hidden.new_zeros((), dtype=torch.float32)
+        if total is None:  # no groups (no rows): 0, connected to the inputs (zero gradients)
+            total = full.log_probs.sum()
         detached = FusedLogProbs(
             *(v.detach() if v is not None and (name == "log_probs" or name in outputs) else None
               for name, v in full._asdict().items())

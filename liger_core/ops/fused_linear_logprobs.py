@@ -128,6 +128,7 @@ def _logit_stats_kernel(
     t = tl.zeros([], COMPUTE_DTYPE)
     best = tl.full([], -float("inf"), COMPUTE_DTYPE)
     best_col = tl.full([], 0, tl.int64)
+    nan_col = tl.full([], n_cols, tl.int64)
     z_y = tl.zeros([], COMPUTE_DTYPE)
     for start in range(0, n_cols, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
@@ -138,11 +139,14 @@ def _logit_stats_kernel(
         z_masked = tl.where(mask, z, -float("inf"))
         block_max = tl.max(z_masked, 0)
         m_new = tl.maximum(m, block_max)
-        rescale = tl.exp(m - m_new)  # 0 on the first block (m = -inf), where d = s = q = 0
-        e = tl.where(mask, tl.exp(z_masked - m_new), 0.0)
-        z_rel = tl.where(mask, z - m_new, 0.0)
+        # the sums are relative to the running max, or to 0 while every logit so far is -inf (exp(-inf - -inf)
+        # would make them NaN; a row of -inf only is NaN in the end, as torch's log_softmax)
+        base = tl.where(m_new == -float("inf"), 0.0, m_new)
+        rescale = tl.exp(m - base)  # 0 on the first block (m = -inf), where d = s = q = 0
+        e = tl.where(mask, tl.exp(z_masked - base), 0.0)
+        z_rel = tl.where(mask, z - base, 0.0)
         # s relative to the new max: sum e_old (z - m_new) = rescale * (s + (m - m_new) * d)
-        shift = (tl.where(d > 0.0, m, m_new) - m_new) * d
+        shift = (tl.where(d > 0.0, m, base) - base) * d
         s = rescale * (s + shift) + tl.sum(e * z_rel, 0)
         q = q * rescale * rescale + tl.sum(e * e, 0)
         d = d * rescale + tl.sum(e, 0)
@@ -153,6 +157,8 @@ def _logit_stats_kernel(
             block_col = tl.min(tl.where(z_masked == block_max, cols, n_cols), 0).to(tl.int64)
             best_col = tl.where(block_max > best, block_col, best_col)
             best = tl.maximum(best, block_max)
+            block_nan = tl.min(tl.where(z_masked != z_masked, cols, n_cols), 0).to(tl.int64)
+            nan_col = tl.minimum(nan_col, block_nan)
         m = m_new
     log_d = tl.log(d)
     if HAS_ENTROPY:
@@ -164,7 +170,8 @@ def _logit_stats_kernel(
         tl.store(log_sum_sq_ptr + row, (tl.log(q) - 2.0 * log_d).to(tl.float32))
     if HAS_MEAN:
         tl.store(mean_ptr + row, (t / n_cols).to(tl.float32))
-    if HAS_TOP1:
+    if HAS_TOP1:  # torch.argmax takes the first NaN as the maximum
+        best_col = tl.where(nan_col < n_cols, nan_col, best_col)
         tl.store(top1_ptr + row, (best_col == y).to(tl.uint8))
     if HAS_LOGP:
         tl.store(logp_ptr + row, ((z_y - m) - log_d).to(tl.float32))
@@ -219,6 +226,7 @@ def _logprob_entropy_grad_kernel(
     softcap_hi, softcap_lo,
     HAS_SOFTCAP: tl.constexpr,
     HAS_LOGP_GRAD: tl.constexpr,
+    HAS_ENTROPY_GRAD: tl.constexpr,  # False: g_H is 0, its term is left out (0 * (-inf) where p_v = 0)
     COMPUTE_DTYPE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
@@ -247,7 +255,10 @@ def _logprob_entropy_grad_kernel(
             z, sech2 = _softcap(z, softcap, COMPUTE_DTYPE)
         log_p = z - lse
         p = tl.exp(log_p)
-        dz = -g_h * p * (log_p + entropy) - g_logp * p
+        if HAS_ENTROPY_GRAD:
+            dz = -g_h * p * (log_p + entropy) - g_logp * p
+        else:
+            dz = -g_logp * p
         dz = tl.where(cols == y, dz + g_logp, dz)
         if HAS_SOFTCAP:
             dz = dz * sech2
@@ -302,7 +313,7 @@ def _entropy_backward_loop(
             logits, logits.stride(0), target[start:end], state[start:end],
             g_logp[start:end] if g_logp is not None else g_h, g_h[start:end], vocab, ignore_index,
             *split_f64(softcap if softcap is not None else 1.0),
-            HAS_SOFTCAP=softcap is not None, HAS_LOGP_GRAD=g_logp is not None,
+            HAS_SOFTCAP=softcap is not None, HAS_LOGP_GRAD=g_logp is not None, HAS_ENTROPY_GRAD=True,
             COMPUTE_DTYPE=tl.float64 if fp64_math else tl.float32, BLOCK_SIZE=block, num_warps=warps,
         )  # fmt: skip
         _accumulate_grads(logits, hidden_c, weight, start, end, *grads)

@@ -13,8 +13,11 @@ float64 inputs):
     mean_logits      = mean_v z_v                     (detached)
     is_top1          = argmax_v z_v == target         (first maximum, as torch.argmax; bool)
 
-Every field is 0 (False) where ``target == ignore_index``; fields not in ``outputs`` are None
-(``log_probs`` is always computed).
+Every field is 0 (False) where ``target == ignore_index``, whose logits are not read (zeros in their place: no
+gradient reaches them whatever they hold, as the Triton op); fields not in ``outputs`` are None
+(``log_probs`` is always computed). Non-finite logits give what these formulas give: NaN in every field of a
+row with a NaN or +inf logit (``is_top1``: torch.argmax's first NaN), a -inf logit a finite log-prob (of
+another target) but a NaN entropy (``p log p = 0 * -inf``, as the eager code it replaces).
 """
 
 from __future__ import annotations
@@ -63,10 +66,10 @@ def fused_linear_logprobs(
     accum_dtype: torch.dtype | None = None,  # signature parity: one GEMM has nothing to accumulate
     check_targets: bool = True,  # signature parity: the functional entry point checks on this path
 ) -> FusedLogProbs:
-    z = transform_logits(F.linear(hidden, weight, bias), temperature, softcap, logit_scale)
-    z = z.to(torch.promote_types(z.dtype, torch.float32))
-    log_p = torch.log_softmax(z, dim=-1)
     valid = target != ignore_index
+    z = transform_logits(F.linear(hidden, weight, bias), temperature, softcap, logit_scale)
+    z = z.to(torch.promote_types(z.dtype, torch.float32)).masked_fill(~valid[..., None], 0.0)
+    log_p = torch.log_softmax(z, dim=-1)
     safe = target.masked_fill(~valid, 0).long()
     log_probs = log_p.gather(-1, safe.unsqueeze(-1)).squeeze(-1).masked_fill(~valid, 0.0)
     entropy = log_sum_sq_probs = mean_logits = is_top1 = None

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import assert_no_worse_than_eager, devices, dyadic_linear_inputs, leaf, rel_err
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.ops.fused_linear_logprob_loss import (
     _compensated_add_kernel,
     _WeightGradAccumulator,
@@ -193,3 +193,109 @@ def test_bad_groups_and_losses():
         )
     with pytest.raises(ValueError, match="hidden must be"):
         fused_linear_logprob_loss(hidden[0], weight, target[0], groups=[[(0, 1)]], group_loss=loss)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Edge cases on both paths: empty and all-ignored batches, non-finite inputs, any strides
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
+    tensors take where Triton is missing."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)
+    return request.param
+
+
+def assert_same_values(name, ours, want, rtol=1e-5):
+    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
+    ours = ours.detach().double()
+    assert ours.shape == want.shape, name
+    for what in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
+    finite = torch.isfinite(want)
+    scale = want[finite].abs().max().item() if finite.any() else 1.0
+    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
+
+
+def _sequence_loss(g, stats):
+    return -(stats.log_probs.sum(-1) * 0.7).sum() + 0.1 * stats.entropy.sum()
+
+
+def test_logprob_loss_empty_and_all_ignored(path):
+    """No rows (no groups): a loss of 0 with zero gradients; every token ignored: the formula on zero
+    log-probs and entropies, zero gradients; fp32 on both paths."""
+    hidden, weight, bias, target = _batch("cpu", torch.bfloat16, 4, 5, 8, 11, True)
+    for h0, t0, groups in (
+        (hidden[:0], target[:0], []),
+        (hidden, torch.full_like(target, IGNORE), [[(0, 2)], [(2, 4)]]),
+    ):
+        h, w, b = leaf(h0), leaf(weight), leaf(bias)
+        loss, stats = fused_linear_logprob_loss(
+            h, w, t0, b, groups=groups, group_loss=_sequence_loss, entropy_grad=True
+        )
+        grads = torch.autograd.grad(loss * 2.0, (h, w, b))
+        assert loss.dtype == torch.float32 and loss.item() == 0.0
+        assert stats.log_probs.shape == t0.shape and not stats.log_probs.any()
+        for g, x in zip(grads, (h, w, b)):
+            assert g.dtype == x.dtype and torch.equal(g, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("case", ["neg_inf_weight", "non_finite_hidden"])
+def test_logprob_loss_non_finite_as_eager(path, case):
+    """fp32 inputs holding -inf, +inf and NaN: the loss, the per-token log-probs and the gradients have NaN
+    and +-inf exactly where the eager composition's (float64) have them, its values elsewhere.
+    ``neg_inf_weight``: one class's logit -inf in every row (probability 0: the log-probs' gradient stays
+    finite; without the entropy's gradient, as here, nothing NaN enters); ``non_finite_hidden``: NaN and
+    +inf hidden entries in two rows make their groups' terms NaN."""
+    hidden, weight, bias, target = _batch("cpu", torch.float32, 6, 5, 8, 37, True)
+    hidden[..., 0] = torch.rand(6, 5) + 0.5  # positive: weight[:, 0] * hidden[..., 0] keeps its sign
+    target[0, 3] = 2
+    if case == "neg_inf_weight":
+        weight[2, 0] = -float("inf")
+    else:
+        hidden[0, 3, 1] = float("nan")
+        hidden[4, 2, 3] = float("inf")
+    groups = [[(0, 2)], [(2, 4)], [(4, 6)]]
+
+    def group_loss(g, stats):
+        return -(stats.log_probs.sum(-1) * 0.7).sum()
+
+    h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+    loss, stats = fused_linear_logprob_loss(h, w, target, b, groups=groups, group_loss=group_loss)
+    grads = torch.autograd.grad(loss, (h, w, b))
+    h64, w64, b64 = leaf(hidden, torch.float64), leaf(weight, torch.float64), leaf(bias, torch.float64)
+    full = reference.fused_linear_logprobs(h64, w64, target, b64)
+    want = sum(group_loss(g, type(full)(full.log_probs[a:b_])) for g, ((a, b_),) in enumerate(groups))
+    grads64 = torch.autograd.grad(want, (h64, w64, b64))
+    assert_same_values("loss", loss, want.detach())
+    assert_same_values("log_probs", stats.log_probs, full.log_probs.detach())
+    for name, a, r in zip(("dhidden", "dweight", "dbias"), grads, grads64):
+        assert_same_values(name, a, r)
+
+
+def test_logprob_loss_strided_arguments(path):
+    """hidden, weight, bias and target as non-contiguous views (gaps poisoned: NaN, out-of-range targets):
+    the contiguous inputs' loss, fields and gradients."""
+    hidden, weight, bias, target = _batch("cpu", torch.float32, 4, 5, 8, 37, True)
+    groups = [[(0, 1), (2, 3)], [(1, 2), (3, 4)]]
+
+    def strided(t, junk=float("nan")):
+        wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), junk, dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+
+    opts = dict(groups=groups, group_loss=_sequence_loss, entropy_grad=True, outputs=("entropy",))
+    h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+    want, want_stats = fused_linear_logprob_loss(h, w, target, b, **opts)
+    want_grads = torch.autograd.grad(want, (h, w, b))
+    h_s, w_s, b_s = (strided(x).requires_grad_() for x in (hidden, weight, bias))
+    loss, stats = fused_linear_logprob_loss(h_s, w_s, strided(target, 10**6), b_s, **opts)
+    grads = torch.autograd.grad(loss, (h_s, w_s, b_s))
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats.entropy, want_stats.entropy, rtol=1e-5, atol=1e-6)
+    for g, g_want in zip(grads, want_grads):
+        torch.testing.assert_close(g, g_want, rtol=1e-5, atol=1e-6)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import assert_no_worse_than_eager, devices, dyadic_linear_inputs, leaf, noncontiguous
 
-from liger_core import reference
+from liger_core import dispatch, reference
 from liger_core.ops import FusedLogProbs, fused_linear_logprobs
 from liger_core.ops.fused_linear_logprobs import OUTPUTS
 from liger_core.reference.fused_linear_logprobs import transform_logits
@@ -377,3 +377,127 @@ def test_logprobs_torch_compile_fullgraph():
         results.append((objective, mean_logits, top1, *torch.autograd.grad(objective, [h, w])))
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Edge cases on both paths: empty and all-ignored batches, non-finite inputs, any strides
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
+    tensors take where Triton is missing."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_STATUS", "missing")
+        monkeypatch.setattr(dispatch, "_warned_reference", True)
+    return request.param
+
+
+def assert_same_values(name, ours, want, rtol=1e-5):
+    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
+    ours = ours.detach().double()
+    assert ours.shape == want.shape, name
+    for what in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
+    finite = torch.isfinite(want)
+    scale = want[finite].abs().max().item() if finite.any() else 1.0
+    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
+
+
+def test_logprobs_empty_and_all_ignored_both_paths(path):
+    """No tokens (2-D or (B, 0) leading dims) and every token ignored: empty outputs, or zeros (False), zero
+    gradients through the log-probs and the entropy; the same on both paths."""
+    hidden, weight, bias, _ = _inputs("cpu", torch.bfloat16, 6, 24, 37, bias=True)
+    for h0, target in (
+        (hidden[:0], torch.zeros(0, dtype=torch.long)),
+        (hidden[:0].view(2, 0, 24), torch.zeros(2, 0, dtype=torch.long)),
+        (hidden, torch.full((6,), IGNORE)),
+    ):
+        h, w, b = leaf(h0), leaf(weight), leaf(bias)
+        out = fused_linear_logprobs(h, w, target, b, outputs=OUTPUTS, chunk_size=4)
+        for name in OUTPUTS:
+            value = getattr(out, name)
+            assert value.shape == target.shape and not value.any(), name
+            assert value.dtype == (torch.bool if name == "is_top1" else torch.float32), name
+        grads = torch.autograd.grad((out.log_probs + out.entropy).sum(), (h, w, b))
+        for g, x in zip(grads, (h, w, b)):
+            assert g.dtype == x.dtype and torch.equal(g, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("case", ["neg_inf_weight", "non_finite_hidden", "nan_weight"])
+def test_logprobs_non_finite_as_eager(path, case):
+    """fp32 inputs holding -inf, +inf and NaN: every field and the gradients of the log-probs (and of the
+    entropy) have NaN and +-inf exactly where the eager composition's (float64) have them, its values
+    elsewhere; ``is_top1`` equal (torch.argmax: the first NaN, else the first maximum). ``neg_inf_weight``:
+    the first 600 classes' logits -inf in every row (the kernel's leading column blocks; a target among
+    them: log-prob -inf; the entropy NaN there, 0 * -inf, as eager's); ``non_finite_hidden``: NaN and +inf
+    hidden entries make a row's logits NaN / +-inf; ``nan_weight``: one class's logit NaN in every row (all
+    NaN, ``is_top1`` True where it is the target). bf16 takes the same branches."""
+    n, hidden_size, vocab = 9, 16, 1031
+    hidden, weight, bias, target = _inputs("cpu", torch.float32, n, hidden_size, vocab, bias=True)
+    hidden[:, 0] = torch.rand(n) + 0.5  # positive: weight[:, 0] * hidden[:, 0] keeps its sign
+    target[1], target[2], target[3] = 3, 700, 5
+    if case == "neg_inf_weight":
+        weight[:600, 0] = -float("inf")
+    elif case == "non_finite_hidden":
+        hidden[2, 3] = float("nan")
+        hidden[3, 5] = float("inf")
+    else:
+        weight[700, 2] = float("nan")
+    g_logp, g_entropy = torch.randn(n), torch.randn(n)
+    results = []
+    for kind in ("ours", "ref64"):
+        dtype = torch.float32 if kind == "ours" else torch.float64
+        h, w, b = leaf(hidden, dtype), leaf(weight, dtype), leaf(bias, dtype)
+        fn = fused_linear_logprobs if kind == "ours" else reference.fused_linear_logprobs
+        out = fn(
+            h,
+            w,
+            target,
+            b,
+            outputs=OUTPUTS,
+            temperature=0.8,
+            **(dict(chunk_size=4) if kind == "ours" else {}),
+        )
+        g1 = torch.autograd.grad((out.log_probs * g_logp.to(dtype)).sum(), (h, w, b), retain_graph=True)
+        objective = (out.log_probs * g_logp.to(dtype)).sum() + (out.entropy * g_entropy.to(dtype)).sum()
+        g2 = torch.autograd.grad(objective, (h, w, b))
+        results.append((out, g1, g2))
+    (ours, g1, g2), (want, g1_64, g2_64) = results
+    for name in FLOAT_FIELDS:
+        assert_same_values(name, getattr(ours, name), getattr(want, name).detach())
+    assert torch.equal(ours.is_top1, want.is_top1)
+    for name, a, r in zip(("dhidden", "dweight", "dbias"), g1, g1_64):
+        assert_same_values(f"{name} (log_probs)", a, r)
+    for name, a, r in zip(("dhidden", "dweight", "dbias"), g2, g2_64):
+        assert_same_values(f"{name} (log_probs + entropy)", a, r)
+
+
+def test_logprobs_strided_arguments(path):
+    """hidden, weight, bias and target as non-contiguous views (gaps poisoned: NaN, out-of-range targets;
+    weight also in the transposed (H, V) storage), the per-token grad_output strided: the values of
+    contiguous inputs, every field and gradient."""
+    hidden, weight, bias, target = _inputs("cpu", torch.float32, 21, 24, 37, bias=True)
+    hidden, target = hidden.view(3, 7, 24), target.view(3, 7)
+    g_logp = torch.randn(3, 7)
+
+    def strided(t, junk=float("nan")):
+        wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), junk, dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+
+    opts = dict(temperature=0.7, outputs=OUTPUTS, chunk_size=5)
+    h, w, b = leaf(hidden), leaf(weight), leaf(bias)
+    want = fused_linear_logprobs(h, w, target, b, **opts)
+    want_grads = torch.autograd.grad((want.log_probs * g_logp).sum() + want.entropy.sum(), (h, w, b))
+    for w_layout in ("strided", "transposed"):
+        h_s, b_s = strided(hidden).requires_grad_(), strided(bias).requires_grad_()
+        w_s = (strided(weight) if w_layout == "strided" else weight.t().contiguous().t()).requires_grad_()
+        out = fused_linear_logprobs(h_s, w_s, strided(target, 10**6), b_s, **opts)
+        g_s = strided(g_logp)
+        grads = torch.autograd.grad((out.log_probs * g_s).sum() + out.entropy.sum(), (h_s, w_s, b_s))
+        for name in OUTPUTS:
+            torch.testing.assert_close(getattr(out, name), getattr(want, name), rtol=1e-5, atol=1e-6)
+        for g, g_want in zip(grads, want_grads):
+            torch.testing.assert_close(g, g_want, rtol=1e-5, atol=1e-6)
