@@ -31,13 +31,21 @@ ZOO = Path(zoo.__file__)
 ROOT = ZOO.parents[2]
 
 
-def _run_zoo(tmp_path: Path, interpret: bool, types: tuple[str, ...] = (), timeout: int = 900) -> dict:
+def _run_zoo(tmp_path: Path, interpret: bool, types: list[str], timeout: int = 900) -> dict:
     out = tmp_path / ("interpreted.json" if interpret else "reference.json")
     table = tmp_path / ("interpreted.md" if interpret else "reference.md")
     env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(ZOO), "-q", "--json", str(out), "--out", str(table)]
-    if types:
-        cmd += ["--types", ",".join(types)]
+    cmd = [
+        sys.executable,
+        str(ZOO),
+        "-q",
+        "--json",
+        str(out),
+        "--out",
+        str(table),
+        "--types",
+        ",".join(types),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"zoo.py failed:\n{proc.stdout}\n{proc.stderr}"
     records = {r["model_type"]: r for r in json.loads(out.read_text())}
@@ -47,21 +55,33 @@ def _run_zoo(tmp_path: Path, interpret: bool, types: tuple[str, ...] = (), timeo
     return records
 
 
-@pytest.fixture(scope="module")
-def reference_results(tmp_path_factory):
-    return _run_zoo(tmp_path_factory.mktemp("zoo"), interpret=False)
+def _selected(request, test) -> list[str]:
+    """The model types of the collected cases of ``test`` (all of them unless pytest was asked for fewer)."""
+    types = [
+        item.callspec.params["model_type"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == test.__name__ and hasattr(item, "callspec")
+    ]
+    return sorted(set(types))
 
 
 @pytest.fixture(scope="module")
-def interpreted_results(tmp_path_factory):
-    return _run_zoo(tmp_path_factory.mktemp("zoo_interp"), interpret=True, types=INTERPRETED)
+def reference_results(request, tmp_path_factory):
+    types = _selected(request, test_patched_equals_unpatched)
+    return _run_zoo(tmp_path_factory.mktemp("zoo"), interpret=False, types=types)
+
+
+@pytest.fixture(scope="module")
+def interpreted_results(request, tmp_path_factory):
+    types = _selected(request, test_patched_equals_unpatched_interpreted)
+    return _run_zoo(tmp_path_factory.mktemp("zoo_interp"), interpret=True, types=types)
 
 
 def _check(record: dict) -> None:
     if not record["built"]:
-        pytest.skip(f"cannot be built on CPU: {record['unbuildable']}")
+        pytest.skip(f"zoo: cannot be built on CPU: {record['unbuildable']}")
     if record["forward_error"]:
-        pytest.skip(f"the unpatched model cannot train text-only on CPU: {record['forward_error']}")
+        pytest.skip(f"zoo: no text-only training step: {record['forward_error']}")
     report = f"method={record['method']} swapped={record['swapped']} missing={record['missing']}"
     assert record["patch_error"] is None, f"apply_liger_kernel raised: {record['patch_error']}"
     assert record["patched_forward_error"] is None, (

@@ -112,7 +112,8 @@ _SIZES: dict[str, object] = {
         EXPERTS,
     ),
     **dict.fromkeys(
-        ("num_experts_per_tok", "moe_topk", "moe_top_k", "num_experts_per_token"), EXPERTS_PER_TOK
+        ("num_experts_per_tok", "moe_topk", "moe_top_k", "num_experts_per_token", "top_k_experts"),
+        EXPERTS_PER_TOK,
     ),
     **dict.fromkeys(("n_shared_experts", "num_shared_experts"), 1),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"), 64),
@@ -162,16 +163,53 @@ _ROPE_PER_LAYER_TYPE = {
     t: {"rope_type": "default", "rope_theta": 10000.0} for t in ("full_attention", "sliding_attention")
 }
 
+# The sparse-attention indexer of Qwen4-exp has no defaults.
+_QWEN4_INDEXER = dict(
+    indexer_n_heads=2,
+    indexer_kv_heads=1,
+    indexer_head_dim=HEAD_DIM,
+    indexer_budget=4,
+    indexer_compress_ratio=2,
+)
+
+# Per-type kwargs of the full-size default config, where transformers' own defaults fail its validation.
+DEFAULTS: dict[str, dict] = {
+    "gemma4_assistant": dict(text_config=dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0)),
+}
+
 # Per-type config overrides, applied after the generic shrink (only where the generic rules do not suffice).
 OVERRIDES: dict[str, dict] = {
     "mamba2": dict(head_dim=16),  # num_heads * head_dim must be expand * hidden_size
-    "dbrx": dict(attn_config=dict(rope_theta=10000.0)),  # the attention reads it; the default config lacks it
     # Default configs whose models cannot be built: rope per layer type but none given, no layer types,
     # no image vocabulary.
     "cohere_compass_text": dict(rope_parameters=_ROPE_PER_LAYER_TYPE),
     "cohere_compass": dict(text_config=dict(rope_parameters=_ROPE_PER_LAYER_TYPE)),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
     "chameleon": dict(vocabulary_map={"<image>": VOCAB - 1}),
+    # Token ranges of the discrete image and audio codes inside the (tiny) vocabulary.
+    "apertus1p5": dict(
+        image_token_offset=64,
+        audio_token_offset=80,
+        vision_config=dict(codebook_size=16),
+        audio_config=dict(codebook_size=16),
+    ),
+    "qwen4_exp_text": _QWEN4_INDEXER,
+    "qwen4_exp": dict(text_config=_QWEN4_INDEXER),
+    "dbrx": dict(attn_config=dict(rope_theta=10000.0, clip_qkv=8.0)),
+    "step3p7": dict(text_config=dict(sliding_window=4)),
+    "udop": dict(decoder_start_token_id=0),
+    # Zamba ties the shared transformer of every hybrid layer to the first one's: it needs two.
+    "zamba": dict(num_hidden_layers=3, layers_block_type=["linear_attention", "hybrid", "hybrid"]),
+    # Reformer: a decoder, axial position shape multiplying to the sequence length, chunks that divide it.
+    "reformer": dict(
+        is_decoder=True,
+        axial_pos_shape=[2, SEQ // 2],
+        axial_pos_embds_dim=[HIDDEN // 2, HIDDEN // 2],
+        local_attn_chunk_length=4,
+        lsh_attn_chunk_length=4,
+        num_buckets=2,
+        attn_layers=["local", "lsh"],
+    ),
     "deepseek_ocr2": dict(text_config=dict(mlp_layer_types=["dense", "sparse"])),
     # The Q-Former gets vision hidden // 64 heads; features of vision layer -1 go into text layer 0.
     "granite4_vision": dict(
@@ -265,12 +303,12 @@ def _layer_picks(config, n_layers: int) -> list[int]:
     return sorted(picks)
 
 
-_EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "moe_top_k", "num_experts_per_token", "moe_k")
-
-
-def _has_experts(config) -> bool:
-    names = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
-    return any(isinstance(vars(config).get(n), int) for n in names)
+_NONE_MEANS_UNSET = (
+    *("n_shared_experts", "num_shared_experts"),
+    *("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"),
+    *("num_experts_per_tok", "moe_topk", "moe_top_k", "num_experts_per_token", "moe_k", "top_k_experts"),
+    "moe_intermediate_size",
+)
 
 
 _KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
@@ -287,8 +325,8 @@ def _mrope_section(section: list[int], old_head_dim: int) -> list[int]:
 
 def _shrink_value(name: str, value, config):
     """The tiny value of one attribute, or ``_KEEP``."""
-    if isinstance(value, bool):
-        return _KEEP
+    if isinstance(value, bool) or value == 0:
+        return _KEEP  # a flag, or a size of 0 that switches a part off (NoPE layers, no shared expert)
     if name in _SIZES and isinstance(value, (int, float)):
         new = _SIZES[name]
         if isinstance(value, int) and 0 < value < new and not name.startswith("vocab_size"):
@@ -305,8 +343,10 @@ def _shrink_value(name: str, value, config):
         return [_SIZES[name]] * LAYERS  # a size per layer (Gemma-3n intermediate_size)
     if name in _KV_HEADS and value is None and "num_attention_heads" in vars(config):
         return KV_HEADS  # some configs default to None, which their attention cannot use
-    if name in _EXPERTS_PER_TOKEN and value is None and _has_experts(config):
-        return EXPERTS_PER_TOK  # some MoE configs default to None, which their router cannot use
+    if name in _NONE_MEANS_UNSET and value is None:
+        return _SIZES[name]  # MoE configs whose defaults leave these None, which their router cannot use
+    if name == "vision_feature_layer" and isinstance(value, (list, tuple)) and len(value) <= LAYERS:
+        return [-1 - i for i in range(len(value))]  # the last layers of the tiny vision tower
     if name in _LAST_LAYER_INDEX and isinstance(value, int):
         return min(value, LAYERS - 1)
     if name == "head_dim" and value is None and "num_attention_heads" in vars(config):
@@ -448,7 +488,8 @@ def build_tiny(model_type: str):
     if model_cls is None:
         return f"transformers has no {class_name}"
     try:
-        config = shrink_config(AutoConfig.for_model(model_type), OVERRIDES.get(model_type))
+        default = AutoConfig.for_model(model_type, **DEFAULTS.get(model_type, {}))
+        config = shrink_config(default, OVERRIDES.get(model_type))
     except ImportError as e:
         return _missing_package(e)
     wanted = getattr(model_cls, "config_class", None)
@@ -469,9 +510,13 @@ def build_tiny(model_type: str):
     return model.float()
 
 
-def make_batch(model):
-    """(input_ids, labels) of shape (BATCH, SEQ): random ids below the vocabulary that are no special token
-    (an image token without its image would be an error), the first 3 labels of row 0 ignored."""
+def make_batch(model) -> dict:
+    """The inputs of one training step: ``input_ids`` and ``labels`` of shape (BATCH, SEQ), random ids below
+    the vocabulary that are no special token (an image token without its image would be an error), the first
+    3 labels of row 0 ignored; ``mm_token_type_ids`` of zeros (all text) where the forward takes them;
+    ``BATCHES[model_type]`` reshapes them where a model wants other shapes."""
+    import inspect
+
     import torch
 
     config = model.config
@@ -483,7 +528,46 @@ def make_batch(model):
     ids = allowed[torch.randint(len(allowed), (BATCH, SEQ), generator=g)]
     labels = ids.clone()
     labels[0, :3] = -100
-    return ids, labels
+    batch = dict(input_ids=ids, labels=labels)
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        batch["mm_token_type_ids"] = torch.zeros_like(ids)
+    hook = BATCHES.get(config.model_type)
+    return hook(model, batch) if hook else batch
+
+
+def _codebook_batch(model, batch: dict) -> dict:
+    """MusicGen: input_ids (BATCH * codebooks, SEQ), labels (BATCH, SEQ, codebooks)."""
+    import torch
+
+    k = model.config.num_codebooks
+    ids = torch.cat([batch["input_ids"].roll(i, dims=1) for i in range(k)])  # codebook-major, like the model
+    labels = ids.view(k, BATCH, SEQ).permute(1, 2, 0).clone()
+    labels[0, :3] = -100
+    return dict(input_ids=ids, labels=labels)
+
+
+def _bbox_batch(model, batch: dict) -> dict:
+    """UDOP: a bounding box per token (its layout bias needs them), here all (0, 0, 1, 1)."""
+    import torch
+
+    bbox = torch.tensor([0.0, 0.0, 1.0, 1.0]).expand(*batch["input_ids"].shape, 4).contiguous()
+    return dict(batch, bbox=bbox)
+
+
+# model_type -> f(model, batch) -> batch, for models whose inputs are not (input_ids, labels) of one shape.
+BATCHES = {
+    "musicgen_decoder": _codebook_batch,
+    "musicgen_melody_decoder": _codebook_batch,
+    "udop": _bbox_batch,
+}
+
+
+def _set_language(model) -> None:
+    model.set_default_language(next(iter(model.config.languages)))
+
+
+# model_type -> f(model), run once after building: models that need a call before their first forward.
+PREPARE = {"xmod": _set_language}
 
 
 def _missing_package(e: ImportError) -> str:
@@ -495,6 +579,11 @@ def _missing_package(e: ImportError) -> str:
 def _first_line(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip()
     return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _message(e: BaseException) -> str:
+    """The whole error message on one line (patching errors name every reason; they are the findings)."""
+    return " ".join(f"{type(e).__name__}: {e}".split())
 
 
 def _where(e: BaseException) -> str:
@@ -511,7 +600,11 @@ def _where(e: BaseException) -> str:
     return f" [{path}:{f.lineno} in {f.name}]"
 
 
-def train_step(model, ids, labels):
+class NoLoss(Exception):
+    """The model returns no loss for ``labels``: it does not train as a causal LM."""
+
+
+def train_step(model, batch: dict):
     """Loss and every parameter gradient (name -> tensor) of one training step; the RNG is reseeded so any
     remaining randomness repeats."""
     import torch
@@ -519,8 +612,10 @@ def train_step(model, ids, labels):
     model.train()
     model.zero_grad(set_to_none=True)
     torch.manual_seed(SEED + 3)
-    out = model(input_ids=ids, labels=labels, use_cache=False)
+    out = model(**batch, use_cache=False)
     loss = out.loss if hasattr(out, "loss") else out[0]
+    if not isinstance(loss, torch.Tensor):
+        raise NoLoss(f"{type(model).__name__} returns no loss for labels")
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     return loss.detach().clone(), grads
@@ -568,10 +663,13 @@ def run_case(model_type: str) -> CaseResult:
         return result
     result.built = True
     result.model_class = type(model).__name__
-    ids, labels = make_batch(model)
+    prepare = PREPARE.get(model.config.model_type)
+    if prepare:
+        prepare(model)
+    batch = make_batch(model)
     try:
         with _quiet():
-            ref = train_step(model, ids, labels)
+            ref = train_step(model, batch)
     except Exception as e:  # noqa: BLE001
         result.forward_error = f"{_first_line(e)}{_where(e)}"
         result.seconds = time.perf_counter() - start
@@ -580,7 +678,7 @@ def run_case(model_type: str) -> CaseResult:
         with _quiet():
             report = liger_core.apply_liger_kernel(model)
     except Exception as e:  # noqa: BLE001
-        result.patch_error = f"{_first_line(e)}{_where(e)}"
+        result.patch_error = f"{_message(e)}{_where(e)}"
         result.seconds = time.perf_counter() - start
         return result
     result.method = report.method
@@ -589,9 +687,9 @@ def run_case(model_type: str) -> CaseResult:
     result.skipped = list(report.skipped)
     try:
         with _quiet():
-            new = train_step(model, ids, labels)
+            new = train_step(model, batch)
     except Exception as e:  # noqa: BLE001
-        result.patched_forward_error = f"{_first_line(e)}{_where(e)}"
+        result.patched_forward_error = f"{_message(e)}{_where(e)}"
         result.seconds = time.perf_counter() - start
         return result
     with torch.no_grad():
