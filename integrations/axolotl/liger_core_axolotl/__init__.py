@@ -1,7 +1,8 @@
 """Axolotl plugin for liger_core: list ``liger_core_axolotl.LigerCorePlugin`` under ``plugins:`` and set
 ``use_liger_kernel: true`` (per-kernel keys: ``liger_core_rope``, ``liger_core_rms_norm``,
 ``liger_core_glu_activation``, ``liger_core_layer_norm``, ``liger_core_cross_entropy``,
-``liger_core_fused_linear_cross_entropy``). ``liger-core-axolotl train config.yaml`` checks the plugin list
+``liger_core_fused_linear_cross_entropy``; ``liger_core_strict: true`` stops the run when a kernel asked for
+cannot be applied). ``liger-core-axolotl train config.yaml`` checks the plugin list
 before handing over to Axolotl, so a misspelled or missing plugin stops the run instead of being skipped.
 """
 

@@ -8,6 +8,8 @@ Axolotl merges this model into its config class (``axolotl.integrations.config.m
 - ``liger_core_<kernel>: true|false``: override one kernel (``liger_core_`` prefix: Axolotl's own Liger plugin
   owns the ``liger_*`` keys). ``liger_core_cross_entropy: true`` turns the fused linear cross-entropy off
   unless that is set too, which is an error (one loss).
+- ``liger_core_strict: true``: a kernel asked for that cannot be applied stops the run before training
+  (``liger_core.patching.PatchIncompleteError``) instead of being logged as a warning.
 - with ``rl:`` (dpo, ipo, kto, orpo, simpo, grpo, gdpo, ebft) the layer kernels apply to the models Axolotl
   loads, the SFT losses (``liger_core_fused_linear_cross_entropy``, ``liger_core_cross_entropy``) default to
   off and may not be turned on: TRL's RL trainers compute their losses from per-token log-probs. With
@@ -31,7 +33,8 @@ KERNEL_DEFAULTS = {
     "fused_linear_cross_entropy": True,
 }
 KERNEL_KEYS = {f"liger_core_{name}": name for name in KERNEL_DEFAULTS}
-OUR_KEYS = ("use_liger_kernel", *KERNEL_KEYS)
+STRICT_KEY = "liger_core_strict"
+OUR_KEYS = ("use_liger_kernel", *KERNEL_KEYS, STRICT_KEY)
 # Axolotl's built-in Liger integration (liger-kernel), under the names load_plugin accepts
 AXOLOTL_LIGER_PLUGINS = ("axolotl.integrations.liger.LigerPlugin", "liger.LigerPlugin")
 OTHER_LOSS_KEYS = ("cut_cross_entropy", "chunked_cross_entropy")
@@ -82,15 +85,21 @@ def liger_core_flags(cfg: Any) -> dict[str, bool]:
     )
 
 
+def strict(cfg: Any) -> bool:
+    """``liger_core_strict``: the ``strict`` argument of ``liger_core.apply_liger_kernel*`` (default off)."""
+    value = cfg.get(STRICT_KEY)
+    return value is not None and truthy(value)
+
+
 def config_conflicts(data: dict[str, Any]) -> list[str]:
     """Every reason this config cannot run liger_core as asked (empty: fine). Pure; also used by the CLI."""
     problems: list[str] = []
     enabled = truthy(data.get("use_liger_kernel"))
-    set_kernels = [key for key in KERNEL_KEYS if data.get(key) is not None]
+    set_keys = [key for key in (*KERNEL_KEYS, STRICT_KEY) if data.get(key) is not None]
     if not enabled:
-        if set_kernels:
+        if set_keys:
             problems.append(
-                f"{', '.join(set_kernels)} set without `use_liger_kernel: true`; add it or remove them"
+                f"{', '.join(set_keys)} set without `use_liger_kernel: true`; add it or remove them"
             )
         return problems
     settings = kernel_settings(data)
@@ -166,6 +175,7 @@ class LigerCoreArgs(BaseModel):
     liger_core_layer_norm: bool | None = None
     liger_core_cross_entropy: bool | None = None
     liger_core_fused_linear_cross_entropy: bool | None = None
+    liger_core_strict: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

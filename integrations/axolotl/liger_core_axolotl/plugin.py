@@ -9,6 +9,11 @@
 - ``post_model_build(cfg, model)``: if the built model is not patched (no recipe, or class-level undone),
   patch the instance (``liger_core.apply_liger_kernel``; structural patching for unknown architectures). Then
   log the kernels the model runs. Runs before adapters, so LoRA wraps the patched layers.
+- ``post_lora_load(cfg, model)``: a PEFT adapter on lm_head makes the fused linear cross-entropy compute the
+  full logits through it (correct, not fused): reported as not applied.
+- ``liger_core_strict: true``: every kernel asked for and not applied (liger_core's ``report.missing``, the
+  adapter on lm_head, a TRL loss liger_core cannot serve) raises ``PatchIncompleteError`` before training;
+  without it each is a warning.
 - ``rl:`` runs (``rl_wiring``): the layer kernels as above (policy and reference models), and
   - for the rl types whose TRL trainer has TRL's fused LM head when TRL >= 1.15 and liger-core-trl are
     installed, ``liger_core_trl.install()`` (in ``pre_model_load``) plus ``use_liger_kernel`` in the
@@ -32,7 +37,15 @@ from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
-from liger_core_axolotl.args import PLUGIN_NAME, RL_FUSED_LOGPROBS, liger_core_flags, rl_type, truthy
+from liger_core_axolotl.args import (
+    PLUGIN_NAME,
+    RL_FUSED_LOGPROBS,
+    STRICT_KEY,
+    liger_core_flags,
+    rl_type,
+    strict,
+    truthy,
+)
 
 LOG = logging.getLogger("axolotl.integrations.liger_core")
 
@@ -43,6 +56,36 @@ def active_kernels(report: Any) -> str:
     kinds = Counter(report.already)
     kinds.update(report.swapped)
     return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
+
+
+def log_report(report: Any) -> None:
+    """liger_core's one-line report; a warning when it names kernels that were asked for and not applied."""
+    (LOG.warning if report.missing else LOG.info)("%s", report)
+
+
+def strict_failure(owner: str, kind: str, reason: str) -> Exception:
+    """liger_core's ``PatchIncompleteError`` for a kernel this plugin found it cannot apply (its
+    ``report.missing`` holds ``kind`` and ``reason``), with a message that names the YAML key."""
+    from liger_core.patching import PatchIncompleteError, PatchReport
+
+    report = PatchReport(model_type=owner)
+    report.miss(kind, reason)
+    error = PatchIncompleteError(report)
+    error.args = (
+        f"liger_core: {STRICT_KEY}: {kind} cannot be applied to {owner}: {reason}. Fix the cause, or remove "
+        f"{STRICT_KEY} to train without it.",
+    )
+    return error
+
+
+def adapter_on_lm_head(model: Any) -> bool:
+    """True when a PEFT tuner layer (LoRA, ...) wraps the model's lm_head."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return False
+    get_head = getattr(model, "get_output_embeddings", None)
+    return callable(get_head) and isinstance(get_head(), BaseTunerLayer)
 
 
 def fused_logprobs_unavailable() -> str | None:
@@ -137,7 +180,10 @@ class LigerCorePlugin(BasePlugin):
             return None
         flags = liger_core_flags(cfg)
         layers = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm")
-        return {"use_liger_kernel": True, "liger_kernel_config": {name: flags[name] for name in layers}}
+        config: dict[str, bool] = {name: flags[name] for name in layers}
+        if strict(cfg):  # liger_core_trl then stops a trainer whose fused head must keep TRL's kernel
+            config["strict"] = True
+        return {"use_liger_kernel": True, "liger_kernel_config": config}
 
     def pre_model_load(self, cfg: Any) -> None:
         if not cfg.use_liger_kernel:
@@ -153,7 +199,9 @@ class LigerCorePlugin(BasePlugin):
         if model_type not in supported_model_types():
             LOG.info("liger_core: no class-level recipe for %r; will patch the built model", model_type)
             return
-        report = liger_core.patching.apply_liger_kernel_to(model_type, **liger_core_flags(cfg))
+        report = liger_core.patching.apply_liger_kernel_to(
+            model_type, strict=strict(cfg), **liger_core_flags(cfg)
+        )
         failure = class_patching_failure()
         if failure is not None:
             revert_model_type(model_type)
@@ -166,7 +214,7 @@ class LigerCorePlugin(BasePlugin):
             )
             return
         self.class_patched = model_type
-        LOG.info("%s", report)
+        log_report(report)
 
     def post_trainer_create(self, cfg: Any, trainer: Any) -> None:
         if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0] == "trl_loss"):
@@ -178,6 +226,9 @@ class LigerCorePlugin(BasePlugin):
         name = type(trainer).__name__
         if reason is None:
             LOG.info("liger_core: %s computes its loss with liger_core (fused lm_head)", name)
+        elif strict(cfg):
+            kind = f"fused linear {RL_TRL_LOSS[rl_type(cfg)].removeprefix('trl_').upper()} loss"
+            raise strict_failure(name, kind, reason)
         else:
             LOG.warning("liger_core: %s keeps TRL's loss from the full logits: %s", name, reason)
 
@@ -188,11 +239,22 @@ class LigerCorePlugin(BasePlugin):
 
         # Idempotent: after the class-level patch it only adds what is bound per instance (rope in attention)
         # and reports the rest as already patched; without it (fallback) it patches everything.
-        report = liger_core.apply_liger_kernel(model, **liger_core_flags(cfg))
-        LOG.info("%s", report)
+        report = liger_core.apply_liger_kernel(model, strict=strict(cfg), **liger_core_flags(cfg))
+        log_report(report)
         LOG.info(
             "liger_core: kernels active on %s (rank %s): %s",
             type(model).__name__,
             os.getenv("RANK", "0"),
             active_kernels(report),
         )
+
+    def post_lora_load(self, cfg: Any, model: Any) -> None:
+        if not (cfg.use_liger_kernel and liger_core_flags(cfg)["fused_linear_cross_entropy"]):
+            return
+        if not adapter_on_lm_head(model):
+            return
+        kind = "fused_linear_cross_entropy"
+        reason = "a PEFT adapter wraps lm_head, so the fused loss computes the full logits through it"
+        if strict(cfg):
+            raise strict_failure(type(model).__name__, kind, reason)
+        LOG.warning("liger_core: NOT applied on %s: %s (%s)", type(model).__name__, kind, reason)
