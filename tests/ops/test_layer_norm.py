@@ -325,7 +325,9 @@ def _with_values_at_random(t, values):
     """A copy of t with ``values`` written at distinct random positions."""
     out = t.detach().clone()
     flat = out.view(-1)
-    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(values, dtype=t.dtype)
+    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(
+        values, dtype=t.dtype, device=t.device
+    )
     return out
 
 
@@ -348,7 +350,7 @@ NONFINITE_CASES = [
 ] + [("b", [INF, -INF], True), ("b", [NAN], True)]
 
 
-# bf16 propagates NaN/inf as fp32 does: the kernel and PyTorch's LayerNorm both compute in fp32, round once.
+# bf16 as fp32: the kernel and PyTorch's LayerNorm both compute in fp32 and round once
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("target,values,bias", NONFINITE_CASES)

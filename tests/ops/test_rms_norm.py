@@ -339,7 +339,9 @@ def _with_values_at_random(t, values):
     """A copy of t with ``values`` written at distinct random positions."""
     out = t.detach().clone()
     flat = out.view(-1)
-    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(values, dtype=t.dtype)
+    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(
+        values, dtype=t.dtype, device=t.device
+    )
     return out
 
 
@@ -355,8 +357,7 @@ def _assert_same_nonfinite(name, ours, eager, ref64):
 INF, NAN = float("inf"), float("nan")
 
 
-# bf16 propagates NaN/inf as fp32 does (same exponent range); fp16 necessarily differs in "none" mode, where
-# eager's fp16 x**2 overflows from |x| > 256 (rstd 0, y 0) and the kernel's fp32 one does not.
+# bf16 as fp32 (same exponent range); fp16 differs in "none" mode: eager's fp16 x**2 overflows from |x| > 256
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(

@@ -457,7 +457,9 @@ def _with_values_at_random(t, values):
     """A copy of t with ``values`` written at distinct random positions."""
     out = t.detach().clone()
     flat = out.view(-1)
-    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(values, dtype=t.dtype)
+    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(
+        values, dtype=t.dtype, device=t.device
+    )
     return out
 
 
@@ -473,8 +475,7 @@ def _assert_same_nonfinite(name, ours, eager, ref64):
 INF, NAN = float("inf"), float("nan")
 
 
-# bf16 propagates NaN/inf as fp32 does: HF's bf16 products and sum round to finite values where the kernel's
-# fp32 ones are finite (|cos|, |sin| <= 1 here: nothing overflows).
+# bf16 as fp32: HF's bf16 products and sum overflow nowhere here (|cos|, |sin| <= 1), so NaN/inf are alike
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("target", ["q,k", "cos,sin"])
