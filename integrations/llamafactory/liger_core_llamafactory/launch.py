@@ -14,23 +14,25 @@ import subprocess
 import sys
 
 from liger_core_llamafactory import ENV_FLAG
-from liger_core_llamafactory.options import env_enabled, pop_liger_flag, read_train_args
+from liger_core_llamafactory.options import env_enabled, pop_kernel_config, pop_liger_flag, read_train_args
 
 
 def run_training(argv: list[str]) -> None:
     """Train in this process (also the body of every torchrun worker)."""
     args = read_train_args(argv)
     enabled = pop_liger_flag(args) or env_enabled()
+    kernel_config = pop_kernel_config(args)
     if enabled:
         os.environ[ENV_FLAG] = "1"  # for anything this process starts
         from liger_core_llamafactory import model_hooks
 
-        model_hooks.install()
+        model_hooks.install(kernel_config)
     else:
         import logging
 
         logging.getLogger("llamafactory.liger_core").info(
-            "liger_core: off (set enable_liger_kernel: true to use it)"
+            "liger_core: off (set enable_liger_kernel: true to use it)%s",
+            "; liger_kernel_config is ignored" if kernel_config else "",
         )
     from llamafactory.train.tuner import run_exp
 
@@ -82,7 +84,9 @@ def train(argv: list[str]) -> int:
         run_training(argv)
         return 0
     # Decide here so a bad value fails before any worker starts; workers re-read the same arguments.
-    if pop_liger_flag(read_train_args(argv)) or env_enabled():
+    args = read_train_args(argv)
+    pop_kernel_config(args)
+    if pop_liger_flag(args) or env_enabled():
         os.environ[ENV_FLAG] = "1"
     env = dict(os.environ)
     if env.get("OPTIM_TORCH", "1").lower() in ("1", "true"):  # LLaMA-Factory's DDP settings

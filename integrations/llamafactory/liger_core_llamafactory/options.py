@@ -1,9 +1,12 @@
-"""The liger switch in LLaMA-Factory arguments: read and removed so LLaMA-Factory never needs liger-kernel."""
+"""The liger switch and toggles in LLaMA-Factory arguments: read and removed so LLaMA-Factory never needs
+liger-kernel."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from liger_core_llamafactory import ENV_FLAG
@@ -11,6 +14,19 @@ from liger_core_llamafactory import ENV_FLAG
 # LLaMA-Factory's own key, and transformers' TrainingArguments key (which LLaMA-Factory also parses and which
 # would make the HF Trainer import liger-kernel): under liger-lmf both mean liger_core.
 LIGER_KEYS = ("enable_liger_kernel", "use_liger_kernel")
+# transformers' TrainingArguments key for per-kernel toggles (as with the HF Trainer): under liger-lmf, the
+# keyword arguments of liger_core.apply_liger_kernel, `strict` included
+CONFIG_KEY = "liger_kernel_config"
+CONFIG_KEYS = (
+    "rope",
+    "rms_norm",
+    "swiglu",
+    "geglu",
+    "layer_norm",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
+    "strict",
+)
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n"}
 
@@ -55,6 +71,44 @@ def pop_liger_flag(args: dict[str, Any] | list[str]) -> bool:
             continue
         i += 1
     return enabled
+
+
+def kernel_config(value: Any) -> dict[str, bool]:
+    """``liger_kernel_config`` checked: a mapping (or its JSON text) of ``CONFIG_KEYS`` to booleans."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{CONFIG_KEY} is not valid JSON ({err.msg}): {value!r}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{CONFIG_KEY} must be a mapping of booleans, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k not in CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"{CONFIG_KEY} has unknown key(s) {unknown}; liger_core accepts {list(CONFIG_KEYS)}")
+    return {key: _as_bool(f"{CONFIG_KEY}.{key}", v) for key, v in value.items()}
+
+
+def pop_kernel_config(args: dict[str, Any] | list[str]) -> dict[str, bool]:
+    """Remove ``liger_kernel_config`` from parsed LLaMA-Factory args (a YAML/JSON dict, or ``--key value``
+    strings, in place) and return it checked (empty when absent)."""
+    if isinstance(args, dict):
+        return kernel_config(args.pop(CONFIG_KEY, None))
+    found: Any = None
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name == f"--{CONFIG_KEY}":
+            if not eq:
+                if i + 1 >= len(args):
+                    raise ValueError(f"--{CONFIG_KEY} needs a value, e.g. '{{\"strict\": true}}'")
+                value = args.pop(i + 1)
+            del args[i]
+            found = value
+            continue
+        i += 1
+    return kernel_config(found)
 
 
 def read_train_args(argv: list[str]) -> dict[str, Any] | list[str]:
