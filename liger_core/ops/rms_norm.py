@@ -43,138 +43,20 @@ from liger_core.dispatch import (
 )
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
+
+# the shared row-normalisation helpers; LayerNorm imports them from here too
+from liger_core.ops._norm_math import (
+    accumulate,
+    as_shape,
+    inv_sqrt_mean,
+    load_tiles,
+    reload_tiles,
+    rows_view,
+    sum_partials,
+    widen,
+)
 from liger_core.reference.rms_norm import CASTING_MODES
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
-
-# PRECISE (constexpr, set for fp32 data): fp32 arithmetic alone would make our error comparable to eager's,
-# so the row statistics (sums, mean, rstd) are computed in fp64 and the dW/dB accumulators are Kahan
-# compensated. For bf16/fp16 data the final rounding dominates by ~2^16: plain fp32 (fewer registers).
-
-
-@triton.jit
-def widen(x, PRECISE: tl.constexpr):
-    """``x`` (fp32) in the precision of the row statistics: fp64 when PRECISE."""
-    # one return: the compiler types every return statement, even in a branch it drops
-    if PRECISE:
-        wide = x.to(tl.float64)
-    else:
-        wide = x
-    return wide
-
-
-@triton.jit
-def inv_sqrt_mean(sum_sq, n_cols, eps):
-    """``1 / sqrt(sum_sq / n_cols + eps)`` per row, as fp32 (``sum_sq`` from ``widen``-ed values)."""
-    return (1.0 / tl.sqrt(sum_sq / n_cols + eps)).to(tl.float32)
-
-
-@triton.jit
-def accumulate(acc, comp, value, PRECISE: tl.constexpr):
-    """``acc += value``; Kahan-compensated when PRECISE (the sum is then ``acc - comp``, to about fp32
-    precision however many rows a program adds up)."""
-    if PRECISE:
-        corrected = value - comp
-        total = acc + corrected
-        comp = (total - acc) - corrected
-        acc = total
-    else:
-        acc += value
-    return acc, comp
-
-
-@triton.jit
-def load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
-    """The (dy, x) tiles of ``rows`` x ``cols`` (int64 rows), in their storage dtype."""
-    dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
-    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
-    return dy, x
-
-
-@triton.jit
-def reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
-    """``load_tiles`` again, for a tile just read: evict-first, which also keeps the compiler from merging it
-    with the first load (a string constexpr default argument does not compile in Triton 3.6)."""
-    dy_tile = dy_ptr + rows[:, None] * dy_row_stride + cols[None, :]
-    dy = tl.load(dy_tile, mask=mask, other=0.0, eviction_policy="evict_first")
-    x = tl.load(
-        x_ptr + rows[:, None] * x_row_stride + cols[None, :],
-        mask=mask,
-        other=0.0,
-        eviction_policy="evict_first",
-    )
-    return dy, x
-
-
-@fast_launch
-@triton.jit
-def _sum_partials_kernel(
-    partials_ptr,
-    out_ptr,
-    n_partials,
-    n_cols,
-    n_sums,
-    rows_per_group,
-    BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """``out[s, g, :] = sum_p partials[s, p, :]`` over the rows p of group g (``rows_per_group`` each; program
-    axis 1), cast to out's dtype, for each of ``n_sums`` stacked partial matrices (dW, and dB for LayerNorm):
-    one launch instead of a sum and a cast per matrix. The partials are fp32 (fp64 for fp32 data) and are
-    added in their own dtype, as ``torch.sum`` would."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    group = tl.program_id(1)
-    n_groups = tl.num_programs(1)
-    first = group * rows_per_group
-    last = tl.minimum(first + rows_per_group, n_partials)
-    parts = tl.arange(0, BLOCK_P)
-    for s in range(0, n_sums):
-        base = partials_ptr + s * n_partials * n_cols  # < 2^31: programs x columns
-        acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=partials_ptr.dtype.element_ty)
-        # the loop's bound is an argument, not ``last``: bounds computed in the kernel made it slower,
-        # probably unpipelined (H100, RMSNorm's 264 partial rows x 1024 columns: 7.8 vs 4.2 us, session 15)
-        for start in range(0, rows_per_group, BLOCK_P):
-            rows = first + start + parts
-            mask = (rows < last)[:, None] & col_mask[None, :]
-            acc += tl.load(base + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
-        total = tl.sum(acc, axis=0)
-        if out_ptr.dtype.element_ty != tl.float64:
-            total = total.to(tl.float32)  # fp64 -> 16-bit goes through fp32, as torch's cast does
-        tl.store(
-            out_ptr + (s * n_groups + group) * n_cols + cols,
-            total.to(out_ptr.dtype.element_ty),
-            mask=col_mask,
-        )
-
-
-# More partial rows than this are summed in two launches: groups of PARTIALS_GROUP_ROWS rows in parallel, then
-# the group sums (one program per 64 columns reading thousands of rows sequentially is slow).
-PARTIALS_SPLIT_ABOVE = 512
-PARTIALS_GROUP_ROWS = 64
-
-
-def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(n_sums, n_partials, n_cols) partial rows -> (n_sums, n_cols) sums in ``dtype``; a 2-D
-    (n_partials, n_cols) input gives the (n_cols,) sum (no view on either side: host time per call)."""
-    if partials.dim() == 2:
-        n_sums, (n_partials, n_cols) = 1, partials.shape
-    else:
-        n_sums, n_partials, n_cols = partials.shape
-    block_n = 64
-    block_p = 64 if partials.dtype == torch.float32 else 32
-    if n_partials > PARTIALS_SPLIT_ABOVE:
-        n_groups = cdiv(n_partials, PARTIALS_GROUP_ROWS)
-        groups = partials.new_empty((n_sums, n_groups, n_cols))
-        _sum_partials_kernel[(cdiv(n_cols, block_n), n_groups)](
-            partials, groups, n_partials, n_cols, n_sums, PARTIALS_GROUP_ROWS,
-            BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
-        )  # fmt: skip
-        return sum_partials(groups if partials.dim() == 3 else groups[0], dtype)
-    out = partials.new_empty((n_sums, n_cols) if partials.dim() == 3 else n_cols, dtype=dtype)
-    _sum_partials_kernel[(cdiv(n_cols, block_n), 1)](
-        partials, out, n_partials, n_cols, n_sums, n_partials, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
-    )
-    return out
 
 
 @triton.jit
@@ -351,23 +233,9 @@ def _rms_norm_bwd_kernel(
                     tl.store(dw_partial_row + chunk, dw_old + widen(dy * xn, PRECISE), mask=mask)
 
 
-def as_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``t.view(shape)``, skipped when ``t`` has that shape; ints rather than a ``torch.Size`` (whose view
-    goes through symbolic-shape checks: ~2x the host time)."""
-    return t if t.shape == shape else t.view(*shape)
-
-
 def _output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
     """What HF returns: gemma casts back to the input dtype; llama/none multiply by w with type promotion."""
     return x_dtype if casting_mode == "gemma" else torch.promote_types(x_dtype, w_dtype)
-
-
-def rows_view(t: torch.Tensor) -> torch.Tensor:
-    """2-D (rows, hidden) view with unit column stride (a copy only when no such view exists)."""
-    if t.dim() == 2 and t.stride(1) == 1:
-        return t  # already rows: no view op (host time on every call)
-    t2d = t.reshape(-1, t.shape[-1])
-    return t2d if t2d.stride(-1) == 1 else t2d.contiguous()
 
 
 # Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces a patched
