@@ -91,9 +91,16 @@ def use_liger_logprobs(args: Any, config: Any, owner: str) -> bool:
     if flags.get("strict"):
         from liger_core.patching import PatchIncompleteError, PatchReport
 
+        kind = "fused_linear_cross_entropy"
         report = PatchReport(model_type=owner)
-        report.miss("fused_linear_cross_entropy", f"TRL's own log-prob kernel is needed: {reason}")
-        raise PatchIncompleteError(report)
+        report.miss(kind, f"TRL's own log-prob kernel is needed: {reason}")
+        error = PatchIncompleteError(report)
+        error.args = (  # the model may carry layer kernels already: not liger_core's "nothing was patched"
+            f"use_liger_kernel: liger_kernel_config strict: {kind} cannot be applied to {owner}: TRL's own "
+            f'log-prob kernel is needed ({reason}). Fix the cause, set "{kind}": false to keep TRL\'s '
+            "kernel, or turn strict off.",
+        )
+        raise error
     if not getattr(args, _DECLINED, False):
         logger.warning(
             "use_liger_kernel: NOT applied: fused_linear_cross_entropy (TRL's own log-prob kernel is "

@@ -99,7 +99,8 @@ def test_grpo_entropy_bonus_strict_stops_the_constructor_and_trains_without(
     liger_core_trl.install()
     layers_off = {"rms_norm": False, "swiglu": False, "rope": False}  # generation is slow with them
     with pytest.raises(
-        PatchIncompleteError, match="GRPOTrainer .*fused_linear_cross_entropy: .*entropy bonus"
+        PatchIncompleteError,
+        match="fused_linear_cross_entropy cannot be applied to GRPOTrainer: .*entropy bonus",
     ):
         grpo(make_model(), tokenizer, tmp_path / "strict", {"strict": True, **layers_off})
 
@@ -124,7 +125,9 @@ def test_strict_with_deepspeed_zero3_stops_the_constructor(make_model, tokenizer
         output_dir=str(tmp_path), max_length=12, use_liger_kernel=True, liger_kernel_config=STRICT, **COMMON
     )
     rows = [{"prompt": p, "chosen": " yes", "rejected": " no"} for p in PROMPTS]
-    with pytest.raises(PatchIncompleteError, match="DPOTrainer .*ZeRO-3"):
+    with pytest.raises(
+        PatchIncompleteError, match="fused_linear_cross_entropy cannot be applied to DPOTrainer: .*ZeRO-3"
+    ):
         DPOTrainer(
             model=make_model(), args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
         )
