@@ -21,7 +21,7 @@ from __future__ import annotations
 from torch import nn
 
 from liger_core.patching.class_level import apply_liger_kernel_to, revert_model_type
-from liger_core.patching.instance import apply_liger_kernel, is_patched, revert
+from liger_core.patching.instance import apply_liger_kernel, is_patched, patched_kinds, revert
 from liger_core.patching.recipes import RECIPES, supported_model_types
 from liger_core.patching.report import PatchIncompleteError, PatchReport, UnsupportedModelError
 
@@ -32,7 +32,9 @@ __all__ = [
     "UnsupportedModelError",
     "apply_liger_kernel",
     "apply_liger_kernel_to",
+    "is_liger_forward",
     "is_patched",
+    "patched_kinds",
     "revert",
     "revert_model_type",
     "supported_model_types",
@@ -77,6 +79,13 @@ for _model_type in RECIPES:
     globals()[_fn.__name__] = _fn
     __all__.append(_fn.__name__)
 del _model_type, _fn
+
+
+def is_liger_forward(forward: object) -> bool:
+    """True if ``forward`` (function or bound method, decorated or not) is liger_core's causal-LM forward."""
+    from liger_core.patching.forwards import is_causal_lm_forward
+
+    return is_causal_lm_forward(getattr(forward, "__func__", forward))
 
 
 def __getattr__(name: str):

@@ -4,8 +4,8 @@ Known ``model_type``: class-level patching (``apply_liger_kernel_to``) before lo
 with liger layers. Unknown ``model_type``: the model is loaded as usual and then patched structurally
 (``apply_liger_kernel`` on the instance, every swap numerically self-checked), with a warning that names the
 supported types; if nothing at all can be patched, ``UnsupportedModelError`` (a ValueError) says so and lists
-the supported types. Patch flags (``rope=``, ``rms_norm=``, ..., ``fused_linear_cross_entropy=``) may be
-passed with the usual ``from_pretrained`` / ``from_config`` arguments.
+the supported types. Patch flags (``rope=``, ``rms_norm=``, ..., ``fused_linear_cross_entropy=``, ``strict=``)
+may be passed with the usual ``from_pretrained`` / ``from_config`` arguments.
 """
 
 from __future__ import annotations
@@ -18,17 +18,9 @@ from torch import nn
 from liger_core.patching.class_level import apply_liger_kernel_to
 from liger_core.patching.instance import apply_liger_kernel
 from liger_core.patching.recipes import RECIPES, supported_model_types
-from liger_core.patching.report import logger
+from liger_core.patching.report import KERNEL_DEFAULTS, logger
 
-PATCH_FLAGS = (
-    "rope",
-    "rms_norm",
-    "swiglu",
-    "geglu",
-    "layer_norm",
-    "cross_entropy",
-    "fused_linear_cross_entropy",
-)
+PATCH_FLAGS = (*KERNEL_DEFAULTS, "strict")
 _CONFIG_KWARGS = ("trust_remote_code", "revision", "cache_dir", "token", "local_files_only", "subfolder")
 
 

@@ -39,7 +39,7 @@ from liger_core.patching.swaps import (
     unwrap,
 )
 
-__all__ = ["apply_liger_kernel", "is_patched", "revert", "unwrap"]
+__all__ = ["apply_liger_kernel", "is_patched", "patched_kinds", "revert", "unwrap"]
 
 _FOREIGN = "has an instance-level forward from another library"
 
@@ -217,3 +217,20 @@ def is_patched(model: nn.Module) -> bool:
     ):
         return True
     return any(own_kind(m) is not None for m in root.modules())
+
+
+def patched_kinds(model: nn.Module) -> dict[str, int]:
+    """How many modules of the model run each liger_core kind now (instance patching and class-level
+    patching's generated classes alike), e.g. ``{"rms_norm": 5, "rope": 2, ...}``."""
+    root = unwrap(model)
+    counts: dict[str, int] = {}
+    for m in root.modules():
+        kind = own_kind(m)  # the generated classes of class-level patching set it on each instance too
+        if m is root and kind is None:
+            if class_forward_is(root, fw.causal_lm_forward):
+                kind = "fused_linear_cross_entropy"
+            elif getattr(type(root), "_loss_function", None) is fw.liger_causal_lm_loss:
+                kind = "cross_entropy"
+        if kind is not None:
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts

@@ -20,6 +20,17 @@ FLCE = "fused_linear_cross_entropy"
 CE = "cross_entropy"
 
 
+def _head_fusable(root: nn.Module) -> bool:
+    return fw.fusable_linear(root.lm_head) is not None or redirected_linear(root.lm_head) is not None
+
+
+def _unfusable_reason(root: nn.Module) -> str:
+    return (
+        f"lm_head ({type(root.lm_head).__name__}) is not a plain nn.Linear (LoRA, quantised or offloaded); "
+        "the loss is computed by the model from its logits"
+    )
+
+
 def patch_loss(root: nn.Module, spec: fw.LMSpec, flags: dict[str, bool], report: PatchReport) -> None:
     """Swap in the loss ``flags`` ask for; a loss asked for and not applied is a miss with its reason."""
     kind = own_kind(root)
@@ -28,18 +39,16 @@ def patch_loss(root: nn.Module, spec: fw.LMSpec, flags: dict[str, bool], report:
     if flags[FLCE]:
         if kind == FLCE or class_flce:
             report.count_already(FLCE)
+            if not _head_fusable(root):  # e.g. a LoRA adapter put on lm_head after the model was patched
+                report.miss(FLCE, _unfusable_reason(root))
         elif kind == CE or class_ce:
             report.miss(FLCE, "the loss already uses liger cross_entropy; revert() first to switch")
         elif foreign_forward(root):
             report.miss(
                 FLCE, f"{type(root).__name__} already has an instance-level forward from another library"
             )
-        elif fw.fusable_linear(root.lm_head) is None and redirected_linear(root.lm_head) is None:
-            report.miss(
-                FLCE,
-                f"lm_head ({type(root.lm_head).__name__}) is not a plain nn.Linear (LoRA, quantised or "
-                "offloaded); the loss is left to the model",
-            )
+        elif not _head_fusable(root):
+            report.miss(FLCE, _unfusable_reason(root))
         else:
             forward = fw.causal_lm_forward_for(type(root).forward)
             markers = {"_liger_core_lm_spec": spec, fw.ORIGINAL_FORWARD: type(root).forward}

@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 logger = logging.getLogger("liger_core")
 
 KINDS = ("rms_norm", "layer_norm", "swiglu", "geglu", "rope", "cross_entropy", "fused_linear_cross_entropy")
+# Every kernel flag of the patch functions and its default (cross_entropy and the fused loss are exclusive).
+KERNEL_DEFAULTS: dict[str, bool] = {
+    "rope": True,
+    "rms_norm": True,
+    "swiglu": True,
+    "geglu": True,
+    "layer_norm": True,
+    "cross_entropy": False,
+    "fused_linear_cross_entropy": True,
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -18,15 +28,19 @@ class UnsupportedModelError(ValueError):
 class PatchIncompleteError(RuntimeError):
     """``strict=True``: a kernel the model could use was not applied (``report.missing`` says which and why).
 
-    Raised after the call's own swaps were undone, so the model is as it was before the call.
+    Patching raises it after undoing the call's own swaps (``undone=True``), so the model is as it was before
+    the call. A plugin that finds a miss later (an adapter added on lm_head after patching) raises it with
+    ``undone=False``: then what was patched stays patched, and the message says so.
     """
 
-    def __init__(self, report: PatchReport):
+    def __init__(self, report: PatchReport, *, undone: bool = True):
         self.report = report
+        self.undone = undone
         missing = "; ".join(f"{kind}: {', '.join(reasons)}" for kind, reasons in report.missing.items())
+        state = "this call's swaps were undone" if undone else "the kernels that were applied stay applied"
         super().__init__(
-            f"liger_core: strict patching of {report.model_type} left kernels out ({missing}); nothing was "
-            "patched. Fix the cause, turn those kernels off by name, or patch without strict."
+            f"liger_core: strict patching of {report.model_type} left kernels out ({missing}); {state}. "
+            "Fix the cause, turn those kernels off by name, or patch without strict."
         )
 
 

@@ -382,3 +382,21 @@ def test_rope_with_half_width_tables_is_recognised_and_exact():
     assert used in (fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back)
     for got, want in zip(run(), ref):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_patched_kinds_and_a_head_wrapped_after_patching_is_a_miss():
+    """What a model runs is public (patched_kinds, is_liger_forward); a LoRA adapter put on lm_head after
+    patching shows up as a miss on the next call, and strict then raises without undoing the rest."""
+    peft = pytest.importorskip("peft")
+    from liger_core.patching import is_liger_forward, patched_kinds
+
+    base = tiny_model("llama", seed=6)
+    liger_core.apply_liger_kernel(base)
+    kinds = {"rms_norm": 5, "swiglu": 2, "rope": 2, "fused_linear_cross_entropy": 1}
+    assert patched_kinds(base) == kinds and is_liger_forward(base.forward)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["lm_head"]))
+    report = liger_core.apply_liger_kernel(model)
+    assert "lm_head" in " ".join(report.missing["fused_linear_cross_entropy"])
+    with pytest.raises(PatchIncompleteError, match="lm_head"):
+        liger_core.apply_liger_kernel(model, strict=True)
+    assert patched_kinds(model) == kinds  # strict undid only its own call, which swapped nothing
