@@ -308,12 +308,12 @@ def _probe_loss(root: nn.Module, spec: fw.LMSpec, gen: torch.Generator) -> bool 
         for p in params:
             p.requires_grad_(True)
         with torch.enable_grad():
-            ref = type(root).forward(root, input_ids=ids, labels=ids)
+            ref = type(root).forward(root, input_ids=ids, labels=ids, use_cache=False)
             ref_loss = getattr(ref, "loss", None)
             if not isinstance(ref_loss, torch.Tensor) or getattr(ref, "router_logits", None) is not None:
                 return "forward has no plain causal-LM loss (or is a mixture of experts)"
             ref_grads = torch.autograd.grad(ref_loss, params)
-            ours = fw.causal_lm(root, spec, input_ids=ids, labels=ids, skip_logits=True).loss
+            ours = fw.causal_lm(root, spec, input_ids=ids, labels=ids, use_cache=False, skip_logits=True).loss
             grads = torch.autograd.grad(ours, params)
     except Exception as e:  # noqa: BLE001 - a forward with other conventions is left alone, with the reason
         return f"probe forward failed ({type(e).__name__}: {e})"
