@@ -1,5 +1,5 @@
-"""Norm modules: drop-ins for HF's LlamaRMSNorm / GemmaRMSNorm and for ``nn.LayerNorm`` (same parameter names,
-so ``state_dict()`` keys and checkpoints are interchangeable)."""
+"""Norm modules: drop-ins for HF's LlamaRMSNorm / GemmaRMSNorm, its gated RMSNorms and ``nn.LayerNorm`` (same
+parameter names, so ``state_dict()`` keys and checkpoints are interchangeable)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from torch import nn
 from liger_core.dispatch import check_choice
 from liger_core.ops.layer_norm import layer_norm
 from liger_core.ops.rms_norm import rms_norm
+from liger_core.ops.rms_norm_gated import rms_norm_gated
 from liger_core.reference.rms_norm import CASTING_MODES
+from liger_core.reference.rms_norm_gated import ACTIVATIONS as GATED_ACTIVATIONS
+from liger_core.reference.rms_norm_gated import CASTING_MODES as GATED_CASTING_MODES
 
 
 class LigerRMSNorm(nn.Module):
@@ -77,6 +80,58 @@ class LigerRMSNormForGemma(LigerRMSNorm):
             hidden_size, eps, offset=1.0, casting_mode="gemma", in_place=in_place, init_fn="zeros",
             device=device, dtype=dtype,
         )  # fmt: skip
+
+
+class LigerRMSNormGated(nn.Module):
+    """Gated RMSNorm (``liger_core.ops.rms_norm_gated``); defaults match ``Qwen3NextRMSNormGated``.
+
+    Other HF classes: ``activation="sigmoid", casting_mode="gemma"`` (KimiLinear, BailingHybrid);
+    ``norm_before_gate=False, group_size=...`` (MambaRMSNormGated and its copies); ``casting_mode="gemma"``
+    with ``group_size = hidden_size // n_groups`` and either ``norm_before_gate`` (FalconH1). Without a gate
+    (HF's ``gate=None``) it is the plain RMSNorm of the same rounding (one group only).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        activation: str = "silu",
+        casting_mode: str = "llama",
+        offset: float = 0.0,
+        norm_before_gate: bool = True,
+        group_size: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_choice("activation", activation, GATED_ACTIVATIONS)
+        check_choice("casting_mode", casting_mode, GATED_CASTING_MODES)
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+        self.activation = activation
+        self.casting_mode = casting_mode
+        self.offset = offset
+        self.norm_before_gate = norm_before_gate
+        self.group_size = group_size
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if gate is None:
+            if self.group_size not in (None, hidden_states.shape[-1]):
+                raise ValueError("gate=None needs one group (group_size=None): grouped RMSNorm needs a gate")
+            return rms_norm(hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode)
+        return rms_norm_gated(
+            hidden_states, gate, self.weight, self.variance_epsilon, activation=self.activation,
+            casting_mode=self.casting_mode, offset=self.offset, norm_before_gate=self.norm_before_gate,
+            group_size=self.group_size,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return (
+            f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, activation={self.activation!r}, "
+            f"casting_mode={self.casting_mode!r}, offset={self.offset}, "
+            f"norm_before_gate={self.norm_before_gate}, group_size={self.group_size}"
+        )
 
 
 class LigerLayerNorm(nn.Module):

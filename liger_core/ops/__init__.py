@@ -19,6 +19,7 @@ from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
+from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
 from liger_core.ops.swiglu import swiglu  # noqa: E402
 
@@ -35,6 +36,7 @@ __all__ = [
     "kl_div",
     "layer_norm",
     "rms_norm",
+    "rms_norm_gated",
     "rope",
     "swiglu",
 ]
