@@ -9,6 +9,12 @@ Math (fp32 inside the kernel, one rounding to the output dtype). With ``x1, x2``
                dx2 = dy2 * c2 - dy1 * s1
     features past rotary_dim (partial rotary) pass through: y = x, dx = dy.
 
+Interleaved (``interleaved=True``: DeepSeek-V3's ``apply_rotary_pos_emb_interleave``, GPT-J pairs): ``x1, x2``
+are the even and odd features ``x[0::2], x[1::2]`` of the first ``rotary_dim`` (read by stride, no copy), only
+the first halves of the tables are used (``c2 = c1``, ``s2 = s1``, HF's ``cat(freqs, freqs)``), and the
+output is de-interleaved as HF's: ``y = cat(y1, y2)``. Its backward reads ``dy1, dy2`` as halves and writes
+``dx1, dx2`` back to the even and odd features.
+
 The backward is the forward with ``(s1, s2)`` replaced by ``(-s2, -s1)`` (with HF's duplicated tables, where
 ``s1 == s2``, simply sin negated), so one kernel serves both passes.
 
@@ -66,14 +72,20 @@ def _load_halves(
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
-    """The two rotary halves of heads [h0, h0 + BLOCK_H) of one token (x_ptr: head 0, feature 0), fp32."""
+    """The two rotary halves of heads [h0, h0 + BLOCK_H) of one token (x_ptr: head 0, feature 0), fp32: the
+    features [0, HALF) and [HALF, 2 HALF), or with PAIRS the even and odd ones (interleaved)."""
     heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
     cols = tl.arange(0, BLOCK_HALF)
     mask = (heads < N_HEADS)[:, None] & (cols < HALF)[None, :]
-    offsets = heads[:, None] * x_stride_h + cols[None, :]
-    x1 = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
+    if PAIRS:
+        first, second = 2 * cols, 2 * cols + 1
+    else:
+        first, second = cols, cols + HALF
+    rows = heads[:, None] * x_stride_h
+    x1 = tl.load(x_ptr + rows + first[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + rows + second[None, :], mask=mask, other=0.0).to(tl.float32)
     return x1, x2
 
 
@@ -92,16 +104,22 @@ def _store_rotated(
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
-    """y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2 for heads [h0, h0 + BLOCK_H), rounded once to y's dtype."""
+    """y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2 for heads [h0, h0 + BLOCK_H), rounded once to y's dtype, stored
+    as halves, or with PAIRS as the even and odd features (``_load_halves``)."""
     heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
     cols = tl.arange(0, BLOCK_HALF)
     mask = (heads < N_HEADS)[:, None] & (cols < HALF)[None, :]
-    offsets = heads[:, None] * y_stride_h + cols[None, :]
+    if PAIRS:
+        first, second = 2 * cols, 2 * cols + 1
+    else:
+        first, second = cols, cols + HALF
+    rows = heads[:, None] * y_stride_h
     y1 = x1 * c1[None, :] - x2 * s1[None, :]
     y2 = x2 * c2[None, :] + x1 * s2[None, :]
-    tl.store(y_ptr + offsets, y1.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(y_ptr + offsets + HALF, y2.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rows + first[None, :], y1.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rows + second[None, :], y2.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -183,6 +201,7 @@ def _rope_kernel(
     BLOCK_PASS: tl.constexpr,
     BACKWARD: tl.constexpr,
     HALVES_EQUAL: tl.constexpr,  # the tables repeat their first half: the second is not loaded
+    INTERLEAVED: tl.constexpr,  # GPT-J pairs: forward reads pairs, backward writes them (HALVES_EQUAL set)
 ):
     # int64: B*T*H*D passes 2^31 at long contexts
     token = tl.program_id(0).to(tl.int64)
@@ -203,22 +222,54 @@ def _rope_kernel(
     # the outputs have their input's strides (the launcher makes sure)
     q_out = q_out_ptr + b * q_stride_b + t * q_stride_t
     k_out = k_out_ptr + b * k_stride_b + t * k_stride_t
+    LOAD_PAIRS: tl.constexpr = INTERLEAVED and not BACKWARD
+    STORE_PAIRS: tl.constexpr = INTERLEAVED and BACKWARD
     if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
         # one tile each: every load of the token in flight before the first store
-        q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
-        k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
-        _store_rotated(q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
-        _store_rotated(k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+        q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, LOAD_PAIRS)
+        k1, k2 = _load_halves(k_in, k_stride_h, 0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF, LOAD_PAIRS)
+        _store_rotated(
+            q_out, q_stride_h, 0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, STORE_PAIRS
+        )
+        _store_rotated(
+            k_out, k_stride_h, 0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF, STORE_PAIRS
+        )
     else:
         for h0 in tl.static_range(0, N_Q_HEADS, BLOCK_HQ):
-            q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+            q1, q2 = _load_halves(q_in, q_stride_h, h0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, LOAD_PAIRS)
             _store_rotated(
-                q_out, q_stride_h, h0, q1, q2, c1, c2, s1, s2, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF
+                q_out,
+                q_stride_h,
+                h0,
+                q1,
+                q2,
+                c1,
+                c2,
+                s1,
+                s2,
+                N_Q_HEADS,
+                HALF,
+                BLOCK_HQ,
+                BLOCK_HALF,
+                STORE_PAIRS,
             )
         for h0 in tl.static_range(0, N_K_HEADS, BLOCK_HK):
-            k1, k2 = _load_halves(k_in, k_stride_h, h0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+            k1, k2 = _load_halves(k_in, k_stride_h, h0, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF, LOAD_PAIRS)
             _store_rotated(
-                k_out, k_stride_h, h0, k1, k2, c1, c2, s1, s2, N_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF
+                k_out,
+                k_stride_h,
+                h0,
+                k1,
+                k2,
+                c1,
+                c2,
+                s1,
+                s2,
+                N_K_HEADS,
+                HALF,
+                BLOCK_HK,
+                BLOCK_HALF,
+                STORE_PAIRS,
             )
     if PASS_DIM > 0:
         _copy_pass_through(
@@ -305,6 +356,7 @@ def _launch(
     unsqueeze_dim: int,
     out_dtype: torch.dtype,
     backward: bool,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     key = (
         x_q.shape, x_q.stride(), x_k.shape, x_k.stride(), cos.shape, cos.stride(), unsqueeze_dim, backward,
@@ -323,7 +375,16 @@ def _launch(
     y_k = torch.empty_like(x_k, dtype=out_dtype)
     if not plan.empty:
         _rope_kernel[plan.grid](
-            x_q, x_k, cos, sin, y_q, y_k, *plan.args, HALVES_EQUAL=halves_equal, **plan.constexprs
+            x_q,
+            x_k,
+            cos,
+            sin,
+            y_q,
+            y_k,
+            *plan.args,
+            HALVES_EQUAL=halves_equal or interleaved,
+            INTERLEAVED=interleaved,
+            **plan.constexprs,
         )
     return y_q, y_k
 
@@ -340,9 +401,12 @@ def _rope_fwd_impl(
     sin: torch.Tensor,
     halves_equal: bool,
     unsqueeze_dim: int,
+    interleaved: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
-    return _launch(q, k, cos, sin, halves_equal, unsqueeze_dim, out_dtype, backward=False)
+    return _launch(
+        q, k, cos, sin, halves_equal, unsqueeze_dim, out_dtype, backward=False, interleaved=interleaved
+    )
 
 
 def _rope_bwd_impl(
@@ -353,8 +417,12 @@ def _rope_bwd_impl(
     halves_equal: bool,
     unsqueeze_dim: int,
     grad_dtype: torch.dtype,
+    interleaved: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch(dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, backward=True)
+    return _launch(
+        dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, backward=True,
+        interleaved=interleaved,
+    )  # fmt: skip
 
 
 _rope_fwd = torch.library.custom_op("liger_core::rope_fwd", _rope_fwd_impl, mutates_args=())
@@ -362,13 +430,13 @@ _rope_bwd = torch.library.custom_op("liger_core::rope_bwd", _rope_bwd_impl, muta
 
 
 @_rope_fwd.register_fake
-def _(q, k, cos, sin, halves_equal, unsqueeze_dim):
+def _(q, k, cos, sin, halves_equal, unsqueeze_dim, interleaved):
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     return torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
 
 
 @_rope_bwd.register_fake
-def _(dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype):
+def _(dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, interleaved):
     return torch.empty_like(dq_embed, dtype=grad_dtype), torch.empty_like(dk_embed, dtype=grad_dtype)
 
 
@@ -441,12 +509,13 @@ def _table_check(cos: torch.Tensor, sin: torch.Tensor) -> _TableHalves | None:
 
 class RopeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, table_check: _TableHalves | None, unsqueeze_dim: int):
+    def forward(ctx, q, k, cos, sin, table_check: _TableHalves | None, unsqueeze_dim: int, interleaved: bool):
         q, k = _unit_last_stride(q), _unit_last_stride(k)
         cos_strides = cos.stride()
         if cos_strides != sin.stride() or (cos_strides[-1] != 1 and cos.shape[-1] > 1):
             cos, sin = cos.contiguous(), sin.contiguous()
         ctx.unsqueeze_dim = unsqueeze_dim
+        ctx.interleaved = interleaved
         # cos/sin are saved (autograd fails on their in-place change before the backward), so the check still
         # holds there; by then its answer has usually arrived
         ctx.table_check = table_check
@@ -459,7 +528,7 @@ class RopeFunction(torch.autograd.Function):
             ctx.save_for_backward(cos, sin, q, k)
         else:
             ctx.save_for_backward(cos, sin)
-        return launcher(_rope_fwd, _rope_fwd_impl)(q, k, cos, sin, halves_equal, unsqueeze_dim)
+        return launcher(_rope_fwd, _rope_fwd_impl)(q, k, cos, sin, halves_equal, unsqueeze_dim, interleaved)
 
     @staticmethod
     def backward(ctx, dq_embed, dk_embed):
@@ -467,16 +536,20 @@ class RopeFunction(torch.autograd.Function):
         dq_embed, dk_embed = _unit_last_stride(dq_embed), _unit_last_stride(dk_embed)
         bwd = launcher(_rope_bwd, _rope_bwd_impl)
         halves_equal = ctx.table_check is not None and ctx.table_check.known_equal()
-        dq, dk = bwd(dq_embed, dk_embed, cos, sin, halves_equal, ctx.unsqueeze_dim, ctx.q_dtype)
+        dq, dk = bwd(
+            dq_embed, dk_embed, cos, sin, halves_equal, ctx.unsqueeze_dim, ctx.q_dtype, ctx.interleaved
+        )
         dcos = dsin = None
         if ctx.table_grads:
             # eager autograd of the reference: these gradients are a reduction over heads, off the hot path
             q, k = ctx.saved_tensors[2:]
             with torch.enable_grad():
                 cos_r, sin_r = cos.detach().requires_grad_(), sin.detach().requires_grad_()
-                q_r, k_r = reference.rope(q, k, cos_r, sin_r, unsqueeze_dim=ctx.unsqueeze_dim)
+                q_r, k_r = reference.rope(
+                    q, k, cos_r, sin_r, unsqueeze_dim=ctx.unsqueeze_dim, interleaved=ctx.interleaved
+                )
                 dcos, dsin = torch.autograd.grad((q_r, k_r), (cos_r, sin_r), (dq_embed, dk_embed))
-        return dq, dk, dcos, dsin, None, None
+        return dq, dk, dcos, dsin, None, None, None
 
 
 def rope(
@@ -486,8 +559,10 @@ def rope(
     sin: torch.Tensor,
     position_ids: torch.Tensor | None = None,
     unsqueeze_dim: int = 1,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply rotary position embedding to ``q`` and ``k``, exactly as HF's ``apply_rotary_pos_emb``.
+    """Apply rotary position embedding to ``q`` and ``k``, exactly as HF's ``apply_rotary_pos_emb`` (or, with
+    ``interleaved=True``, DeepSeek-V3's ``apply_rotary_pos_emb_interleave``).
 
     Args:
         q: ``(B, n_q_heads, T, head_dim)`` for ``unsqueeze_dim=1`` (HF's default layout), or
@@ -502,6 +577,10 @@ def rope(
             ``position_ids`` is ``(1 or B, T)`` or ``(T,)`` (taken as ``(1, T)``), int32 or int64;
             out-of-range ids fail like any PyTorch indexing.
         unsqueeze_dim: 1 or 2 (also -3 or -2), as in HF: where the head axis of q/k is.
+        interleaved: rotate the pairs ``(x0, x1), (x2, x3), ...`` of the first ``rotary_dim`` features by the
+            angles of the first half of ``cos``/``sin`` (HF's tables are ``cat(freqs, freqs)``), and return
+            them de-interleaved (the rotated even features, then the rotated odd ones), as HF's
+            ``apply_rotary_pos_emb_interleave`` (DeepSeek-V2/V3, GPT-J-style checkpoints).
 
     Returns:
         ``(q_embed, k_embed)`` of dtype ``promote_types(q.dtype, cos.dtype)`` (as HF's ``q * cos``), in q's
@@ -555,7 +634,7 @@ def rope(
                 "(1 or B, T, rotary_dim) rows)"
             )
         table_check = None
-        if use_triton(q) and cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= head_dim:
+        if use_triton(q) and not interleaved and cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= head_dim:
             table_check = _table_check(cos, sin)  # of the whole table: its gathered rows share the answer
         cos, sin = cos[position_ids], sin[position_ids]
     elif cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] != seq_len:
@@ -568,7 +647,8 @@ def rope(
         )
 
     if not use_triton(q):
-        return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=bool(interleaved))
     if position_ids is None:
-        table_check = _table_check(cos, sin)
-    return RopeFunction.apply(q, k, cos, sin, table_check, unsqueeze_dim)
+        # interleaved: only the first halves are read whatever the tables hold, no check needed
+        table_check = None if interleaved else _table_check(cos, sin)
+    return RopeFunction.apply(q, k, cos, sin, table_check, unsqueeze_dim, bool(interleaved))

@@ -6,7 +6,10 @@ Extensions over HF's function, each written the way HF's own callers write it:
   through, then concatenate (as HF's Phi/GLM/StableLM attention does around ``apply_rotary_pos_emb``);
 - ``position_ids``: HF's legacy signature, ``cos[position_ids]`` gathers rows of a
   ``(max_positions, rotary_dim)`` table before broadcasting. A 1-D ``position_ids`` of shape ``(T,)`` is
-  taken as ``(1, T)``.
+  taken as ``(1, T)``;
+- ``interleaved=True``: DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (GPT-J pairs ``(x0, x1), (x2, x3),
+  ...`` each rotated by one frequency, the first half of ``cos``/``sin``; the output is de-interleaved:
+  rotated even features, then rotated odd ones), with partial rotary as above.
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat(((x_rot * cos) + (rotate_half(x_rot) * sin), x_pass), dim=-1)
 
 
+def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rotary_dim = cos.shape[-1]
+    # HF: `cos`/`sin` are `cat(freqs, freqs)`; the first half holds the per-pair angle
+    cos, sin = cos[..., : rotary_dim // 2], sin[..., : rotary_dim // 2]
+    x_rot = x if rotary_dim == x.shape[-1] else x[..., :rotary_dim]
+    x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return rotated if rotary_dim == x.shape[-1] else torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
 def rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -35,6 +48,7 @@ def rope(
     sin: torch.Tensor,
     position_ids: torch.Tensor | None = None,
     unsqueeze_dim: int = 1,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if position_ids is not None:
         if position_ids.dim() == 1:
@@ -42,4 +56,5 @@ def rope(
         cos, sin = cos[position_ids], sin[position_ids]
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    rotate = _rotate_interleaved if interleaved else _rotate
+    return rotate(q, cos, sin), rotate(k, cos, sin)

@@ -1,3 +1,4 @@
+import functools
 import importlib
 
 import pytest
@@ -521,6 +522,140 @@ def test_rope_empty_like_eager(path_device, empty, layout):
     q, k = leaf(q), leaf(k)
     out = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     out_e = apply_rotary_pos_emb(q_e, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for o, o_e in zip(out, out_e):
+        assert o.dtype == o_e.dtype and o.shape == o_e.shape
+    dy = [torch.randn(o.shape, device=device) for o in out]
+    for g, g_e in zip(torch.autograd.grad(out, (q, k), dy), torch.autograd.grad(out_e, (q_e, k_e), dy)):
+        assert g.dtype == g_e.dtype and torch.equal(g, g_e)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# interleaved=True: DeepSeek-V3's apply_rotary_pos_emb_interleave (GPT-J pairs, de-interleaved output).
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _interleaved_eager(rotary):
+    """HF's function for full rotary; partial rotary: the reference's split/rotate/cat around it."""
+    if rotary == "full":
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+        return apply_rotary_pos_emb_interleave
+    return functools.partial(reference.rope, interleaved=True)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cos_batch, rotary", [("1", "full"), ("B", "partial")])
+def test_rope_interleaved_matches_float64(device, dtype, layout, cos_batch, rotary, poison_empty):
+    shape = SHAPES[device]
+    batch, _, _, seq_len, head_dim = shape
+    q, k, unsqueeze_dim = make_qk(shape, layout, dtype, device)
+    rotary_dim = head_dim if rotary == "full" else PARTIAL_ROTARY[device]
+    cos, sin = make_cos_sin(1 if cos_batch == "1" else batch, seq_len, rotary_dim, dtype, device)
+    q_embed, _ = check_against_eager(
+        q, k, cos, sin, unsqueeze_dim, _interleaved_eager(rotary), interleaved=True
+    )
+    if layout == "hf_transpose":
+        assert q_embed.transpose(1, 2).is_contiguous()
+
+
+def test_rope_interleaved_reference_is_hf_exactly():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+    q, k, unsqueeze_dim = make_qk((2, 6, 2, 5, 16), "hf_transpose", torch.bfloat16, "cpu")
+    cos, sin = make_cos_sin(2, 5, 16, torch.bfloat16, "cpu")
+    q, k, q_h, k_h = leaf(q), leaf(k), leaf(q), leaf(k)
+    out = reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=True)
+    out_h = apply_rotary_pos_emb_interleave(q_h, k_h, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for o, o_h in zip(out, out_h):
+        assert torch.equal(o, o_h)
+    dy = [torch.randn_like(o) for o in out]
+    for g, g_h in zip(torch.autograd.grad(out, (q, k), dy), torch.autograd.grad(out_h, (q_h, k_h), dy)):
+        assert torch.equal(g, g_h)
+
+
+def test_rope_interleaved_reads_first_half_of_tables_and_loops_heads(monkeypatch):
+    """Tables whose halves differ (only the first is HF's angle), position_ids, and head counts above one
+    tile; cos/sin gradients through the eager recomputation."""
+    monkeypatch.setattr(rope_module, "_TILE_ELEMENTS", 32)
+    q, k, unsqueeze_dim = make_qk((2, 5, 3, 7, 30), "bthd", torch.float32, "cpu")
+    cos, sin = torch.randn(9, 30), torch.randn(9, 30)
+    ids = torch.randint(0, 9, (2, 7))
+
+    def eager(q, k, c, s, unsqueeze_dim):
+        return _interleaved_eager("full")(q, k, c[ids], s[ids], unsqueeze_dim=unsqueeze_dim)
+
+    check_against_eager(q, k, cos, sin, unsqueeze_dim, eager, interleaved=True, position_ids=ids)
+    q, k = leaf(q), leaf(k)
+    cos_t, sin_t = leaf(cos[ids]), leaf(sin[ids])
+    cos_e, sin_e = leaf(cos_t), leaf(sin_t)
+    out = rope(q, k, cos_t, sin_t, unsqueeze_dim=unsqueeze_dim, interleaved=True)
+    out_e = reference.rope(q, k, cos_e, sin_e, unsqueeze_dim=unsqueeze_dim, interleaved=True)
+    dy = [torch.randn_like(o) for o in out]
+    for g, g_e in zip(
+        torch.autograd.grad(out, (cos_t, sin_t), dy), torch.autograd.grad(out_e, (cos_e, sin_e), dy)
+    ):
+        torch.testing.assert_close(g, g_e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["step2", "gaps", "transposed"])
+@pytest.mark.parametrize("rotary", ["full", "partial"])
+def test_rope_interleaved_strided_arguments(path_device, dtype, how, rotary):
+    device = path_device
+    shape = SHAPES[device]
+    batch, _, _, seq_len, head_dim = shape
+    q, k, unsqueeze_dim = make_qk(shape, "contiguous", dtype, device)
+    rotary_dim = head_dim if rotary == "full" else PARTIAL_ROTARY[device]
+    cos, sin = (_strided(t, how) for t in make_cos_sin(batch, seq_len, rotary_dim, dtype, device))
+    _check_strided(_strided(q, how), _strided(k, how), cos, sin, unsqueeze_dim, how, interleaved=True)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("target", ["q,k", "cos,sin"])
+def test_rope_interleaved_nonfinite_inputs_follow_eager(path_device, dtype, target):
+    device = path_device
+    batch, _, _, seq_len, head_dim = SHAPES[device]
+    q, k, unsqueeze_dim = make_qk(SHAPES[device], "contiguous", dtype, device)
+    cos, sin = make_cos_sin(batch, seq_len, head_dim, dtype, device)
+    values = [INF, -INF, NAN, INF, -INF, NAN]
+    if target == "q,k":
+        q, k = (_with_values_at_random(t, values) for t in (q, k))
+    else:  # in the first halves: the angles HF reads
+        half = head_dim // 2
+        cos, sin = (
+            torch.cat((_with_values_at_random(t[..., :half], values[:3]),) * 2, -1) for t in (cos, sin)
+        )
+    q_e, k_e, q_r, k_r = leaf(q), leaf(k), leaf(q, torch.float64), leaf(k, torch.float64)
+    q, k = leaf(q), leaf(k)
+    options = dict(unsqueeze_dim=unsqueeze_dim, interleaved=True)
+    out = rope(q, k, cos, sin, **options)
+    out_e = reference.rope(q_e, k_e, cos, sin, **options)
+    out_r = reference.rope(q_r, k_r, cos.double(), sin.double(), **options)
+    for name, o, o_e, o_r in zip(("q_embed", "k_embed"), out, out_e, out_r):
+        _assert_same_nonfinite(name, o, o_e, o_r)
+    dy = [torch.randn(o.shape, dtype=torch.float64, device=device).to(o.dtype) for o in out]
+    grads = torch.autograd.grad(out, (q, k), dy)
+    grads_e = torch.autograd.grad(out_e, (q_e, k_e), dy)
+    grads_r = torch.autograd.grad(out_r, (q_r, k_r), [g.double() for g in dy])
+    for name, g, g_e, g_r in zip(("dq", "dk"), grads, grads_e, grads_r):
+        _assert_same_nonfinite(name, g, g_e, g_r)
+
+
+@pytest.mark.parametrize("empty", ["batch", "tokens"])
+def test_rope_interleaved_empty_like_eager(path_device, empty):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+    device = path_device
+    batch, seq_len = (0, 5) if empty == "batch" else (2, 0)
+    q, k, unsqueeze_dim = make_qk((batch, 4, 2, seq_len, 8), "hf_transpose", torch.float32, device)
+    cos, sin = make_cos_sin(1, seq_len, 8, torch.float32, device)
+    q_e, k_e = leaf(q), leaf(k)
+    q, k = leaf(q), leaf(k)
+    out = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=True)
+    out_e = apply_rotary_pos_emb_interleave(q_e, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim)
     for o, o_e in zip(out, out_e):
         assert o.dtype == o_e.dtype and o.shape == o_e.shape
     dy = [torch.randn(o.shape, device=device) for o in out]
