@@ -53,6 +53,33 @@ def rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tens
     )
 
 
+@dataclass(frozen=True)
+class GatedNormSpec:
+    """How a gated RMSNorm rounds and gates (the options of ``liger_core.ops.rms_norm_gated``)."""
+
+    casting_mode: str = "llama"
+    activation: str = "silu"
+    norm_before_gate: bool = True
+    group_size: int | None = None
+
+
+def rms_norm_gated_forward(self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor | None = None):
+    """A gated RMSNorm's forward: ``liger_core.ops.rms_norm_gated``; without a gate, the module's own."""
+    if gate is None:
+        return type(self).forward(self, hidden_states)
+    spec = self._liger_core_gated_spec
+    return liger_core.ops.rms_norm_gated(
+        hidden_states,
+        gate,
+        self.weight,
+        norm_eps(self),
+        activation=spec.activation,
+        casting_mode=spec.casting_mode,
+        norm_before_gate=spec.norm_before_gate,
+        group_size=spec.group_size,
+    )
+
+
 def layer_norm_forward(self: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return liger_core.ops.layer_norm(x, self.weight, self.bias, self.eps)
 
@@ -182,7 +209,20 @@ def liger_rotary_pos_emb_half_tables_cast_back(q, k, cos, sin, unsqueeze_dim=1):
     return q_embed.to(q.dtype), k_embed.to(k.dtype)
 
 
+def liger_rotary_pos_emb_interleaved(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Drop-in for DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (pairs (x0, x1), (x2, x3), ...)."""
+    return liger_core.ops.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=True)
+
+
+def liger_rotary_pos_emb_interleaved_cast_back(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """``liger_rotary_pos_emb_interleaved`` returning q/k in their input dtype."""
+    q_embed, k_embed = liger_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
 for _fn in (
+    liger_rotary_pos_emb_interleaved,
+    liger_rotary_pos_emb_interleaved_cast_back,
     liger_rotary_pos_emb,
     liger_rotary_pos_emb_cast_back,
     liger_rotary_pos_emb_half_tables,

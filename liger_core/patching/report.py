@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger("liger_core")
 
-KINDS = ("rms_norm", "layer_norm", "swiglu", "geglu", "rope", "cross_entropy", "fused_linear_cross_entropy")
+KINDS = (
+    "rms_norm",
+    "rms_norm_gated",
+    "layer_norm",
+    "swiglu",
+    "geglu",
+    "rope",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
+)
 # Every kernel flag of the patch functions and its default (cross_entropy and the fused loss are exclusive).
 KERNEL_DEFAULTS: dict[str, bool] = {
     "rope": True,

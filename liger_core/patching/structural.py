@@ -7,12 +7,16 @@ random state is untouched).
 What is recognised (and what decides it):
 
 - RMSNorm: a leaf module whose only parameter is a 1-D ``weight``, with a float ``variance_epsilon`` or
-  ``eps``, no bias, and a forward that takes the hidden states alone (a gated norm, ``forward(x, gate)``, is
-  not one). Three semantics are tried (Llama: ``w * xn.to(dt)``; Gemma: ``(xn * (1 + w)).to(dt)``;
-  OLMo-2: ``(xn * w).to(dt)``) with a random, non-trivial weight put in place of the module's own for the
-  probe (``torch.func.functional_call``: the parameter itself is not touched): a freshly initialised
-  weight of zeros or ones would hide a wrong offset or a scale applied before the normalisation. The
-  variant whose output, input gradient and weight gradient are all within tolerance is kept.
+  ``eps``, no bias, and a forward that takes the hidden states alone. Three semantics are tried (Llama:
+  ``w * xn.to(dt)``; Gemma: ``(xn * (1 + w)).to(dt)``; OLMo-2: ``(xn * w).to(dt)``) with a random,
+  non-trivial weight put in place of the module's own for the probe (``torch.func.functional_call``: the
+  parameter itself is not touched): a freshly initialised weight of zeros or ones would hide a wrong offset
+  or a scale applied before the normalisation. The variant whose output, input gradient and weight gradient
+  are all within tolerance is kept.
+- Gated RMSNorm: the same with ``forward(hidden_states, gate)``; the settings of
+  ``liger_core.ops.rms_norm_gated`` (rounding, activation, gate before or after the norm, groups) are probed
+  the same way, outputs and the x, gate and weight gradients. Called without a gate, the module runs its
+  own forward.
 - LayerNorm: exactly ``torch.nn.LayerNorm`` with weight and bias.
 - Gated MLP: ``gate_proj``/``up_proj``/``down_proj`` or ``gate_up_proj``/``down_proj`` submodules and an
   ``act_fn``/``activation_fn`` that computes silu or gelu; then the whole MLP forward and its input gradient
@@ -166,6 +170,60 @@ def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
     return f"output or gradients differ from every RMSNorm variant (best rel. error {best_err:.1e})"
 
 
+def _gated_norm_specs(m: nn.Module) -> list[fw.GatedNormSpec]:
+    """The gated-norm settings to try on ``m``: its own group size and gate order where it names them."""
+    hidden = m.weight.shape[0]
+    groups = [None]
+    if isinstance(getattr(m, "group_size", None), int) and m.group_size != hidden:
+        groups = [m.group_size]
+    elif isinstance(getattr(m, "n_groups", None), int) and m.n_groups > 1:
+        groups = [hidden // m.n_groups]
+    orders = [m.norm_before_gate] if isinstance(getattr(m, "norm_before_gate", None), bool) else [True, False]
+    return [
+        fw.GatedNormSpec(casting, activation, order, group)
+        for group in groups
+        for order in orders
+        for casting, activation in _GATED_SETTINGS
+    ]
+
+
+# (casting mode, activation): what the gated norms of transformers' model zoo compute (ops/rms_norm_gated.py)
+_GATED_SETTINGS = (("llama", "silu"), ("gemma", "sigmoid"), ("gemma", "silu"))
+
+
+def _probe_gated_norm(m: nn.Module, gen: torch.Generator) -> fw.GatedNormSpec | str:
+    w = m.weight
+    if not _usable(w):
+        return "weight not materialised"
+    w_probe = _leaf(_randn((w.shape[0],), w, gen, scale=0.5) + 0.75)
+    x = _leaf(_randn((2, 3, w.shape[0]), w, gen, scale=3.0))
+    g = _leaf(_randn((2, 3, w.shape[0]), w, gen, scale=2.0))
+    with torch.enable_grad():
+        ref = functional_call(m, {"weight": w_probe}, (x, g))
+        if not isinstance(ref, torch.Tensor):
+            return "forward does not return a tensor"
+        dy = _randn(ref.shape, ref, gen)
+        ref_grads = _grads(ref, (x, g, w_probe), dy)
+        best, best_err = None, float("inf")
+        for spec in _gated_norm_specs(m):
+            y = liger_core.ops.rms_norm_gated(
+                x,
+                g,
+                w_probe,
+                fw.norm_eps(m),
+                activation=spec.activation,
+                casting_mode=spec.casting_mode,
+                norm_before_gate=spec.norm_before_gate,
+                group_size=spec.group_size,
+            )
+            err = _max_err([(y, ref), *zip(_grads(y, (x, g, w_probe), dy), ref_grads)])
+            if err < best_err:
+                best, best_err = spec, err
+    if best_err <= _tolerance(x.dtype):
+        return best
+    return f"output or gradients differ from every gated RMSNorm setting (best rel. error {best_err:.1e})"
+
+
 def _probe_layer_norm(m: nn.LayerNorm, gen: torch.Generator) -> bool | str:
     if m.weight is None or m.bias is None or len(m.normalized_shape) != 1:
         raise _Skip("not an affine LayerNorm over the last dimension")
@@ -228,28 +286,35 @@ def _rope_global(m: nn.Module) -> tuple[str, types.FunctionType] | None:
     return None
 
 
-# (tables' width, liger function returning the promoted dtype, liger function returning q's dtype)
+# (layout, tables half as wide as the rotary part?, liger function returning the promoted dtype,
+# liger function returning q's dtype)
 _ROPE_LAYOUTS = (
-    ("full", fw.liger_rotary_pos_emb, fw.liger_rotary_pos_emb_cast_back),
-    ("half", fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back),
+    ("rotate-half", False, fw.liger_rotary_pos_emb, fw.liger_rotary_pos_emb_cast_back),
+    ("half tables", True, fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back),
+    (
+        "interleaved pairs",
+        False,
+        fw.liger_rotary_pos_emb_interleaved,
+        fw.liger_rotary_pos_emb_interleaved_cast_back,
+    ),
 )
 
 
 def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.Generator):
     """liger's rope function that reproduces ``fn``, or a reason.
 
-    Tried with cos/sin as wide as the rotary part (HF's rotate_half functions) and half as wide (one column
-    per frequency, as gpt-oss's). Probed with cos/sin in the module's dtype (the math) and in fp32 (some
-    models keep the tables in fp32: whether ``fn`` returns q's dtype or the promoted one picks the variant);
-    outputs and q/k gradients.
+    Tried as HF's rotate_half functions, with cos/sin half as wide (one column per frequency, gpt-oss), and
+    as interleaved pairs (GPT-J, DeepSeek-V3's ``apply_rotary_pos_emb_interleave``). Probed with cos/sin in
+    the module's dtype (the math) and in fp32 (some models keep the tables in fp32: whether ``fn`` returns
+    q's dtype or the promoted one picks the variant); outputs and q/k gradients.
     """
     failures = []
-    for layout, promoted, cast_back in _ROPE_LAYOUTS:
-        verdict = _probe_rope_layout(fn, layout == "half", promoted, cast_back, dtype, device, gen)
+    for layout, half, promoted, cast_back in _ROPE_LAYOUTS:
+        verdict = _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen)
         if not isinstance(verdict, str):
             return verdict
-        failures.append(f"{layout} tables: {verdict}")
-    return f"{fn.__name__} is not HF's rotate_half rotary embedding ({'; '.join(failures)})"
+        failures.append(f"{layout}: {verdict}")
+    return f"{fn.__name__} matches no liger rope layout ({'; '.join(failures)})"
 
 
 def _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen: torch.Generator):
@@ -380,6 +445,22 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                         report.modules[qualname] = "layer_norm"
                     else:
                         misses.append(("layer_norm", f"{name}: {_reason(m, verdict)}"))
+                continue
+            if _looks_like_rms_norm(m) and _extra_forward_params(m) == ["gate"]:
+                if flags["rms_norm"]:
+                    verdict = _verdict(_probe_gated_norm, m, gen)
+                    if isinstance(verdict, fw.GatedNormSpec) and not foreign_forward(m):
+                        bind(
+                            root,
+                            m,
+                            fw.rms_norm_gated_forward,
+                            "rms_norm_gated",
+                            _liger_core_gated_spec=verdict,
+                        )
+                        report.count("rms_norm_gated")
+                        report.modules[qualname] = "rms_norm_gated"
+                    else:
+                        misses.append(("rms_norm_gated", f"{name}: {_reason(m, verdict)}"))
                 continue
             if _looks_like_rms_norm(m):
                 if flags["rms_norm"]:
