@@ -98,6 +98,10 @@ CE_FP32_MATH = (
 )
 # stats layout (fp64): non-ignored rows, their target-weight sum, min and max non-ignored target, weight total
 _N_STATS = 5
+# Start of a running max over logits: the lowest finite fp32, not -inf. While every logit so far is -inf the
+# sum of exp(x - m) is then 0 (exp(-inf)), where exp(-inf - -inf) would make it NaN (and the row's later
+# finite logits with it); a row of -inf logits only is still NaN in the end (-inf - log(0)), as torch's.
+RUNNING_MAX_START = tl.constexpr(-3.4028234663852886e38)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -198,17 +202,14 @@ def _online_block(
     rescaled sum d of exp(x - m), smoothing sum of w_c * (x_c - s) for a finite shift s (the target logit, or
     the row's first one: large logits then do not cancel in W * lse - sum_c w_c * x_c; ``smoothing_shift``).
     Callers load masked-off lanes as -inf (exp gives 0 there without a select per element; softcap maps -inf
-    to -softcap, so that case selects)."""
+    to -softcap, so that case selects) and start m at RUNNING_MAX_START."""
     x = x_raw.to(COMPUTE_DTYPE)
     x_masked = x
     if HAS_SOFTCAP:
         x, _ = _softcap(x, softcap, COMPUTE_DTYPE)
         x_masked = tl.where(mask, x, -float("inf"))
     m_new = tl.maximum(m, tl.max(x_masked, 0).to(tl.float32))
-    # while every logit so far is -inf the sum is 0, and exp(-inf - -inf) would make it NaN: the exponents
-    # are then taken relative to 0 (a row of -inf logits only is NaN in the end, log(0) - log(0), as torch's)
-    m_sub = tl.where(m_new == -float("inf"), 0.0, m_new)
-    d = d * tl.exp((m - m_sub).to(COMPUTE_DTYPE)) + tl.sum(tl.exp(x_masked - m_sub.to(COMPUTE_DTYPE)), 0)
+    d = d * tl.exp((m - m_new).to(COMPUTE_DTYPE)) + tl.sum(tl.exp(x_masked - m_new.to(COMPUTE_DTYPE)), 0)
     if HAS_SMOOTHING:
         if HAS_WEIGHT:
             w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
@@ -377,7 +378,7 @@ def _cross_entropy_kernel(
 
     # pass 1 (see _online_block); with PASS1_PREFETCH the next block's load is issued before this block's
     # two block-wide reductions, so loads stay in flight while they run
-    m = tl.full([], -float("inf"), tl.float32)
+    m = tl.full([], RUNNING_MAX_START, tl.float32)
     d = tl.cast(0.0, COMPUTE_DTYPE)
     smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
     offs = tl.arange(0, BLOCK_SIZE)

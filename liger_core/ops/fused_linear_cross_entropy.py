@@ -75,6 +75,7 @@ from liger_core.dispatch import (
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops.cross_entropy import (
     REDUCTIONS,
+    RUNNING_MAX_START,
     _f64,
     _grad_block,
     _grad_coefs,
@@ -497,7 +498,7 @@ def _row_stats_kernel(
         tl.store(z_loss_ptr + row, 0.0)
         return
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
-    m = tl.full([], -float("inf"), tl.float32)
+    m = tl.full([], RUNNING_MAX_START, tl.float32)
     d = tl.cast(0.0, COMPUTE_DTYPE)
     smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
     # the smoothing sum is shifted by the row's first logit s (the CE kernel by x_y), by 0 where that is -inf
@@ -656,7 +657,7 @@ def _columns_stats_kernel(
     if HAS_SOFTCAP:
         shift, _ = _softcap(shift, softcap, COMPUTE_DTYPE)
     shift = smoothing_shift(shift)
-    m = tl.full([BLOCK_T], -float("inf"), tl.float32)
+    m = tl.full([BLOCK_T], RUNNING_MAX_START, tl.float32)
     # fp64 running sums of the tiles' fp32 sums: a split adds 32 tiles of 64 classes where the row kernel
     # adds a few wide blocks; in fp32 the mean loss came out up to 1.5x eager's error (H100 GPU test)
     d = tl.zeros([BLOCK_T], tl.float64)

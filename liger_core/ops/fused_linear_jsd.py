@@ -34,6 +34,7 @@ import triton.language as tl
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
 from liger_core.ops._launch import cdiv, elementwise_settings
+from liger_core.ops.cross_entropy import RUNNING_MAX_START
 from liger_core.ops.jsd import (
     as_rows,
     check_beta,
@@ -105,9 +106,9 @@ def _fused_jsd_logits_kernel(
     beta = tl.load(params_ptr + 1).to(STATS)
 
     # Pass 1: online max and sum of exp of both rows of scaled logits. Ignored rows are never read (their
-    # lanes are -inf: max -inf and sum 0, replaced below).
-    max_s = tl.full([BLOCK_M], float("-inf"), STATS)
-    max_t = tl.full([BLOCK_M], float("-inf"), STATS)
+    # lanes are -inf: the sums stay 0, replaced below).
+    max_s = tl.full([BLOCK_M], RUNNING_MAX_START, STATS)  # not -inf: see cross_entropy.RUNNING_MAX_START
+    max_t = tl.full([BLOCK_M], RUNNING_MAX_START, STATS)
     sum_s = tl.zeros([BLOCK_M], dtype=STATS)
     sum_t = tl.zeros([BLOCK_M], dtype=STATS)
     for start in range(0, n_cols, BLOCK_N):
@@ -117,12 +118,8 @@ def _fused_jsd_logits_kernel(
         zt = _scaled_logits(zt_row, offsets, mask, temperature, STATS)
         new_max_s = tl.maximum(max_s, tl.max(zs, axis=1))
         new_max_t = tl.maximum(max_t, tl.max(zt, axis=1))
-        # exponents relative to 0 while a row's logits so far are all -inf (its sum is 0; exp(-inf - -inf)
-        # would make it NaN): a row of -inf only is NaN in the end, as torch's log_softmax
-        base_s = tl.where(new_max_s == float("-inf"), 0.0, new_max_s)
-        base_t = tl.where(new_max_t == float("-inf"), 0.0, new_max_t)
-        sum_s = sum_s * exp_precise(max_s - base_s) + tl.sum(exp_precise(zs - base_s[:, None]), axis=1)
-        sum_t = sum_t * exp_precise(max_t - base_t) + tl.sum(exp_precise(zt - base_t[:, None]), axis=1)
+        sum_s = sum_s * exp_precise(max_s - new_max_s) + tl.sum(exp_precise(zs - new_max_s[:, None]), axis=1)
+        sum_t = sum_t * exp_precise(max_t - new_max_t) + tl.sum(exp_precise(zt - new_max_t[:, None]), axis=1)
         max_s = new_max_s
         max_t = new_max_t
     # Ignored rows: finite stand-ins, so that their (all -inf) lanes give exactly zero loss and gradient.

@@ -50,6 +50,7 @@ from liger_core import reference
 from liger_core.dispatch import check_same_device, launcher, use_triton
 from liger_core.ops.cross_entropy import (
     CE_FP32_MATH,
+    RUNNING_MAX_START,
     _f64,
     _softcap,
     check_targets_host,
@@ -121,7 +122,7 @@ def _logit_stats_kernel(
         return
     logits_row = logits_ptr + row * logits_row_stride
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
-    m = tl.full([], -float("inf"), COMPUTE_DTYPE)
+    m = tl.full([], RUNNING_MAX_START, COMPUTE_DTYPE)
     d = tl.zeros([], COMPUTE_DTYPE)
     s = tl.zeros([], COMPUTE_DTYPE)
     q = tl.zeros([], COMPUTE_DTYPE)
@@ -139,14 +140,11 @@ def _logit_stats_kernel(
         z_masked = tl.where(mask, z, -float("inf"))
         block_max = tl.max(z_masked, 0)
         m_new = tl.maximum(m, block_max)
-        # the sums are relative to the running max, or to 0 while every logit so far is -inf (exp(-inf - -inf)
-        # would make them NaN; a row of -inf only is NaN in the end, as torch's log_softmax)
-        base = tl.where(m_new == -float("inf"), 0.0, m_new)
-        rescale = tl.exp(m - base)  # 0 on the first block (m = -inf), where d = s = q = 0
-        e = tl.where(mask, tl.exp(z_masked - base), 0.0)
-        z_rel = tl.where(mask, z - base, 0.0)
+        rescale = tl.exp(m - m_new)  # 0 (or 1 while all are -inf) on the first blocks, where d = s = q = 0
+        e = tl.where(mask, tl.exp(z_masked - m_new), 0.0)
+        z_rel = tl.where(mask, z - m_new, 0.0)
         # s relative to the new max: sum e_old (z - m_new) = rescale * (s + (m - m_new) * d)
-        shift = (tl.where(d > 0.0, m, base) - base) * d
+        shift = (tl.where(d > 0.0, m, m_new) - m_new) * d
         s = rescale * (s + shift) + tl.sum(e * z_rel, 0)
         q = q * rescale * rescale + tl.sum(e * e, 0)
         d = d * rescale + tl.sum(e, 0)

@@ -202,9 +202,9 @@ def jsd_terms(x, y, beta, MODE: tl.constexpr):
         q_part = (1.0 - beta) * exp_precise(x)
         dx = tl.where(q_part == 0.0, 0.0, q_part * x_minus_log_m)
         loss = tl.where(p_part == 0.0, 0.0, p_part * y_minus_log_m) + dx
-        # a +inf log-prob (no probability) leaves inf * 0 in the eager gradient: NaN, where the limits above
-        # would give +-inf (the loss is NaN either way)
-        dx = tl.where(tl.maximum(x, y) == float("inf"), float("nan"), dx)
+        # dx is +-inf only for a +inf log-prob (no probability), whose eager gradient is NaN (inf * 0): made
+        # NaN by adding dx * 0 (exactly dx where finite; a select here cost 1 % of the backward, H200)
+        dx = dx + dx * 0.0
     return loss, dx
 
 

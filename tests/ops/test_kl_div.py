@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_no_worse_than_eager, devices, leaf, noncontiguous, rel_err
+from helpers import SLACK, assert_no_worse_than_eager, devices, leaf, noncontiguous, rel_err
 
 from liger_core import dispatch, reference
 from liger_core.modules import LigerKLDIVLoss
@@ -29,6 +29,19 @@ def inputs(shape, dtype, device, log_target):
     return x, t.to(dtype)
 
 
+def assert_loss_no_worse(name, ours, eager, ref64, input_dtype):
+    """The rule for the fp32 loss: no worse than eager's (the composition on upcast inputs). From fp32
+    inputs (float64 math inside) each output is its exact value rounded once, never worse than eager's. From
+    16-bit inputs both are fp32 math, whose final rounding is a lottery eager can win by luck (25 draws:
+    up to 1.6 x eager's error for a cancelling sum, by the one rounding): held to SLACK x eager's plus that
+    relative half ulp."""
+    if input_dtype == torch.float32:
+        assert_no_worse_than_eager(name, ours, eager, ref64)
+        return
+    e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
+    assert e_ours <= SLACK * e_eager + 2.0**-24, f"{name}: {e_ours:.3e} vs eager's {e_eager:.3e}"
+
+
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -44,7 +57,7 @@ def test_kl_div_matches_float64(device, dtype, reduction, log_target, poison_emp
         y_e = reference.kl_div(x_e, t, reduction, log_target)
         y_r = reference.kl_div(x_r, t.double(), reduction, log_target)
         assert y.dtype == torch.float32 and y.shape == y_e.shape and torch.isfinite(y).all()
-        assert_no_worse_than_eager("loss", y, y_e, y_r)
+        assert_loss_no_worse("loss", y, y_e, y_r, dtype)
 
         go = (torch.rand(y.shape, dtype=torch.float64, device=device) + 0.5).to(dtype)  # never all 1
         (g,) = torch.autograd.grad(y, x, go)
