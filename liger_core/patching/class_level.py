@@ -135,6 +135,7 @@ def lm_spec(recipe: Recipe, module: ModuleType) -> fw.LMSpec:
     return fw.LMSpec(
         softcap_attr=recipe.softcap_attr,
         logits_scaling_attr=recipe.logits_scaling_attr,
+        logits_multiplier_attr=recipe.logits_multiplier_attr,
         moe=recipe.moe,
         aux_loss_fn=getattr(module, "load_balancing_loss_func", None) if recipe.moe else None,
     )

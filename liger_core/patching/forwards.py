@@ -318,7 +318,8 @@ class LMSpec:
     """What the causal-LM forward needs to know beyond the standard HF layout."""
 
     softcap_attr: str | None = None
-    logits_scaling_attr: str | None = None
+    logits_scaling_attr: str | None = None  # config attribute: logits = lm_head(h) / s (Granite)
+    logits_multiplier_attr: str | None = None  # config attribute: logits = lm_head(h) * m (Cohere)
     moe: bool = False
     aux_loss_fn: Any = None  # the modeling module's load_balancing_loss_func (MoE)
 
@@ -405,14 +406,18 @@ def fused_linear_ce_loss(
     hidden_2d = hidden.reshape(-1, hidden.shape[-1])
     targets = _shifted_targets(labels, shift_labels, ignore_index).to(hidden_2d.device)
     scaling = _config_value(model.config, spec.logits_scaling_attr)
-    if scaling is not None and scaling != 1:
+    multiplier = _config_value(model.config, spec.logits_multiplier_attr)
+    if (scaling is not None and scaling != 1) or (multiplier is not None and multiplier != 1):
         if linear.bias is not None:
             raise NotImplementedError(
-                f"liger_core: {type(model).__name__} divides its logits by {spec.logits_scaling_attr} and "
-                "its lm_head has a bias, the fused loss cannot fold in: use fused_linear_cross_entropy=False"
+                f"liger_core: {type(model).__name__} scales its logits by a config value and its lm_head has "
+                "a bias, which the fused loss cannot fold in: use fused_linear_cross_entropy=False"
             )
         # lm_head(h) / s == (h / s) @ W^T: the same logits, folded into the (much smaller) hidden states
-        hidden_2d = hidden_2d / scaling
+        if scaling is not None and scaling != 1:
+            hidden_2d = hidden_2d / scaling
+        if multiplier is not None and multiplier != 1:
+            hidden_2d = hidden_2d * multiplier
     softcap = _config_value(model.config, spec.softcap_attr)
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = liger_core.ops.fused_linear_cross_entropy(
@@ -431,11 +436,14 @@ def fused_linear_ce_loss(
 
 
 def _logits(model: nn.Module, hidden: torch.Tensor, spec: LMSpec) -> torch.Tensor:
-    """Exactly the HF logits: lm_head, then Granite's scaling or Gemma's final soft-capping."""
+    """Exactly the HF logits: lm_head, then Granite's or Cohere's scaling, or Gemma's final soft-capping."""
     logits = model.lm_head(hidden)
     scaling = _config_value(model.config, spec.logits_scaling_attr)
     if scaling is not None:
         logits = logits / scaling
+    multiplier = _config_value(model.config, spec.logits_multiplier_attr)
+    if multiplier is not None:
+        logits = logits * multiplier
     softcap = _config_value(model.config, spec.softcap_attr)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap

@@ -71,6 +71,7 @@ class Recipe:
     )
     softcap_attr: str | None = None  # config attribute: logits = c * tanh(logits / c)
     logits_scaling_attr: str | None = None  # config attribute: logits = logits / s (Granite)
+    logits_multiplier_attr: str | None = None  # config attribute: logits = logits * m (Cohere)
     moe: bool = False  # forward adds router_aux_loss_coef * load_balancing_loss_func(...) when asked
     notes: tuple[str, ...] = field(default=())  # what is deliberately not patched, reported as "skipped"
 

@@ -530,6 +530,7 @@ def _patch_loss_structurally(root, flags, report, gen, misses, skips) -> None:
     spec = fw.LMSpec(
         softcap_attr="final_logit_softcapping" if getattr(config, "final_logit_softcapping", None) else None,
         logits_scaling_attr="logits_scaling" if getattr(config, "logits_scaling", None) else None,
+        logits_multiplier_attr="logit_scale" if getattr(config, "logit_scale", None) else None,
     )
     kind = "fused_linear_cross_entropy" if flags["fused_linear_cross_entropy"] else "cross_entropy"
     if own_kind(root) is not None:
