@@ -1098,8 +1098,8 @@ def cross_entropy(
     reads ``logits`` afterwards: their values are gone (autograd's version counter still raises if another
     autograd node saved them).
     Use it where the logits are a temporary made for this loss (e.g. an fp32 upcast); the default never
-    modifies ``logits``, nor does a call whose logits rows share memory (an expanded tensor: the gradient then
-    goes to a buffer of its own).
+    modifies ``logits``, nor does a call whose logits' rows share memory (an expanded tensor: the gradient
+    then goes to a buffer of its own).
 
     Targets must lie in [0, V) or equal ``ignore_index``: a ValueError otherwise, found on the device and
     read back with one host sync after the kernels are queued. ``check_targets=False`` skips that sync for

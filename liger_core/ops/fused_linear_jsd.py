@@ -391,7 +391,9 @@ def fused_linear_jsd(
     student_hidden (..., Hs), student_weight (V, Hs), teacher_hidden (..., Ht), teacher_weight (V, Ht): the
     hidden sizes may differ, the vocabularies may not. Returns an fp32 0-dim loss; gradients flow to
     student_hidden and student_weight only (student_weight's is accumulated in fp32). ``chunk_size`` (rows per
-    chunk) defaults to a size whose logits buffers fit in 512 MiB.
+    chunk) defaults to a size whose logits buffers fit in 512 MiB. Inputs of any strides. As ``jsd``: with no
+    rows, or every row ignored, the loss is 0 with zero gradients; a -inf logit (a masked vocabulary entry)
+    has probability 0 and contributes 0; NaN or +inf logits make the loss NaN.
     """
     if any_dtensor(student_hidden, student_weight, teacher_hidden, teacher_weight, shift_labels):
         inputs = {"student_hidden": student_hidden, "teacher_hidden": teacher_hidden}
