@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -88,6 +89,21 @@ def axolotl_config(model: Path, data: Path, workdir: Path, **extra) -> dict:
     }
     config.update(extra)
     return config
+
+
+# The messages the plugin and liger_core log (liger_core_axolotl/plugin.py, liger_core.patching's reports and
+# warnings): each starts with "liger_core: " or "liger_core_axolotl: ", or names the kernels or the loss. A
+# run without the plugin logs none of them. Matching the messages, never the bare name "liger_core", keeps
+# the check blind to paths in the log (a clone in a folder named liger_core prints it in every traceback).
+LIGER_CORE_MESSAGE = re.compile(
+    r"(?<![\w/.-])liger_core(_axolotl)?: |kernels active on |computes its loss with liger_core|"
+    r"keeps TRL's loss from the full logits|: liger_core runs its layer kernels"
+)
+
+
+def liger_core_messages(output: str) -> list[str]:
+    """The lines of ``output`` that carry a message of the plugin or of liger_core."""
+    return [line for line in output.splitlines() if LIGER_CORE_MESSAGE.search(line)]
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
