@@ -294,10 +294,10 @@ def liger_causal_lm_loss(
     """
     targets = _shifted_targets(labels, shift_labels, ignore_index).to(logits.device)
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    # Upcast as HF does: ops.cross_entropy returns the loss in the logits' dtype, and a bf16 loss would be
-    # reported (and scaled) with 3 significant digits where HF's is fp32. The upcast copy exists for this loss
-    # alone, so the op may write its gradient over it (one logits-sized fp32 buffer less); fp32 logits are
-    # not copied by .float() and are the model's output, so those are never overwritten.
+    # Upcast as HF's ForCausalLMLoss does, so the logits' gradient is computed and rounded as HF's is (the
+    # loss itself is fp32 for any logits dtype). The upcast copy exists for this loss alone, so the op may
+    # write its gradient over it (one logits-sized fp32 buffer less); fp32 logits are not copied by .float()
+    # and are the model's output, so those are never overwritten.
     upcast_copy = logits.dtype != torch.float32
     logits = logits.float()
     return liger_core.ops.cross_entropy(
