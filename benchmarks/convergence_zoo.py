@@ -132,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": gpu,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "command": "python benchmarks/convergence_zoo.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": f"python benchmarks/convergence_zoo.py --types {' '.join(args.types)} --steps {args.steps}"
+        + (" --cpu" if args.cpu else "")
+        + " --out <dir>",
         "results": [{k: v for k, v in r.items() if k != "losses"} for r in results],
     }
     (args.out / f"{stem}.json").write_text(json.dumps(meta, indent=1))
