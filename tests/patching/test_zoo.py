@@ -23,9 +23,17 @@ pytest.importorskip("transformers")
 
 import zoo  # noqa: E402
 
-# A representative subset for the interpreter: a recipe model, a recipe MoE, a Gemma (offset norms, GeGLU,
-# soft-capping), structural patching of an unknown dense model and a vision-language model.
-INTERPRETED = ("llama", "qwen3_moe", "gemma3_text", "gpt2", "llava")
+# A representative subset for the interpreter (about 1.5 s a type): recipes (Llama, Qwen3-MoE, Gemma-3 with
+# offset norms, GeGLU and soft-capping), structural LayerNorm models (XLM scales a norm's output in place),
+# partial rotary, multi-head latent attention, MoE and hybrid (Mamba, linear attention) models, and
+# vision-language models run text-only.
+INTERPRETED = (
+    *("llama", "qwen3_moe", "gemma3_text"),
+    *("gpt2", "bert", "opt", "bloom", "xlm"),
+    *("phi", "gpt_neox", "falcon", "deepseek_v3"),
+    *("olmoe", "gpt_oss", "glm4_moe", "falcon_h1", "nemotron_h", "jamba", "qwen3_5"),
+    *("llava", "paligemma", "mistral3", "qwen2_vl", "mllama", "smolvlm", "qwen3_5:vlm"),
+)
 
 ZOO = Path(zoo.__file__)
 ROOT = ZOO.parents[2]
@@ -104,7 +112,7 @@ def test_zoo_lists_the_recipe_types():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", zoo.model_types())
+@pytest.mark.parametrize("model_type", zoo.cases())
 def test_patched_equals_unpatched(model_type, reference_results):
     _check(reference_results[model_type])
 

@@ -3,6 +3,8 @@ patched with ``liger_core.apply_liger_kernel`` and compared with itself unpatche
 
 - ``model_types()``: the types of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and
   ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`` (vision-language models run a text-only forward).
+- ``cases()``: those types, plus ``<type>:vlm`` where a type's image-text-to-text class differs from its
+  causal-LM class.
 - ``build_tiny(model_type)``: a shrunk fp32 model (2 layers, hidden 32, 4 heads / 2 kv heads, head_dim 8,
   vocab 128, 4 experts, dropout off), or a string saying why it cannot be built here.
 - ``run_case(model_type)``: loss and every parameter gradient on a fixed batch, unpatched then patched;
@@ -90,6 +92,7 @@ _SIZES: dict[str, object] = {
             "num_decoder_layers",
             "num_encoder_layers",
             "text_layers",
+            "depth",
         ),
         LAYERS,
     ),
@@ -145,6 +148,9 @@ _SIZES.update(
         "moe_k": EXPERTS_PER_TOK,
         "moe_num_shared_experts": 1,
         "num_blocks": LAYERS,
+        # Convolutional image/audio tokenizers (VQ-GAN encoders, audio conv stems).
+        **dict.fromkeys(("base_channels", "latent_channels", "downsample_hidden_size"), 32),  # GroupNorm(32)
+        "num_res_blocks": 1,
         # Group-limited routing (DeepSeek-V3): groups must divide the experts.
         **dict.fromkeys(("n_group", "num_expert_group"), 2),
         "topk_group": 1,
@@ -186,6 +192,9 @@ OVERRIDES: dict[str, dict] = {
     "cohere_compass": dict(text_config=dict(rope_parameters=_ROPE_PER_LAYER_TYPE)),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
     "chameleon": dict(vocabulary_map={"<image>": VOCAB - 1}),
+    "emu3": dict(vocabulary_map={"<image>": VOCAB - 1}),
+    # one sparse and one dense MLP layer, as in tests/patching/tiny_models.py
+    "qwen3_moe": dict(mlp_only_layers=[1]),
     # Token ranges of the discrete image and audio codes inside the (tiny) vocabulary.
     "apertus1p5": dict(
         image_token_offset=64,
@@ -223,11 +232,11 @@ OVERRIDES: dict[str, dict] = {
 
 @dataclass
 class CaseResult:
-    model_type: str
+    model_type: str  # the case: a model type, or <type>:vlm
     built: bool = False
     unbuildable: str | None = None  # why the model cannot be built here
     model_class: str = ""
-    vlm: bool = False  # from MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES only: text-only forward
+    vlm: bool = False  # the class is an image-text-to-text one: it runs a text-only forward
     forward_error: str | None = None  # the unpatched model's own training step failed
     method: str | None = None
     swapped: dict[str, int] = field(default_factory=dict)
@@ -268,21 +277,43 @@ def model_types() -> list[str]:
     return sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES))
 
 
-def _model_class_name(model_type: str) -> tuple[str, bool]:
-    """The class the zoo builds for ``model_type`` and whether it is a vision-language model."""
+VLM_SUFFIX = ":vlm"
+
+
+def cases() -> list[str]:
+    """Every model type, plus ``<type>:vlm`` for the types whose image-text-to-text class is another class
+    than their causal-LM one (``qwen3_5``: ``Qwen3_5ForCausalLM`` and ``Qwen3_5ForConditionalGeneration``)."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     )
 
-    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    both = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) & set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    vlm = [
+        t + VLM_SUFFIX
+        for t in both
+        if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t] != MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[t]
+    ]
+    return sorted(model_types() + vlm)
+
+
+def _model_class_name(case: str) -> tuple[str, bool]:
+    """The class the zoo builds for ``case`` (a model type, or ``<type>:vlm``) and whether it is a
+    vision-language model."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    model_type = case.removesuffix(VLM_SUFFIX)
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not case.endswith(VLM_SUFFIX):
         name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
-        return name, model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+        return name, name == MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type)
     return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type], True
 
 
 def _layer_count(config) -> int | None:
-    for name in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers"):
+    for name in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "depth"):
         value = vars(config).get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -476,7 +507,8 @@ def _special_ids(config) -> set[int]:
 
 
 def build_tiny(model_type: str):
-    """A tiny random fp32 model of ``model_type`` (eval/train ready, on CPU), or a string: why it cannot be
+    """A tiny random fp32 model of ``model_type`` (or of its vision-language class for ``<type>:vlm``), on
+    CPU, or a string: why it cannot be
     built here. 1-D parameters (norm weights, biases) are perturbed away from their 0/1 init, which would
     hide an offset or casting bug."""
     import torch
@@ -484,6 +516,7 @@ def build_tiny(model_type: str):
     from transformers import AutoConfig
 
     class_name, _ = _model_class_name(model_type)
+    model_type = model_type.removesuffix(VLM_SUFFIX)
     model_cls = getattr(transformers, class_name, None)
     if model_cls is None:
         return f"transformers has no {class_name}"
@@ -722,12 +755,70 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _strip_module_paths(reason: str) -> str:
-    return re.sub(r"\s+", " ", reason)
+def _generic_reason(reason: str) -> str:
+    """A missing-kernel reason without its class name, count and error sizes, to group equal causes."""
+    reason = re.sub(r" \(x\d+\)$", "", reason)
+    reason = re.sub(r"^[A-Za-z0-9_]+(\.forward)?: ", "[class]: ", reason)
+    reason = re.sub(r"gated MLP [A-Za-z0-9_]+:", "gated MLP [class]:", reason)
+    return re.sub(r"\d+(\.\d+)?e[+-]\d+", "[err]", reason)
+
+
+def _distinct(reasons: list[str]) -> list[str]:
+    """One reason per cause (equal up to class name and error sizes), with a count where it repeats."""
+    groups: dict[str, list[str]] = {}
+    for r in reasons:
+        groups.setdefault(_generic_reason(r), []).append(re.sub(r" \(x\d+\)$", "", r))
+    return [g[0] if len(g) == 1 else f"{g[0]} (and {len(g) - 1} alike)" for g in groups.values()]
+
+
+def summary(results: list[CaseResult]) -> dict:
+    """Counts per status, types per missing kind with their most common reasons, and the failing types."""
+    missing: dict[str, Counter] = {}
+    for r in results:
+        for kind, reasons in r.missing.items():
+            for reason in dict.fromkeys(_generic_reason(x) for x in reasons):
+                missing.setdefault(kind, Counter())[reason] += 1
+    return dict(
+        types=len(results),
+        buildable=sum(r.built for r in results),
+        status=Counter(r.status for r in results),
+        missing_types={k: sum(k in r.missing for r in results) for k in missing},
+        missing_reasons=missing,
+        failures=[r for r in results if r.status in ("patch_raised", "patched_forward_raised", "wrong")],
+    )
+
+
+def _verdict(r: CaseResult) -> str:
+    if not r.built:
+        return f"not buildable: {r.unbuildable}"
+    if r.forward_error:
+        return f"no text-only training step: {r.forward_error}"
+    if r.patch_error:
+        return f"NO: patching raised {r.patch_error}"
+    if r.patched_forward_error:
+        return f"NO: the patched model raised {r.patched_forward_error}"
+    if r.exact:
+        return "yes"
+    what = []
+    if not r.loss_equal:
+        what.append(f"loss {r.loss_patched:.7g} vs {r.loss_ref:.7g}")
+    if r.grad_mismatches:
+        what.append(f"{len(r.grad_mismatches)} gradients differ, e.g. {r.grad_mismatches[0]}")
+    return "NO: " + "; ".join(what)
+
+
+_STATUS_WORDS = {
+    "exact": "patched, loss and gradients exact",
+    "wrong": "patched, loss or gradients differ",
+    "patch_raised": "apply_liger_kernel raised",
+    "patched_forward_raised": "the patched model raised",
+    "forward_error": "no text-only training step (needs images or other inputs)",
+    "unbuildable": "cannot be built on CPU",
+}
 
 
 def coverage_markdown(results: list[CaseResult], header: str) -> str:
-    counts = Counter(r.status for r in results)
+    info = summary(results)
     lines = [
         "# Patching coverage: every causal-LM and image-text-to-text model type",
         "",
@@ -740,40 +831,37 @@ def coverage_markdown(results: list[CaseResult], header: str) -> str:
         "trained one step on a fixed batch, patched with `liger_core.apply_liger_kernel(model)` and trained "
         f"the same step again. *Exact*: the loss (rtol {LOSS_TOL['rtol']:g}, atol {LOSS_TOL['atol']:g}) and "
         f"every parameter gradient (rtol {GRAD_TOL['rtol']:g}, atol {GRAD_TOL['atol']:g}) equal the "
-        "unpatched model's.",
+        "unpatched model's. *Missing*: kernels the model could use but did not get (`PatchReport.missing`).",
         "",
-        f"Types: {len(results)}; buildable: {sum(r.built for r in results)}; "
-        + "; ".join(f"{k}: {v}" for k, v in sorted(counts.items())),
+        f"## Summary: {info['types']} types, {info['buildable']} buildable",
         "",
-        "| type | method | kernels applied | missing (reason) | exact |",
-        "|---|---|---|---|---|",
+    ]
+    for status, words in _STATUS_WORDS.items():
+        lines.append(f"- {words}: {info['status'].get(status, 0)}")
+    if info["failures"]:
+        lines += ["", "Patching raised, or the patched model raised or computed something else:", ""]
+        lines += [f"- `{r.model_type}`: {_verdict(r)[4:]}" for r in info["failures"]]
+    lines += ["", "## Missing kernels by kind (types; most common reasons)", ""]
+    for kind, n in sorted(info["missing_types"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"- {kind}: {n} type{'s' if n != 1 else ''}")
+        for reason, m in info["missing_reasons"][kind].most_common(5):
+            lines.append(f"  - {m} x {reason}")
+    lines += [
+        "",
+        "## Every type",
+        "",
+        "| type | class | method | kernels applied | missing (reason) | exact |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
-        if not r.built:
-            verdict = f"not buildable: {r.unbuildable}"
-        elif r.forward_error:
-            verdict = f"unpatched model fails: {r.forward_error}"
-        elif r.patch_error:
-            verdict = f"no: patching raised {r.patch_error}"
-        elif r.patched_forward_error:
-            verdict = f"no: patched model raised {r.patched_forward_error}"
-        elif r.exact:
-            verdict = "yes"
-        else:
-            what = []
-            if not r.loss_equal:
-                what.append(f"loss {r.loss_patched:.7g} vs {r.loss_ref:.7g}")
-            if r.grad_mismatches:
-                what.append(f"{len(r.grad_mismatches)} gradients differ, e.g. {r.grad_mismatches[0]}")
-            verdict = "no: " + "; ".join(what)
-        kernels = ", ".join(f"{k} x{v}" for k, v in r.swapped.items()) if r.built else ""
-        missing = "; ".join(
-            f"{k}: {_strip_module_paths(', '.join(reasons))}" for k, reasons in r.missing.items()
-        )
-        name = f"{r.model_type}" + (" (VLM, text only)" if r.vlm else "")
-        lines.append(
-            f"| {_cell(name)} | {r.method or ''} | {_cell(kernels)} | {_cell(missing)} | {_cell(verdict)} |"
-        )
+        kernels = ", ".join(f"{k} x{v}" for k, v in r.swapped.items())
+        missing = "; ".join(f"{k}: {', '.join(_distinct(reasons))}" for k, reasons in r.missing.items())
+        name = r.model_type + (" (VLM, text only)" if r.vlm else "")
+        verdict = _verdict(r)
+        if r in info["failures"] and len(verdict) > 200:
+            verdict = verdict[:200] + "... (see the summary)"
+        cells = (name, r.model_class, r.method or "", kernels, missing, verdict)
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -791,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the coverage table (Markdown) here")
     parser.add_argument("--json", help="write the raw results (one object per type) here")
-    parser.add_argument("--types", help="comma-separated model types (default: all)")
+    parser.add_argument("--types", help="comma-separated cases: model types or <type>:vlm (default: all)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -802,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
     from liger_core.dispatch import triton_status
 
     torch.set_num_threads(1)
-    types = args.types.split(",") if args.types else model_types()
+    types = args.types.split(",") if args.types else cases()
     start = time.perf_counter()
     results = run_all(types, progress=not args.quiet)
     # The zoo runs on CPU: Triton's interpreter if it was asked for, else the pure-PyTorch reference path.
@@ -818,12 +906,14 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(coverage_markdown(results, header))
-    counts = Counter(r.status for r in results)
+    info = summary(results)
     print(
         f"{len(results)} types in {time.perf_counter() - start:.0f} s: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+        + ", ".join(f"{k} {v}" for k, v in sorted(info["status"].items())),
         file=sys.stderr,
     )
+    for r in info["failures"]:
+        print(f"  {r.model_type}: {_verdict(r)}", file=sys.stderr)
     return 0
 
 
