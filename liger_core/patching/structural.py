@@ -310,11 +310,40 @@ def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.G
     """
     failures = []
     for layout, half, promoted, cast_back in _ROPE_LAYOUTS:
+        mismatch = signature_mismatch(fn, promoted)
+        if mismatch is not None:
+            failures.append(f"{layout}: {mismatch}")
+            continue
         verdict = _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen)
         if not isinstance(verdict, str):
             return verdict
         failures.append(f"{layout}: {verdict}")
     return f"{fn.__name__} matches no liger rope layout ({'; '.join(failures)})"
+
+
+def signature_mismatch(original, replacement) -> str | None:
+    """Why ``replacement`` cannot take every call ``original`` can, or None.
+
+    Positional parameters must match in name and order (a caller may pass any of them by position or by
+    name), a parameter with a default must have one in the replacement too (a caller may leave it out), and
+    keyword-only parameters must be accepted by name.
+    """
+    orig = inspect.signature(original).parameters.values()
+    repl = inspect.signature(replacement).parameters
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    orig_pos = [p for p in orig if p.kind in positional]
+    repl_pos = [p for p in repl.values() if p.kind in positional]
+    for i, p in enumerate(orig_pos):
+        if i >= len(repl_pos) or repl_pos[i].name != p.name:
+            return f"its parameter {i} is {p.name!r}, the replacement's is not"
+        if p.default is not inspect.Parameter.empty and repl_pos[i].default is inspect.Parameter.empty:
+            return f"its {p.name!r} may be left out (default {p.default!r})"
+    for p in orig:
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in repl:
+            return f"its keyword {p.name!r} is not taken by the replacement"
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            return f"it takes *{p.name}"
+    return None
 
 
 def _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen: torch.Generator):
