@@ -7,8 +7,8 @@
 #   bash tests/run_all.sh hf_trainer trl axolotl llamafactory   just those integrations (each in its own venv)
 # Venvs go under ${LIGER_VENVS:-.venvs}/ and pytest's JUnit reports under its reports/; the Triton kernels run
 # in Triton's interpreter (TRITON_INTERPRET=1).
-# The core tests compare the preference/GRPO losses with TRL's own code, run by the Python of the TRL plugin's
-# venv (built here with integrations/trl/run_tests.sh --install-only, passed as LIGER_TRL_PYTHON).
+# The core venv has TRL (the TRL plugin's range): tests compare the fused log-probs with TRL's kernel and the
+# preference/GRPO losses with TRL's own loss code, run by the Python that LIGER_TRL_PYTHON names.
 # After each suite, one line gives its counts and skip reasons (tests/ci/summarize.py). A suite fails on a
 # failed test, on pytest collecting or running no test, and on a skip whose reason is not one a CPU-only CI has.
 set -euo pipefail
@@ -23,21 +23,26 @@ export TRITON_INTERPRET=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLE
 # core-oldest: besides the floors of pyproject.toml, the accelerate release current with transformers 5.0.0
 # (peft needs accelerate; the newest one is not what users of the floors have).
 oldest_extra=(accelerate==1.12.0)
+trl_range="trl>=1.15,<2"  # the TRL plugin's (integrations/trl/pyproject.toml)
 
 # A core venv: torch 2.13.0 CPU (from local disk: a torch pip picks itself is a CUDA build of several GB),
-# liger-core editable with its [dev] extra, the pins given, and DeepSpeed for the ZeRO-3 tests of
-# tests/test_sharded_params.py (an sdist only: built without its C++ ops against this torch, hence
-# --no-build-isolation). Prints the versions the tests run on.
+# liger-core editable with its [dev] extra, the requirements given, scipy (model types of the zoo,
+# tests/patching/test_zoo.py, need it) and DeepSpeed for the ZeRO-3 tests of tests/test_sharded_params.py
+# (an sdist only: built without its C++ ops against this torch, hence --no-build-isolation). Prints the
+# versions the tests run on.
 core_venv() {
   local venv=$1
   shift
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
   "${pip[@]}" torch==2.13.0
-  "${pip[@]}" torch==2.13.0 setuptools wheel -e ".[dev]" "$@"
+  "${pip[@]}" torch==2.13.0 setuptools wheel scipy -e ".[dev]" "$@"
   DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation torch==2.13.0 deepspeed "$@"
-  "$venv/bin/python" -c "import importlib.metadata as m; print(', '.join(f'{p} {m.version(p)}' for p in \
-('torch', 'triton', 'transformers', 'peft', 'accelerate', 'deepspeed')))"
+  "$venv/bin/python" - <<'EOF'
+import importlib.metadata as m
+names = ("torch", "triton", "transformers", "peft", "accelerate", "deepspeed", "trl", "scipy")
+print(", ".join(f"{p} {m.version(p)}" for p in names if list(m.distributions(name=p))))
+EOF
 }
 
 # Fails unless the venv's installed versions are exactly the pins given (name==version): the oldest suite
@@ -52,9 +57,8 @@ EOF
 }
 
 suite_core() {
-  core_venv "$venvs/core"
-  bash integrations/trl/run_tests.sh "$venvs/trl" --install-only
-  LIGER_TRL_PYTHON=$venvs/trl/bin/python "$venvs/core/bin/python" -m pytest tests -q -p no:cacheprovider -ra \
+  core_venv "$venvs/core" "$trl_range"
+  LIGER_TRL_PYTHON=$venvs/core/bin/python "$venvs/core/bin/python" -m pytest tests -q -p no:cacheprovider -ra \
     --junitxml="$reports/core.xml"
 }
 

@@ -4,8 +4,6 @@
 # Creates the venv if needed, installs torch 2.13.0 (CPU), TRL (the newest release in the supported range),
 # liger-core, the HF Trainer plugin and this plugin (editable, [test] extra), then runs this plugin's tests with
 # the Triton kernels in Triton's interpreter. Exits non-zero on failure.
-# tests/run_all.sh builds this venv with --install-only before the core tests: its Python runs TRL's own
-# loss code as the oracle of tests/losses (LIGER_TRL_PYTHON).
 # --install-only: create/update the venv and stop; other arguments go to pytest. pytest's exit code 5 (no
 # tests collected) is reported as an error and returned.
 set -euo pipefail

@@ -1,18 +1,20 @@
 """Shared pieces of the preference-loss tests: batches, the three ways (ours, eager, float64), TRL's oracle.
 
-Ground truth: TRL 1.16's own loss code (tests/losses/trl_pref_oracle.py, run by the Python that
-$LIGER_TRL_PYTHON names: see ``trl_python``) applied to the float64 reference per-token log-probs of the same
-(already rounded) inputs; its gradient with respect to those log-probs is pulled back through the float64
-reference op to hidden and weight.
+Ground truth: TRL 1.16's own loss code (tests/losses/trl_pref_oracle.py, run by the Python with TRL that
+``trl_python`` finds) applied to the float64 reference per-token log-probs of the same (already rounded)
+inputs; its gradient with respect to those log-probs is pulled back through the float64 reference op to
+hidden and weight.
 "Eager" is the same pipeline in the input dtype: the reference op (logits in that dtype, log-softmax in fp32)
 and TRL's formula in fp32.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -91,16 +93,18 @@ class TokenLogprobs:
 
 
 def trl_python() -> Path:
-    """The Python that runs TRL's code: ``$LIGER_TRL_PYTHON`` (tests/run_all.sh builds the TRL plugin's
-    virtualenv and sets it). Without it the calling test skips, naming the variable, except in CI (``CI`` set
+    """The Python that runs TRL's code: ``$LIGER_TRL_PYTHON`` (tests/run_all.sh sets it), else this Python if
+    it can import TRL. Without either the calling test skips, naming the variable, except in CI (``CI`` set
     to true or 1), where it fails: there the TRL-parity tests must run."""
     value = os.environ.get(TRL_PYTHON_ENV, "")
-    if not value:
-        problem = f"{TRL_PYTHON_ENV} is not set (a Python with TRL installed; tests/run_all.sh sets it)"
-    elif not os.access(value, os.X_OK) or not Path(value).is_file():
-        problem = f"{TRL_PYTHON_ENV}={value} is not an executable file"
-    else:
+    if value and os.access(value, os.X_OK) and Path(value).is_file():
         return Path(value)
+    if value:
+        problem = f"{TRL_PYTHON_ENV}={value} is not an executable file"
+    elif importlib.util.find_spec("trl") is not None:
+        return Path(sys.executable)
+    else:
+        problem = f"{TRL_PYTHON_ENV} is not set and trl is not importable (tests/run_all.sh sets it)"
     if os.environ.get("CI", "").lower() in ("true", "1"):
         pytest.fail(f"{problem}: CI must run the tests against TRL's code")
     pytest.skip(problem)

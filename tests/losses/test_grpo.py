@@ -1,7 +1,7 @@
 """GRPO-family losses: the formula on per-token log-probs against a float64 re-implementation of TRL 1.16's
-``GRPOTrainer._compute_loss`` math (and against TRL's own method, run by the Python that $LIGER_TRL_PYTHON
-names), normalisation, masking, and the fused entry point against the unfused composition (logits ->
-log_softmax -> formula)."""
+``GRPOTrainer._compute_loss`` math (and against TRL's own method, run by the Python with TRL that
+``pref_common.trl_python`` finds), normalisation, masking, and the fused entry point against the unfused
+composition (logits -> log_softmax -> formula)."""
 
 from __future__ import annotations
 
@@ -399,7 +399,7 @@ def test_argument_errors():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# TRL's own code (the Python of $LIGER_TRL_PYTHON: TRL 1.16, same torch), on the same float64 tensors
+# TRL's own code (the Python that trl_python finds: TRL 1.16, same torch), on the same float64 tensors
 # ------------------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """Runs TRL's own GRPOTrainer._compute_loss on given per-token log-probs (not a test: test_grpo.py calls it
-with the Python that $LIGER_TRL_PYTHON names).
+with the Python that pref_common.trl_python finds).
 
     python trl_grpo_oracle.py cases.pt results.pt
 

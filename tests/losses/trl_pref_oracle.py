@@ -1,5 +1,5 @@
 """Runs TRL's own preference-loss code on given per-token log-probs (not a test: test_preference.py and
-test_kto.py call it with the Python that $LIGER_TRL_PYTHON names).
+test_kto.py call it with the Python that pref_common.trl_python finds).
 
     python trl_pref_oracle.py cases.pt results.pt
 
