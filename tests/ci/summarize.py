@@ -4,9 +4,10 @@ one a CPU-only CI has (the table below). tests/run_all.sh calls it after each su
 
     python3 tests/ci/summarize.py <suite> <junit.xml> <pytest exit code>
 
-Prints e.g. ``core: 597 passed, 371 skipped (356: no CUDA; 15: ...)`` and exits 1 when one of the checks fails
-(each problem on stderr), else 0. The pytest exit code itself decides nothing else: tests/run_all.sh fails a
-suite on any non-zero code.
+Prints e.g. ``core: 597 passed, 371 skipped (356: no CUDA; 15: zoo: no text-only training step)`` (explained
+skips counted under their label, see the table) and exits 1 when one of the checks fails (each problem on
+stderr), else 0. The pytest exit code itself decides nothing else: tests/run_all.sh fails a suite on any
+non-zero code.
 """
 
 from __future__ import annotations
@@ -17,26 +18,41 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-# Skip reasons a CPU-only CI has: a pattern of the reason pytest reports, and why CI cannot run such a test.
-# A skip with any other reason fails the suite: either the CI should install what the test needs, or the
-# reason belongs here with its explanation.
+# Skip reasons a CPU-only CI has: a pattern of the reason pytest reports, the label the summary counts it
+# under, and why CI cannot run such a test. A skip with any other reason fails the suite: either the CI
+# should install what the test needs, or the reason belongs here with its explanation.
 EXPLAINED_SKIPS = [
-    (r"no CUDA", "needs a CUDA GPU (runs on the GPU machine: pytest -m gpu)"),
+    (r"no CUDA", "no CUDA", "needs a CUDA GPU (runs on the GPU machine: pytest -m gpu)"),
     (
         r"liger_core\.demo exists",
+        "liger_core.demo exists",
         "tests the CLI of an install without liger_core/demo.py; every install from this repository has it",
     ),
     (
+        r"zoo: no text-only training step: .+",
+        "zoo: no text-only training step",
+        "tests/patching/test_zoo.py trains every model type on text alone; these types cannot (they need "
+        "pixel values, states or encoder outputs, or return no loss for labels)",
+    ),
+    (
+        r"zoo: cannot be built on CPU: needs timm, which is not installed",
+        "zoo: needs timm",
+        "timm needs torchvision, and PyPI's torchvision for torch 2.13 is a CUDA build that does not load "
+        "beside the CPU torch (operator torchvision::nms does not exist)",
+    ),
+    (
         r"TRL \S+ has the fused LM head: covered by the 2-step run",
+        "TRL has the fused LM head",
         "Axolotl: the branch for TRL without a fused LM head; with a newer TRL the 2-step DPO run covers it",
     ),
 ]
 
 
-def explanation(reason: str) -> str | None:
-    for pattern, why in EXPLAINED_SKIPS:
+def label(reason: str) -> str | None:
+    """The summary label of an explained skip reason, None for any other reason."""
+    for pattern, name, _why in EXPLAINED_SKIPS:
         if re.fullmatch(pattern, reason):
-            return why
+            return name
     return None
 
 
@@ -72,13 +88,16 @@ def main(argv: list[str]) -> int:
         counts, skips = outcomes(report)
         parts = [f"{counts['passed']} passed"]
         if counts["skipped"]:
-            reasons = "; ".join(f"{n}: {reason}" for reason, n in skips.most_common())
+            grouped: Counter = Counter()
+            for reason, n in skips.items():
+                grouped[label(reason) or reason] += n
+            reasons = "; ".join(f"{n}: {reason}" for reason, n in grouped.most_common())
             parts.append(f"{counts['skipped']} skipped ({reasons})")
         parts += [f"{counts[k]} {k}" for k in ("xfailed", "failed", "error") if counts[k]]
         print(f"{suite}: {', '.join(parts)}" + (f" [pytest exit code {rc}]" if rc else ""))
         if counts["passed"] + counts["failed"] + counts["error"] == 0:
             problems.append("no test ran")
-        unexplained = [reason for reason in skips if explanation(reason) is None]
+        unexplained = [reason for reason in skips if label(reason) is None]
         if unexplained:
             problems.append(
                 "skipped for reasons a CPU-only CI does not have (install what the tests need, or explain "
