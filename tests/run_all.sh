@@ -51,7 +51,8 @@ check_pins() {
   "$1/bin/python" - "${@:2}" <<'EOF'
 import importlib.metadata, sys
 from packaging.version import Version
-wrong = [pin for pin in sys.argv[1:] if Version(importlib.metadata.version(pin.split("==")[0])) != Version(pin.split("==")[1])]
+pins = [pin.split("==") for pin in sys.argv[1:]]
+wrong = [f"{name}=={want}" for name, want in pins if Version(importlib.metadata.version(name)) != Version(want)]
 sys.exit(f"ERROR: installed versions differ from the pins {wrong}" if wrong else 0)
 EOF
 }
