@@ -255,7 +255,7 @@ def test_dpo_reference_sources_agree():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dpo_gradient_in_forward_path(dtype, monkeypatch):
-    """Without TRL's venv too (CI): the grouped path (gradients in the forward pass, groups of whole pairs,
+    """Needs no TRL: the grouped path (gradients in the forward pass, groups of whole pairs,
     compensated bf16 dW) against the float64 pipeline, no less exact than the recomputing path (chunk_size
     below one pair), for a few loss types, WPO weighting, the SFT mix, a reference head and a fully ignored
     row; same metrics."""
