@@ -463,4 +463,6 @@ def layer_norm(
         w = w.contiguous()
     if b is not None and not b.is_contiguous():
         b = b.contiguous()
-    return LayerNormFunction.apply(x, w, b, float(eps))
+    # the Function works on rows; the caller's shape is a view taken outside it, so a model may modify the
+    # output in place (XLM does; a view made inside a custom Function may not be)
+    return as_shape(LayerNormFunction.apply(rows_view(x), w, b, float(eps)), x.shape)

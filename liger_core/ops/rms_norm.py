@@ -372,4 +372,7 @@ def rms_norm(
         # the kernels read w with unit stride; a strided weight is rare, so it is copied here, outside the
         # autograd Function: dw flows back through the copy to the strided tensor
         w = w.contiguous()
-    return RMSNormFunction.apply(x, w, float(eps), float(offset), casting_mode, bool(in_place))
+    # the Function works on rows; the caller's shape is a view taken outside it, so a model may modify the
+    # output in place (a view made inside a custom Function may not be)
+    y = RMSNormFunction.apply(rows_view(x), w, float(eps), float(offset), casting_mode, bool(in_place))
+    return as_shape(y, x.shape)

@@ -382,7 +382,10 @@ def rms_norm_gated(
         )
     if not weight.is_contiguous():
         weight = weight.contiguous()  # the kernels read it with unit stride; dw flows back through the copy
-    return RMSNormGatedFunction.apply(
-        x, gate, weight, float(eps), float(offset), int(group_size), activation, casting_mode,
-        bool(norm_before_gate),
+    # the Function works on rows; the caller's shape is a view taken outside it, so a model may modify the
+    # output in place (a view made inside a custom Function may not be)
+    y = RMSNormGatedFunction.apply(
+        rows_view(x), rows_view(gate), weight, float(eps), float(offset), int(group_size), activation,
+        casting_mode, bool(norm_before_gate),
     )  # fmt: skip
+    return as_shape(y, x.shape)

@@ -370,13 +370,26 @@ def _warn_unfused(lm_head: nn.Module) -> None:
         )
 
 
-def _slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
-    try:  # transformers >= 5.x: handles ints, 1-D/2-D index tensors and boolean masks
+_UNRESOLVED = object()
+# transformers' slice_logits_to_keep (ints, index tensors, boolean masks), looked up once when a forward is
+# patched: an import attempt inside the forward would stop torch.compile where the name does not exist (5.0)
+_slice_logits_to_keep: Any = _UNRESOLVED
+
+
+def resolve_transformers_helpers() -> None:
+    global _slice_logits_to_keep
+    try:
         from transformers.modeling_utils import slice_logits_to_keep
     except ImportError:
         slice_logits_to_keep = None
-    if slice_logits_to_keep is not None:
-        return slice_logits_to_keep(hidden, logits_to_keep)
+    _slice_logits_to_keep = slice_logits_to_keep
+
+
+def _slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    if _slice_logits_to_keep is _UNRESOLVED:
+        resolve_transformers_helpers()
+    if _slice_logits_to_keep is not None:
+        return _slice_logits_to_keep(hidden, logits_to_keep)
     if isinstance(logits_to_keep, int):
         return hidden if logits_to_keep == 0 else hidden[:, -logits_to_keep:, :]
     return hidden[:, logits_to_keep, :]
@@ -500,6 +513,7 @@ def causal_lm_forward_for(class_forward: Any) -> Any:
     that cannot be rebuilt leaves the plain ``causal_lm_forward``, which handles both cache names and
     ``return_dict`` itself.
     """
+    resolve_transformers_helpers()
     try:
         return rewrap(class_forward, causal_lm_forward)
     except RewrapError:

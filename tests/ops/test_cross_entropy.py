@@ -107,6 +107,11 @@ def test_cross_entropy_matches_float64(device, dtype, reduction, case, poison_em
     opts = dict(CASES[case])
     weighted = opts.pop("weighted", False)
     n, vocab = (37, 131) if device == "cpu" else (4096, 128256)
+    if device == "cpu" and dtype == torch.bfloat16 and reduction == "none":
+        # per-token grad_output: the stored bf16 gradient is rounded a second time when scaled (see the op's
+        # docstring), so the ratio of the two maximum errors is noisier; 4x the rows keep one draw from
+        # deciding it
+        n = 148
     logits, target, weight = _inputs(device, dtype, n, vocab, weighted=weighted)
     if reduction == "none":  # per-token grad_output (the reference system got these wrong)
         grad_out = torch.randn(n, device=device).to(dtype)

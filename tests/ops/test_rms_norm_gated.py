@@ -82,7 +82,8 @@ def test_rms_norm_gated_offset_and_many_tiles_per_program(monkeypatch):
 
 def _hf_module(cls_path, n, dtype, **kwargs):
     module_name, cls_name = cls_path.rsplit(".", 1)
-    cls = getattr(importlib.import_module(f"transformers.models.{module_name}"), cls_name)
+    # a model newer than the installed transformers skips (CI accepts that only on the oldest release)
+    cls = getattr(pytest.importorskip(f"transformers.models.{module_name}"), cls_name)
     module = cls(n, eps=EPS, **kwargs).to(dtype)
     with torch.no_grad():
         module.weight.copy_(1 + 0.2 * torch.randn(n))
