@@ -1,5 +1,6 @@
 """The core test files that use transformers or peft: those that import them (or ``pytest.importorskip``
-them), and those that import a helper module of tests/ that does (tests/patching's tiny models).
+them), and those that import a helper module of tests/ that does (tests/patching's tiny models), except the
+files in ``NEWEST_ONLY``.
 
     python3 tests/ci/transformers_tests.py     -> one path per line, relative to the repository
 
