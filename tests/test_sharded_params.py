@@ -2,8 +2,8 @@
 
 - ZeRO-3, real: 2 CPU processes (gloo, DeepSpeed's CPU accelerator) train a patched tiny Llama with every
   parameter partitioned and match one unpatched process (tests/dist_scripts/zero3_train.py). Needs
-  `deepspeed` importable (not in the core CI venv: `pip install deepspeed` builds it from source; run these
-  with that interpreter, e.g. `/work/venvs/ds/bin/python -m pytest tests/test_sharded_params.py`).
+  `deepspeed` importable: tests/run_all.sh installs it in the core venvs with
+  `DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed` (no C++ op is compiled).
 - ZeRO-3, simulated (always runs): ``FakeZeRO3`` does to one module what ZeRO-3 does (empty local tensors,
   gathered only around the module's forward and again for its backward, ``ds_id``/``ds_status``), so the
   forward redirection of the fused loss, the patch-time check and ``gathered_weights`` are tested without

@@ -25,12 +25,6 @@ from pathlib import Path
 EXPLAINED_SKIPS = [
     (r"no CUDA", "no CUDA", "needs a CUDA GPU (runs on the GPU machine: pytest -m gpu)", None),
     (
-        r"liger_core\.demo exists",
-        "liger_core.demo exists",
-        "tests the CLI of an install without liger_core/demo.py; every install from this repository has it",
-        None,
-    ),
-    (
         r"zoo: no text-only training step: .+",
         "zoo: no text-only training step",
         "tests/patching/test_zoo.py trains every model type on text alone; these types cannot (they need "
