@@ -21,7 +21,7 @@ from liger_core.ops.layer_norm import layer_norm  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
-from liger_core.ops.swiglu import swiglu  # noqa: E402
+from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
 
 __all__ = [
     "cross_entropy",
@@ -39,4 +39,5 @@ __all__ = [
     "rms_norm_gated",
     "rope",
     "swiglu",
+    "swiglu_packed",
 ]

@@ -399,7 +399,9 @@ def swiglu_packed(
     ``[..., 2I]`` input; the backward writes the gradient of ``gate_up`` in one pass."""
     check_tensor("gate_up", gate_up, min_ndim=1)
     if gate_up.shape[-1] % 2:
-        raise ValueError(f"gate_up's last dimension must be even (gate and up halves), got {gate_up.shape[-1]}")
+        raise ValueError(
+            f"gate_up's last dimension must be even (gate and up halves), got {gate_up.shape[-1]}"
+        )
     _check_variant(alpha, limit, up_offset)
     if not use_triton(gate_up):
         gate, up = (gate_up[..., ::2], gate_up[..., 1::2]) if interleaved else gate_up.chunk(2, dim=-1)

@@ -200,6 +200,7 @@ def apply_liger_kernel_to(
     rms_norm: bool = True,
     swiglu: bool = True,
     geglu: bool = True,
+    moe_experts: bool = True,
     layer_norm: bool = True,
     cross_entropy: bool = False,
     fused_linear_cross_entropy: bool = True,
@@ -215,6 +216,12 @@ def apply_liger_kernel_to(
     recipe = recipe_for(model_type)
     module = modeling_module(recipe)
     report = PatchReport(model_type=model_type, method="class")
+    if moe_experts and recipe.moe:
+        # experts need a probe of the built module (layout, activation): instance patching does it
+        report.miss(
+            "moe_experts",
+            "class-level patching does not swap experts modules: apply_liger_kernel(model) does",
+        )
     before = len(_swapped_by_type.get(model_type, []))
     mapping: dict[str, type] = {}
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from liger_core.patching import forwards as fw
 from liger_core.patching.class_level import lm_spec, modeling_module, original_attr, unsupported_error
+from liger_core.patching.experts import patch_experts
 from liger_core.patching.introspect import RewrapError, innermost_function
 from liger_core.patching.loss import patch_loss
 from liger_core.patching.recipes import RECIPES, Recipe
@@ -149,6 +150,7 @@ def apply_liger_kernel(
     rms_norm: bool = True,
     swiglu: bool = True,
     geglu: bool = True,
+    moe_experts: bool = True,
     layer_norm: bool = True,
     cross_entropy: bool = False,
     fused_linear_cross_entropy: bool = True,
@@ -173,6 +175,7 @@ def apply_liger_kernel(
         rms_norm=rms_norm,
         swiglu=swiglu,
         geglu=geglu,
+        moe_experts=moe_experts,
         layer_norm=layer_norm,
         cross_entropy=cross_entropy,
         fused_linear_cross_entropy=fused_linear_cross_entropy,
@@ -185,6 +188,7 @@ def apply_liger_kernel(
     if recipe is not None:
         report = PatchReport(model_type=model_type, method="recipe")
         _patch_with_recipe(root, recipe, flags, report)
+        patch_experts(root, flags, report)
     else:
         report = PatchReport(model_type=model_type, method="structural")
         patch_structurally(root, flags, report)

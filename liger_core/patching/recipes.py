@@ -77,10 +77,6 @@ class Recipe:
 
 
 _LLAMA_NORM = dict(offset=0.0, casting_mode="llama", in_place=True)
-_EXPERTS_NOTE = (
-    "experts: transformers' fused experts module (use_experts_implementation: eager/grouped_mm/batched_mm) "
-    "is kept; norms, rope, dense MLPs and the loss are patched"
-)
 
 
 def _llama_like(model_type: str, prefix: str, *, module: str | None = None, **extra) -> Recipe:
@@ -102,12 +98,12 @@ RECIPES: dict[str, Recipe] = {
         _llama_like("llama", "Llama"),
         _llama_like("mistral", "Mistral"),
         # Mixtral: every layer is sparse (MixtralExperts: 3-D fused gate_up/down weights), no dense MLP.
-        _llama_like("mixtral", "Mixtral", mlps=(), moe=True, notes=(_EXPERTS_NOTE,)),
+        _llama_like("mixtral", "Mixtral", mlps=(), moe=True),
         _llama_like("qwen2", "Qwen2"),
         # Qwen3: q_norm/k_norm are Qwen3RMSNorm over head_dim, patched like every other norm.
         _llama_like("qwen3", "Qwen3"),
         # Qwen3-MoE: Qwen3MoeMLP is the dense MLP of `mlp_only_layers` (and decoder_sparse_step gaps).
-        _llama_like("qwen3_moe", "Qwen3Moe", moe=True, notes=(_EXPERTS_NOTE,)),
+        _llama_like("qwen3_moe", "Qwen3Moe", moe=True),
         Recipe(
             model_type="gemma",
             module="transformers.models.gemma.modeling_gemma",

@@ -539,6 +539,9 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
         except _Skip as why:
             skips.append(f"{name}: {why}")
 
+    from liger_core.patching.experts import patch_experts  # imports this module's probe helpers
+
+    patch_experts(root, flags, report)
     if flags["fused_linear_cross_entropy"] or flags["cross_entropy"]:
         _patch_loss_structurally(root, flags, report, gen, misses, skips)
     for kind in dict.fromkeys(k for k, _ in misses):

@@ -6,7 +6,12 @@ import torch.nn.functional as F
 
 
 def swiglu(
-    a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, limit: float | None = None, up_offset: float = 0.0
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    limit: float | None = None,
+    up_offset: float = 0.0,
 ) -> torch.Tensor:
     if alpha == 1.0 and limit is None and up_offset == 0.0:
         return F.silu(a) * b
