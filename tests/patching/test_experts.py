@@ -1,0 +1,71 @@
+"""moe_experts: transformers' experts modules patched with liger's gated activation after a probe."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import liger_core
+from liger_core.patching.experts import SPEC_ATTR
+
+sys.path.insert(0, str(Path(__file__).parent))
+from zoo import build_tiny  # noqa: E402
+
+
+def _experts(model):
+    return [m for m in model.modules() if SPEC_ATTR in m.__dict__]
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
+@pytest.mark.parametrize("model_type", ["gpt_oss", "mixtral"])
+def test_experts_patched_and_exact(model_type, implementation):
+    ref, model = build_tiny(model_type), build_tiny(model_type)
+    for m in (ref, model):
+        m.set_experts_implementation(implementation)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    report = liger_core.apply_liger_kernel(model)
+    assert report.swapped.get("moe_experts") == 2 and "moe_experts" not in report.missing
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss_r, grads_r = _loss_and_grads(ref, ids)
+    loss, grads = _loss_and_grads(model, ids)
+    torch.testing.assert_close(loss, loss_r, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == grads_r.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_r[name], rtol=1e-4, atol=1e-5, msg=name)
+    liger_core.revert(model)
+    assert not _experts(model) and not any("_apply_gate" in m.__dict__ for m in model.modules())
+
+
+def test_gpt_oss_spec_is_the_clamped_interleaved_swiglu():
+    model = build_tiny("gpt_oss")
+    liger_core.apply_liger_kernel(model)
+    (spec, *_) = {m.__dict__[SPEC_ATTR] for m in _experts(model)}
+    experts = _experts(model)[0]
+    assert spec.kind == "swiglu" and spec.interleaved and spec.up_offset == 1.0
+    assert spec.alpha == experts.alpha and spec.limit == experts.limit
+
+
+def test_experts_of_another_activation_are_a_named_miss():
+    """A gate the kernels cannot compute (here: clamped after the activation) is reported, not swapped."""
+    model = build_tiny("mixtral")
+    for m in model.modules():
+        if type(m).__name__ == "MixtralExperts":
+            m.act_fn = torch.nn.Tanh()
+    report = liger_core.apply_liger_kernel(model)
+    assert "moe_experts" not in report.swapped
+    assert any("MixtralExperts" in r for r in report.missing["moe_experts"])
+
+
+def test_moe_experts_flag_off():
+    model = build_tiny("gpt_oss")
+    report = liger_core.apply_liger_kernel(model, moe_experts=False)
+    assert "moe_experts" not in report.swapped and "moe_experts" not in report.missing
