@@ -22,10 +22,10 @@ from liger_core.patching import RECIPES
 EXPECTED = {
     "llama": dict(rms_norm=5, swiglu=2, rope=2),
     "mistral": dict(rms_norm=5, swiglu=2, rope=2),
-    "mixtral": dict(rms_norm=5, rope=2),
+    "mixtral": dict(rms_norm=5, rope=2, moe_experts=2),
     "qwen2": dict(rms_norm=5, swiglu=2, rope=2),
     "qwen3": dict(rms_norm=9, swiglu=2, rope=2),  # + q_norm, k_norm per layer
-    "qwen3_moe": dict(rms_norm=9, swiglu=1, rope=2),  # layer 1 is a dense MLP layer
+    "qwen3_moe": dict(rms_norm=9, swiglu=1, rope=2, moe_experts=1),  # layer 1 is a dense MLP layer
     "gemma": dict(rms_norm=5, geglu=2, rope=2),
     "gemma2": dict(rms_norm=9, geglu=2, rope=2),  # + pre/post feed-forward norms
     "gemma3_text": dict(rms_norm=13, geglu=2, rope=2),  # + q_norm, k_norm
