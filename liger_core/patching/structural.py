@@ -165,9 +165,27 @@ def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
             err = _max_err([(y, ref), *zip(grads, ref_grads)])
             if err < best_err:
                 best, best_err = spec, err
+        if best_err > _tolerance(x.dtype):
+            # a LayerNorm without bias in the same shape (Cohere's: mean-centred, fp32 statistics)
+            y = liger_core.ops.layer_norm(x, w_probe, None, fw.norm_eps(m))
+            err = _max_err([(y, ref), *zip(_grads(y, (x, w_probe), dy), ref_grads)])
+            if err <= _tolerance(x.dtype):
+                return BIASLESS_LAYER_NORM
+            best_err = min(best_err, err)
     if best_err <= _tolerance(x.dtype):
         return best
-    return f"output or gradients differ from every RMSNorm variant (best rel. error {best_err:.1e})"
+    return (
+        "output or gradients differ from every RMSNorm variant and from a LayerNorm without bias "
+        f"(best rel. error {best_err:.1e})"
+    )
+
+
+BIASLESS_LAYER_NORM = "layer_norm without bias"  # the verdict of _probe_norm for Cohere-style norms
+
+
+def biasless_layer_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """A weight-only LayerNorm module's forward (``weight``, ``variance_epsilon``/``eps``, no bias)."""
+    return liger_core.ops.layer_norm(hidden_states, self.weight, None, fw.norm_eps(self))
 
 
 def _gated_norm_specs(m: nn.Module) -> list[fw.GatedNormSpec]:
@@ -498,6 +516,12 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                         bind(root, m, fw.rms_norm_forward, "rms_norm", _liger_core_norm_spec=verdict)
                         report.count("rms_norm")
                         report.modules[qualname] = "rms_norm"
+                    elif verdict == BIASLESS_LAYER_NORM and not flags["layer_norm"]:
+                        pass  # a LayerNorm, and that kernel is off
+                    elif verdict == BIASLESS_LAYER_NORM and not foreign_forward(m):
+                        bind(root, m, biasless_layer_norm_forward, "layer_norm")
+                        report.count("layer_norm")
+                        report.modules[qualname] = "layer_norm"
                     else:
                         misses.append(("rms_norm", f"{name}: {_reason(m, verdict)}"))
                 continue
