@@ -148,10 +148,27 @@ def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
     if not _usable(w):
         return "weight not materialised"
     # a non-trivial weight (not the zeros/ones a fresh model starts with), so offsets and scales show
-    w_probe = _leaf(_randn((w.shape[0],), w, gen, scale=0.5) + 0.75)
-    x = _leaf(_randn((2, 3, w.shape[0]), w, gen, scale=3.0))
+    hidden = w.shape[0]
+    group = getattr(m, "group_size", None)
+    if isinstance(group, int) and 0 < group < hidden:
+        return (
+            f"normalises groups of group_size={group} of its {hidden} features separately: liger's rms_norm "
+            "normalises whole rows"
+        )
+    w_probe = _leaf(_randn((hidden,), w, gen, scale=0.5) + 0.75)
+    x = _leaf(_randn((2, 3, hidden), w, gen, scale=3.0))
     with torch.enable_grad():
-        ref = functional_call(m, {"weight": w_probe}, (x,))
+        try:
+            ref = functional_call(m, {"weight": w_probe}, (x,))
+        except Exception as e:  # noqa: BLE001 - a per-head norm takes (..., heads, head_dim): named below
+            heads = getattr(m, "num_heads", None)
+            if isinstance(heads, int) and heads > 1 and hidden % heads == 0:
+                return (
+                    f"takes (..., num_heads={heads}, head_dim={hidden // heads}) and normalises each head "
+                    f"separately ({type(e).__name__} on a (batch, seq, {hidden}) input): liger's norms "
+                    "normalise whole rows"
+                )
+            raise
         if not isinstance(ref, torch.Tensor):
             return "forward does not return a tensor"
         dy = _randn(ref.shape, ref, gen)
