@@ -69,3 +69,18 @@ def test_moe_experts_flag_off():
     model = build_tiny("gpt_oss")
     report = liger_core.apply_liger_kernel(model, moe_experts=False)
     assert "moe_experts" not in report.swapped and "moe_experts" not in report.missing
+
+
+def test_strict_class_level_patching_leaves_experts_to_the_built_model():
+    """Class-level patching cannot probe experts modules; strict class-level patching of a MoE recipe must not
+    fail on that, and patching the built model afterwards swaps the experts."""
+    from liger_core.patching import apply_liger_kernel_to, revert_model_type
+
+    try:
+        report = apply_liger_kernel_to("mixtral", strict=True)
+        assert "moe_experts" not in report.missing
+        assert any(s.startswith("moe_experts:") for s in report.skipped)
+        model = build_tiny("mixtral")
+        assert liger_core.apply_liger_kernel(model, strict=True).swapped.get("moe_experts") == 2
+    finally:
+        revert_model_type("mixtral")
