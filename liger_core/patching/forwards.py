@@ -371,13 +371,18 @@ class _WithoutLinear:
         return type(self._module).forward(self, *args, **kwargs)
 
 
+def _first(output: Any) -> torch.Tensor:
+    """A head module's output: the tensor, or the first element of the tuple some heads return (XLM's)."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
 def head_input(model: nn.Module, spec: LMSpec, hidden: torch.Tensor) -> torch.Tensor:
     """What the output Linear of ``spec``'s head is applied to, from the last hidden states."""
     for name in spec.head[:-1]:
-        hidden = model.get_submodule(name)(hidden)
+        hidden = _first(model.get_submodule(name)(hidden))
     last = spec.head[-1]
     if spec.linear != last:
-        hidden = _WithoutLinear(model.get_submodule(last), spec.linear[len(last) + 1 :])(hidden)
+        hidden = _first(_WithoutLinear(model.get_submodule(last), spec.linear[len(last) + 1 :])(hidden))
     return hidden
 
 
@@ -531,7 +536,7 @@ def _logits(model: nn.Module, hidden: torch.Tensor, spec: LMSpec) -> torch.Tenso
     final soft-capping."""
     logits = hidden
     for name in spec.head:
-        logits = model.get_submodule(name)(logits)
+        logits = _first(model.get_submodule(name)(logits))
     limit = _config_value(model.config, spec.vocab_limit_attr)
     if limit is not None and limit < logits.shape[-1]:
         logits = logits[..., :limit]

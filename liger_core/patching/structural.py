@@ -409,7 +409,8 @@ def _output_linear_path(root: nn.Module) -> str | None:
 def _head_layouts(root: nn.Module) -> list[tuple[tuple[str, ...], str]]:
     """Candidate (head, linear) layouts of ``LMSpec``: ``lm_head`` as the Linear, then the output embeddings
     found by ``get_output_embeddings()``: the Linear inside a head module whose forward transforms the hidden
-    states first, or a Linear of the model itself, applied alone or after ``lm_head`` (a transform)."""
+    states first, or a Linear of the model itself, applied alone or after another child module (a
+    transform)."""
     layouts = []
     lm_head = getattr(root, "lm_head", None)
     if _usable(getattr(lm_head, "weight", None)):
@@ -420,9 +421,13 @@ def _head_layouts(root: nn.Module) -> list[tuple[tuple[str, ...], str]]:
         if top != path:
             layouts.append(((top,), path))
         else:
-            if isinstance(lm_head, nn.Module) and not isinstance(lm_head, nn.Linear):
-                layouts.append((("lm_head", path), path))
             layouts.append(((path,), path))
+            # a transform of the model's own before it (ModernBERT-decoder's lm_head, ELECTRA's
+            # generator_predictions): any other child but the base model
+            base = getattr(root, getattr(root, "base_model_prefix", ""), None)
+            for name, child in root.named_children():
+                if name != path and child is not base and any(True for _ in child.parameters()):
+                    layouts.append(((name, path), path))
     return layouts
 
 
