@@ -331,6 +331,9 @@ class LMSpec:
     logits_multiplier_attr: str | None = None  # config attribute: logits = lm_head(h) * m (Cohere)
     vocab_limit_attr: str | None = None  # config attribute: logits[..., :n] when set (a padded vocabulary)
     shift_labels: bool = True  # False: labels[..., i] is the target of position i (no shift in the model)
+    # an encoder-decoder: with labels and no decoder inputs, the decoder reads the labels shifted right
+    # (``decoder_inputs_from_labels``) and the output is a Seq2SeqLMOutput
+    encoder_decoder: bool = False
     head: tuple[str, ...] = ("lm_head",)
     linear: str = "lm_head"
     moe: bool = False
@@ -552,6 +555,24 @@ def _logits(model: nn.Module, hidden: torch.Tensor, spec: LMSpec) -> torch.Tenso
     return logits
 
 
+def decoder_inputs_from_labels(model: nn.Module, labels: torch.Tensor) -> torch.Tensor:
+    """An encoder-decoder's decoder input ids for ``labels``: the model's own
+    ``prepare_decoder_input_ids_from_labels``, else the labels shifted right after the decoder start token,
+    ignored positions (-100) replaced by the pad token (what transformers' ``shift_tokens_right`` does)."""
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    if prepare is not None:
+        return prepare(labels)
+    start = _config_value(model.config, "decoder_start_token_id")
+    pad = _config_value(model.config, "pad_token_id")
+    if start is None or pad is None:
+        raise ValueError(
+            f"{type(model).__name__} has no decoder_start_token_id or pad_token_id: pass decoder_input_ids"
+        )
+    shifted = labels.new_full(labels.shape, start)
+    shifted[..., 1:] = labels[..., :-1]
+    return shifted.masked_fill(shifted == -100, pad)
+
+
 def causal_lm_forward(
     self: nn.Module,
     input_ids: torch.LongTensor | None = None,
@@ -735,6 +756,15 @@ def causal_lm(
             output_router_logits = getattr(self.config, "output_router_logits", False)
         model_kwargs["output_router_logits"] = output_router_logits
 
+    if (
+        spec.encoder_decoder
+        and labels is not None
+        and model_kwargs.get("decoder_input_ids") is None
+        and model_kwargs.get("decoder_inputs_embeds") is None
+    ):
+        model_kwargs["decoder_input_ids"] = decoder_inputs_from_labels(self, labels)
+        use_cache = False  # as the models' own forwards do when given labels
+
     base = _base_model(self)
     model_kwargs[cache_argument_name(type(base).forward)] = cache
     outputs = base(
@@ -780,12 +810,25 @@ def causal_lm(
             _warn_unfused(output_linear)
             logits = None
 
-    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+    from transformers.modeling_outputs import (
+        CausalLMOutputWithPast,
+        MoeCausalLMOutputWithPast,
+        Seq2SeqLMOutput,
+    )
 
-    output_cls = MoeCausalLMOutputWithPast if spec.moe else CausalLMOutputWithPast
     returned_cache = None
     if not isinstance(outputs, tuple):
         returned_cache = getattr(outputs, _output_cache_field(type(outputs)), None)
+    if spec.encoder_decoder:
+        fields = [f.name for f in dataclasses.fields(Seq2SeqLMOutput)]
+        cache_field = _output_cache_field(Seq2SeqLMOutput)
+        rest = {n: getattr(outputs, n, None) for n in fields if n not in ("loss", "logits", cache_field)}
+        output = Seq2SeqLMOutput(loss=loss, logits=logits, **{cache_field: returned_cache}, **rest)
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
+
+    output_cls = MoeCausalLMOutputWithPast if spec.moe else CausalLMOutputWithPast
     common = dict(
         loss=loss,
         logits=logits,

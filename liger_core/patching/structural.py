@@ -386,7 +386,7 @@ def _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen: torch.
 # them a model applies, whether it shifts its labels and where its output Linear sits is decided by probing.
 _SOFTCAP_ATTRS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
 _SCALING_ATTRS = ("logits_scaling", "logits_mup_width_multiplier")  # logits / s (or the hidden states / s)
-_MULTIPLIER_ATTRS = ("logit_scale",)
+_MULTIPLIER_ATTRS = ("logit_scale", "output_multiplier")
 _VOCAB_LIMIT_ATTRS = ("unpadded_vocab_size",)
 
 
@@ -442,10 +442,16 @@ def _loss_candidates(root: nn.Module) -> list[fw.LMSpec]:
         vocab_limit_attr=_present_attr(config, _VOCAB_LIMIT_ATTRS),
     )
     transforms = [attrs, dict.fromkeys(attrs)] if any(attrs.values()) else [attrs]
+    # an encoder-decoder's decoder reads the labels shifted right, so its targets are the labels unshifted
+    # (then decoder-only, where the config says encoder-decoder but the class runs the decoder alone)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    modes = (
+        [(True, False), (False, True), (False, False)] if encoder_decoder else [(False, True), (False, False)]
+    )
     return [
-        fw.LMSpec(head=head, linear=linear, shift_labels=shift, **t)
+        fw.LMSpec(head=head, linear=linear, shift_labels=shift, encoder_decoder=enc, **t)
+        for enc, shift in modes
         for head, linear in _head_layouts(root)
-        for shift in (True, False)
         for t in transforms
     ]
 
