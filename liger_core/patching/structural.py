@@ -25,9 +25,13 @@ What is recognised (and what decides it):
   calls a module-level function whose name contains "rotary", "rope", "rotate" or "pos_emb"; the function is
   probed on random q/k/cos/sin (GQA head counts) against ``liger_core.ops.rope``, outputs and q/k gradients;
   on success the module gets a copy of its forward that calls liger's rope (``forwards.forward_with_global``).
-- Loss head: a model with ``lm_head`` (nn.Linear), ``config.vocab_size`` and a base model; its own forward's
-  loss and lm_head's gradient, on a 6-token probe, are compared with the fused linear cross-entropy's (after
-  the swaps above).
+- Loss head: a model with ``lm_head`` (nn.Linear), or an output Linear that ``get_output_embeddings()`` finds
+  (inside a head module whose forward transforms the hidden states first, as RoBERTa's, or after another
+  child, as ModernBERT-decoder's), ``config.vocab_size`` and a base model. Candidate ``LMSpec`` settings (the
+  head layout, shifted or unshifted labels, the logits transforms the config names: soft-capping, scaling,
+  a padded vocabulary; an encoder-decoder's decoder inputs from the labels) are tried in turn: the model's
+  own loss and the gradients of the head's parameters, on a 6-token probe, are compared with the fused
+  linear cross-entropy's (after the swaps above), and the first that matches is kept.
 
 A probe that raises is a failed probe: the module is left as it is and the reason is reported; patching never
 raises out of a probe. A recognised module whose probe fails is a miss (``report.missing``); a module no
