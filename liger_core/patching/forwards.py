@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -315,13 +316,77 @@ liger_causal_lm_loss._liger_core_kind = "cross_entropy"
 
 @dataclass(frozen=True)
 class LMSpec:
-    """What the causal-LM forward needs to know beyond the standard HF layout."""
+    """What the causal-LM forward needs to know beyond the standard HF layout.
 
-    softcap_attr: str | None = None
+    The head: ``head`` names the modules applied to the last hidden states in turn, the last of them holding
+    the output ``nn.Linear`` at the path ``linear`` (``lm_head`` itself by default). When the Linear sits
+    inside that module (RoBERTa's ``lm_head.decoder`` after dense -> gelu -> LayerNorm), the module's own
+    forward runs on the hidden states with the Linear as the identity, and the fused loss takes its output
+    with the Linear's weight and bias. Config attributes are read from the model's config, else from its
+    (decoder) text config.
+    """
+
+    softcap_attr: str | None = None  # config attribute: logits = c * tanh(logits / c)
     logits_scaling_attr: str | None = None  # config attribute: logits = lm_head(h) / s (Granite)
     logits_multiplier_attr: str | None = None  # config attribute: logits = lm_head(h) * m (Cohere)
+    vocab_limit_attr: str | None = None  # config attribute: logits[..., :n] when set (a padded vocabulary)
+    shift_labels: bool = True  # False: labels[..., i] is the target of position i (no shift in the model)
+    # an encoder-decoder: with labels and no decoder inputs, the decoder reads the labels shifted right
+    # (``decoder_inputs_from_labels``) and the output is a Seq2SeqLMOutput
+    encoder_decoder: bool = False
+    head: tuple[str, ...] = ("lm_head",)
+    linear: str = "lm_head"
     moe: bool = False
     aux_loss_fn: Any = None  # the modeling module's load_balancing_loss_func (MoE)
+
+
+def head_linear(model: nn.Module, spec: LMSpec) -> nn.Module:
+    """The module at ``spec.linear``: the output Linear (or whatever wraps it: LoRA, PEFT, FSDP2)."""
+    return model.get_submodule(spec.linear)
+
+
+def _identity(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return x
+
+
+class _WithoutLinear:
+    """Stands in for ``module`` as ``self`` of its class forward, with the submodule at ``path`` (dotted)
+    replaced by the identity: the module's own code computes what it would feed that Linear. Every other
+    attribute is the module's (its methods bound to the stand-in, so a forward that calls a helper method
+    still reaches the stand-in); a module on the path is stood in for the same way. Nothing is modified."""
+
+    __slots__ = ("_module", "_path")
+
+    def __init__(self, module: nn.Module, path: str):
+        self._module = module
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        first, _, rest = self._path.partition(".")
+        if name == first:
+            return _WithoutLinear(getattr(self._module, name), rest) if rest else _identity
+        value = getattr(self._module, name)
+        if isinstance(value, types.MethodType) and value.__self__ is self._module:
+            return types.MethodType(value.__func__, self)  # its other methods see the stand-in too
+        return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return type(self._module).forward(self, *args, **kwargs)
+
+
+def _first(output: Any) -> torch.Tensor:
+    """A head module's output: the tensor, or the first element of the tuple some heads return (XLM's)."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def head_input(model: nn.Module, spec: LMSpec, hidden: torch.Tensor) -> torch.Tensor:
+    """What the output Linear of ``spec``'s head is applied to, from the last hidden states."""
+    for name in spec.head[:-1]:
+        hidden = _first(model.get_submodule(name)(hidden))
+    last = spec.head[-1]
+    if spec.linear != last:
+        hidden = _first(_WithoutLinear(model.get_submodule(last), spec.linear[len(last) + 1 :])(hidden))
+    return hidden
 
 
 def fusable_linear(lm_head: nn.Module) -> nn.Linear | None:
@@ -396,13 +461,30 @@ def _slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
 
 
 def _config_value(config, attr: str | None):
-    return getattr(config, attr, None) if attr else None
+    """``config.<attr>``, else the (decoder) text config's (a VLM or an encoder-decoder keeps it there)."""
+    if not attr:
+        return None
+    value = getattr(config, attr, None)
+    if value is None and hasattr(config, "get_text_config"):
+        try:
+            text = config.get_text_config(decoder=True)
+        except (TypeError, ValueError):
+            text = None
+        if text is not None and text is not config:
+            value = getattr(text, attr, None)
+    return value
 
 
 # ``max_chunk_bytes`` of the fused loss inside the patched causal-LM forward (None: the op's default, which
 # also uses the headroom under the process's peak). Users trading memory for speed set it (bytes): a budget
 # holding every logit (tokens x vocab x 2) or fp32 copies of the gradients selects a faster exact loop.
 FLCE_MAX_CHUNK_BYTES: int | None = None
+
+
+def _targets(labels, shift_labels, ignore_index: int, spec: LMSpec) -> torch.Tensor:
+    if not spec.shift_labels and shift_labels is None:
+        return labels.reshape(-1)
+    return _shifted_targets(labels, shift_labels, ignore_index)
 
 
 def fused_linear_ce_loss(
@@ -415,29 +497,33 @@ def fused_linear_ce_loss(
     ignore_index: int,
     spec: LMSpec,
 ) -> torch.Tensor:
-    """The causal-LM loss straight from hidden states: the (tokens x vocab) logits are never materialised."""
+    """The causal-LM loss straight from the Linear's input: the (tokens x vocab) logits are never
+    materialised. ``hidden`` is what ``linear`` is applied to (``head_input``)."""
     hidden_2d = hidden.reshape(-1, hidden.shape[-1])
-    targets = _shifted_targets(labels, shift_labels, ignore_index).to(hidden_2d.device)
+    targets = _targets(labels, shift_labels, ignore_index, spec).to(hidden_2d.device)
+    weight, bias = linear.weight, linear.bias
+    limit = _config_value(model.config, spec.vocab_limit_attr)
+    if limit is not None and limit < weight.shape[0]:
+        # logits[..., :n] are the logits of the first n rows of the weight (views: their gradient flows back)
+        weight = weight[:limit]
+        bias = bias[:limit] if bias is not None else None
     scaling = _config_value(model.config, spec.logits_scaling_attr)
     multiplier = _config_value(model.config, spec.logits_multiplier_attr)
-    if (scaling is not None and scaling != 1) or (multiplier is not None and multiplier != 1):
-        if linear.bias is not None:
-            raise NotImplementedError(
-                f"liger_core: {type(model).__name__} scales its logits by a config value and its lm_head has "
-                "a bias, which the fused loss cannot fold in: use fused_linear_cross_entropy=False"
-            )
-        # lm_head(h) / s == (h / s) @ W^T: the same logits, folded into the (much smaller) hidden states
-        if scaling is not None and scaling != 1:
-            hidden_2d = hidden_2d / scaling
-        if multiplier is not None and multiplier != 1:
-            hidden_2d = hidden_2d * multiplier
+    # (h @ W^T + b) / s == (h / s) @ W^T + b / s: the same logits, folded into the (much smaller) hidden
+    # states and bias
+    if scaling is not None and scaling != 1:
+        hidden_2d = hidden_2d / scaling
+        bias = bias / scaling if bias is not None else None
+    if multiplier is not None and multiplier != 1:
+        hidden_2d = hidden_2d * multiplier
+        bias = bias * multiplier if bias is not None else None
     softcap = _config_value(model.config, spec.softcap_attr)
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = liger_core.ops.fused_linear_cross_entropy(
         hidden_2d,
-        linear.weight,
+        weight,
         targets,
-        bias=linear.bias,
+        bias=bias,
         ignore_index=ignore_index,
         reduction=reduction,
         softcap=softcap,
@@ -449,8 +535,14 @@ def fused_linear_ce_loss(
 
 
 def _logits(model: nn.Module, hidden: torch.Tensor, spec: LMSpec) -> torch.Tensor:
-    """Exactly the HF logits: lm_head, then Granite's or Cohere's scaling, or Gemma's final soft-capping."""
-    logits = model.lm_head(hidden)
+    """Exactly the HF logits: the head, a padded vocabulary cut, Granite's or Cohere's scaling, or Gemma's
+    final soft-capping."""
+    logits = hidden
+    for name in spec.head:
+        logits = _first(model.get_submodule(name)(logits))
+    limit = _config_value(model.config, spec.vocab_limit_attr)
+    if limit is not None and limit < logits.shape[-1]:
+        logits = logits[..., :limit]
     scaling = _config_value(model.config, spec.logits_scaling_attr)
     if scaling is not None:
         logits = logits / scaling
@@ -461,6 +553,24 @@ def _logits(model: nn.Module, hidden: torch.Tensor, spec: LMSpec) -> torch.Tenso
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     return logits
+
+
+def decoder_inputs_from_labels(model: nn.Module, labels: torch.Tensor) -> torch.Tensor:
+    """An encoder-decoder's decoder input ids for ``labels``: the model's own
+    ``prepare_decoder_input_ids_from_labels``, else the labels shifted right after the decoder start token,
+    ignored positions (-100) replaced by the pad token (what transformers' ``shift_tokens_right`` does)."""
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    if prepare is not None:
+        return prepare(labels)
+    start = _config_value(model.config, "decoder_start_token_id")
+    pad = _config_value(model.config, "pad_token_id")
+    if start is None or pad is None:
+        raise ValueError(
+            f"{type(model).__name__} has no decoder_start_token_id or pad_token_id: pass decoder_input_ids"
+        )
+    shifted = labels.new_full(labels.shape, start)
+    shifted[..., 1:] = labels[..., :-1]
+    return shifted.masked_fill(shifted == -100, pad)
 
 
 def causal_lm_forward(
@@ -552,8 +662,13 @@ def _output_cache_field(output_cls: type) -> str:
 ORIGINAL_FORWARD = "_liger_core_original_forward"
 
 
-def _has_fusable_head(model: nn.Module) -> bool:
-    return fusable_linear(model.lm_head) is not None or redirected_linear(model.lm_head) is not None
+def has_fusable_head(model: nn.Module, spec: LMSpec) -> bool:
+    """Whether the head's output Linear is one the fused loss can read (see ``fusable_linear``)."""
+    try:
+        linear = head_linear(model, spec)
+    except AttributeError:  # the head was replaced by a module without that path
+        return False
+    return fusable_linear(linear) is not None or redirected_linear(linear) is not None
 
 
 def _base_model(model: nn.Module) -> nn.Module:
@@ -611,11 +726,11 @@ def causal_lm(
             "skip_logits=True needs `labels` or `shift_labels`: without them there is nothing to return"
         )
     original = self.__dict__.get(ORIGINAL_FORWARD, getattr(type(self), ORIGINAL_FORWARD, None))
-    if original is not None and not (skip_logits and _has_fusable_head(self)):
+    if original is not None and not (skip_logits and has_fusable_head(self, spec)):
         # logits are wanted (eval, generation) or the head cannot be fused: the model's own forward, which
         # also returns whatever else its output class carries (a VLM's rope deltas, image states, ...)
         if skip_logits:  # asked not to return logits, but lm_head could not be fused (see fusable_linear)
-            _warn_unfused(self.lm_head)
+            _warn_unfused(head_linear(self, spec))
         output = original(
             self,
             input_ids=input_ids,
@@ -641,6 +756,15 @@ def causal_lm(
             output_router_logits = getattr(self.config, "output_router_logits", False)
         model_kwargs["output_router_logits"] = output_router_logits
 
+    if (
+        spec.encoder_decoder
+        and labels is not None
+        and model_kwargs.get("decoder_input_ids") is None
+        and model_kwargs.get("decoder_inputs_embeds") is None
+    ):
+        model_kwargs["decoder_input_ids"] = decoder_inputs_from_labels(self, labels)
+        use_cache = False  # as the models' own forwards do when given labels
+
     base = _base_model(self)
     model_kwargs[cache_argument_name(type(base).forward)] = cache
     outputs = base(
@@ -653,14 +777,22 @@ def causal_lm(
     )
     hidden = _slice_to_keep(outputs[0], logits_to_keep)
 
-    linear = fusable_linear(self.lm_head) if skip_logits else None
+    output_linear = head_linear(self, spec) if skip_logits else None
+    linear = fusable_linear(output_linear) if skip_logits else None
     # FSDP2 (lm_head its own unit) or ZeRO-3: the weight is whole only inside lm_head's own forward, so the
     # fused loss runs as that forward (patching/distributed.py)
-    sharded_head = redirected_linear(self.lm_head) if skip_logits and linear is None else None
+    sharded_head = redirected_linear(output_linear) if skip_logits and linear is None else None
     logits = loss = None
     if linear is not None:
         loss = fused_linear_ce_loss(
-            self, linear, hidden, labels, shift_labels, num_items_in_batch, ignore_index, spec
+            self,
+            linear,
+            head_input(self, spec, hidden),
+            labels,
+            shift_labels,
+            num_items_in_batch,
+            ignore_index,
+            spec,
         )
     elif sharded_head is not None:
         loss = call_as_forward(
@@ -668,22 +800,35 @@ def causal_lm(
             lambda h: fused_linear_ce_loss(
                 self, sharded_head, h, labels, shift_labels, num_items_in_batch, ignore_index, spec
             ),
-            hidden,
+            head_input(self, spec, hidden),
         )
     else:
         logits = _logits(self, hidden, spec)
         if has_targets:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=vocab_size(self), **kwargs)
         if skip_logits:  # asked not to return logits, but lm_head could not be fused (see fusable_linear)
-            _warn_unfused(self.lm_head)
+            _warn_unfused(output_linear)
             logits = None
 
-    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+    from transformers.modeling_outputs import (
+        CausalLMOutputWithPast,
+        MoeCausalLMOutputWithPast,
+        Seq2SeqLMOutput,
+    )
 
-    output_cls = MoeCausalLMOutputWithPast if spec.moe else CausalLMOutputWithPast
     returned_cache = None
     if not isinstance(outputs, tuple):
         returned_cache = getattr(outputs, _output_cache_field(type(outputs)), None)
+    if spec.encoder_decoder:
+        fields = [f.name for f in dataclasses.fields(Seq2SeqLMOutput)]
+        cache_field = _output_cache_field(Seq2SeqLMOutput)
+        rest = {n: getattr(outputs, n, None) for n in fields if n not in ("loss", "logits", cache_field)}
+        output = Seq2SeqLMOutput(loss=loss, logits=logits, **{cache_field: returned_cache}, **rest)
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
+
+    output_cls = MoeCausalLMOutputWithPast if spec.moe else CausalLMOutputWithPast
     common = dict(
         loss=loss,
         logits=logits,

@@ -12,7 +12,6 @@ from __future__ import annotations
 from torch import nn
 
 from liger_core.patching import forwards as fw
-from liger_core.patching.distributed import redirected_linear
 from liger_core.patching.report import PatchReport
 from liger_core.patching.swaps import bind, class_forward_is, foreign_forward, own_kind, set_entry
 
@@ -20,13 +19,13 @@ FLCE = "fused_linear_cross_entropy"
 CE = "cross_entropy"
 
 
-def _head_fusable(root: nn.Module) -> bool:
-    return fw.fusable_linear(root.lm_head) is not None or redirected_linear(root.lm_head) is not None
-
-
-def _unfusable_reason(root: nn.Module) -> str:
+def _unfusable_reason(root: nn.Module, spec: fw.LMSpec) -> str:
+    try:
+        name = type(fw.head_linear(root, spec)).__name__
+    except AttributeError:
+        name = "missing"
     return (
-        f"lm_head ({type(root.lm_head).__name__}) is not a plain nn.Linear (LoRA, quantised or offloaded); "
+        f"{spec.linear} ({name}) is not a plain nn.Linear (LoRA, quantised or offloaded); "
         "the loss is computed by the model from its logits"
     )
 
@@ -39,16 +38,18 @@ def patch_loss(root: nn.Module, spec: fw.LMSpec, flags: dict[str, bool], report:
     if flags[FLCE]:
         if kind == FLCE or class_flce:
             report.count_already(FLCE)
-            if not _head_fusable(root):  # e.g. a LoRA adapter put on lm_head after the model was patched
-                report.miss(FLCE, _unfusable_reason(root))
+            if not fw.has_fusable_head(
+                root, spec
+            ):  # e.g. a LoRA adapter put on lm_head after the model was patched
+                report.miss(FLCE, _unfusable_reason(root, spec))
         elif kind == CE or class_ce:
             report.miss(FLCE, "the loss already uses liger cross_entropy; revert() first to switch")
         elif foreign_forward(root):
             report.miss(
                 FLCE, f"{type(root).__name__} already has an instance-level forward from another library"
             )
-        elif not _head_fusable(root):
-            report.miss(FLCE, _unfusable_reason(root))
+        elif not fw.has_fusable_head(root, spec):
+            report.miss(FLCE, _unfusable_reason(root, spec))
         else:
             forward = fw.causal_lm_forward_for(type(root).forward)
             markers = {"_liger_core_lm_spec": spec, fw.ORIGINAL_FORWARD: type(root).forward}

@@ -25,9 +25,13 @@ What is recognised (and what decides it):
   calls a module-level function whose name contains "rotary", "rope", "rotate" or "pos_emb"; the function is
   probed on random q/k/cos/sin (GQA head counts) against ``liger_core.ops.rope``, outputs and q/k gradients;
   on success the module gets a copy of its forward that calls liger's rope (``forwards.forward_with_global``).
-- Loss head: a model with ``lm_head`` (nn.Linear), ``config.vocab_size`` and a base model; its own forward's
-  loss and lm_head's gradient, on a 6-token probe, are compared with the fused linear cross-entropy's (after
-  the swaps above).
+- Loss head: a model with ``lm_head`` (nn.Linear), or an output Linear that ``get_output_embeddings()`` finds
+  (inside a head module whose forward transforms the hidden states first, as RoBERTa's, or after another
+  child, as ModernBERT-decoder's), ``config.vocab_size`` and a base model. Candidate ``LMSpec`` settings (the
+  head layout, shifted or unshifted labels, the logits transforms the config names: soft-capping, scaling,
+  a padded vocabulary; an encoder-decoder's decoder inputs from the labels) are tried in turn: the model's
+  own loss and the gradients of the head's parameters, on a 6-token probe, are compared with the fused
+  linear cross-entropy's (after the swaps above), and the first that matches is kept.
 
 A probe that raises is a failed probe: the module is left as it is and the reason is reported; patching never
 raises out of a probe. A recognised module whose probe fails is a miss (``report.missing``); a module no
@@ -417,43 +421,155 @@ def _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen: torch.
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _probe_loss(root: nn.Module, spec: fw.LMSpec, gen: torch.Generator) -> bool | str:
-    """The fused loss against the model's own: the loss, and the gradient of lm_head's weight (and bias).
+# Config attributes the logits transforms of causal-LM heads are read from (first present wins); which of
+# them a model applies, whether it shifts its labels and where its output Linear sits is decided by probing.
+_SOFTCAP_ATTRS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+_SCALING_ATTRS = ("logits_scaling", "logits_mup_width_multiplier")  # logits / s (or the hidden states / s)
+_MULTIPLIER_ATTRS = ("logit_scale", "output_multiplier")
+_VOCAB_LIMIT_ATTRS = ("unpadded_vocab_size",)
 
-    Everything below lm_head runs the same code in both, so the head's gradient is where a different loss
-    shows. The head's parameters are made to require a gradient for the probe only (a frozen head, as under
-    LoRA, included) and set back afterwards.
+
+def _present_attr(config, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` set (not None, not 0) in the config or its text config."""
+    return next((n for n in names if fw._config_value(config, n)), None)
+
+
+def _output_linear_path(root: nn.Module) -> str | None:
+    """The path of the module ``get_output_embeddings()`` returns, when it is an ``nn.Linear`` under root."""
+    try:
+        out = root.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if not isinstance(out, nn.Linear):
+        return None
+    return next((name for name, m in root.named_modules() if m is out and name), None)
+
+
+def _head_layouts(root: nn.Module) -> list[tuple[tuple[str, ...], str]]:
+    """Candidate (head, linear) layouts of ``LMSpec``: ``lm_head`` as the Linear, then the output embeddings
+    found by ``get_output_embeddings()``: the Linear inside a head module whose forward transforms the hidden
+    states first, or a Linear of the model itself, applied alone or after another child module (a
+    transform)."""
+    layouts = []
+    lm_head = getattr(root, "lm_head", None)
+    if _usable(getattr(lm_head, "weight", None)):
+        layouts.append((("lm_head",), "lm_head"))
+    path = _output_linear_path(root)
+    if path is not None and path != "lm_head":
+        top = path.split(".")[0]
+        if top != path:
+            layouts.append(((top,), path))
+        else:
+            layouts.append(((path,), path))
+            # a transform of the model's own before it (ModernBERT-decoder's lm_head, ELECTRA's
+            # generator_predictions): any other child but the base model
+            base = getattr(root, getattr(root, "base_model_prefix", ""), None)
+            for name, child in root.named_children():
+                if name != path and child is not base and any(True for _ in child.parameters()):
+                    layouts.append(((name, path), path))
+    return layouts
+
+
+def _loss_candidates(root: nn.Module) -> list[fw.LMSpec]:
+    """Every ``LMSpec`` the probe tries, most likely first: each head layout, labels shifted or not, with the
+    logits transforms the config names (and without them, when it names any)."""
+    config = root.config
+    attrs = dict(
+        softcap_attr=_present_attr(config, _SOFTCAP_ATTRS),
+        logits_scaling_attr=_present_attr(config, _SCALING_ATTRS),
+        logits_multiplier_attr=_present_attr(config, _MULTIPLIER_ATTRS),
+        vocab_limit_attr=_present_attr(config, _VOCAB_LIMIT_ATTRS),
+    )
+    transforms = [attrs, dict.fromkeys(attrs)] if any(attrs.values()) else [attrs]
+    # an encoder-decoder's decoder reads the labels shifted right, so its targets are the labels unshifted
+    # (then decoder-only, where the config says encoder-decoder but the class runs the decoder alone)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    modes = (
+        [(True, False), (False, True), (False, False)] if encoder_decoder else [(False, True), (False, False)]
+    )
+    return [
+        fw.LMSpec(head=head, linear=linear, shift_labels=shift, encoder_decoder=enc, **t)
+        for enc, shift in modes
+        for head, linear in _head_layouts(root)
+        for t in transforms
+    ]
+
+
+def _head_params(root: nn.Module, spec: fw.LMSpec) -> list[torch.Tensor]:
+    """The parameters of the head's modules (the output Linear's weight and bias, and a transform's)."""
+    params = {}
+    for name in spec.head:
+        for p in root.get_submodule(name).parameters():
+            params[id(p)] = p
+    return [p for p in params.values() if _usable(p)]
+
+
+def _probe_loss(root: nn.Module, candidates: list[fw.LMSpec], gen: torch.Generator) -> fw.LMSpec | str:
+    """The first candidate whose fused loss equals the model's own: the loss, and the gradient of every
+    parameter of the head (the output Linear's weight and bias, a transform's before it).
+
+    Everything below the head runs the same code in both, so the head's gradients are where a different loss
+    shows. The model's own loss and gradients are computed once; each candidate then runs the patched
+    forward. The head's parameters are made to require a gradient for the probe only (a frozen head, as under
+    LoRA, included) and set back afterwards. Returns why none matched otherwise (the closest one's error).
     """
-    head = getattr(root, "lm_head", None)
-    weight = getattr(head, "weight", None)
-    if not _usable(weight) or getattr(root, "config", None) is None:
+    if getattr(root, "config", None) is None or not candidates:
         return "no lm_head weight or config"
-    params = [p for p in (weight, getattr(head, "bias", None)) if isinstance(p, torch.Tensor)]
+    fusable = [c for c in candidates if fw.has_fusable_head(root, c)]
+    if not fusable:
+        linear = fw.head_linear(root, candidates[0])
+        return (
+            f"{candidates[0].linear} ({type(linear).__name__}) is not a plain nn.Linear (LoRA, quantised or "
+            "offloaded); the loss is computed by the model from its logits"
+        )
+    params = list({id(p): p for c in fusable for p in _head_params(root, c)}.values())
+    weight = fw.head_linear(root, fusable[0]).weight
     requires = [p.requires_grad for p in params]
     ids = _probe_ids(root, gen).to(weight.device)
     training = root.training
     root.eval()
+    reasons: list[tuple[float, str]] = []
     try:
         for p in params:
             p.requires_grad_(True)
         with torch.enable_grad():
-            ref = type(root).forward(root, input_ids=ids, labels=ids, use_cache=False)
-            ref_loss = getattr(ref, "loss", None)
-            if not isinstance(ref_loss, torch.Tensor) or getattr(ref, "router_logits", None) is not None:
-                return "forward has no plain causal-LM loss (or is a mixture of experts)"
-            ref_grads = torch.autograd.grad(ref_loss, params)
-            ours = fw.causal_lm(root, spec, input_ids=ids, labels=ids, use_cache=False, skip_logits=True).loss
-            grads = torch.autograd.grad(ours, params)
-    except Exception as e:  # noqa: BLE001 - a forward with other conventions is left alone, with the reason
-        return f"probe forward failed ({type(e).__name__}: {e})"
+            try:
+                ref = type(root).forward(root, input_ids=ids, labels=ids, use_cache=False)
+                ref_loss = getattr(ref, "loss", None)
+                if not isinstance(ref_loss, torch.Tensor) or getattr(ref, "router_logits", None) is not None:
+                    return "forward has no plain causal-LM loss (or is a mixture of experts)"
+                ref_grads = torch.autograd.grad(ref_loss, params, allow_unused=True)
+            except Exception as e:  # noqa: BLE001 - a forward with other conventions is left alone
+                return f"probe forward failed ({type(e).__name__}: {e})"
+            ref_grads = dict(zip(map(id, params), ref_grads))
+            for spec in fusable:
+                verdict = _probe_loss_spec(root, spec, ids, ref_loss, ref_grads, weight.dtype)
+                if verdict is True:
+                    return spec
+                reasons.append(verdict)
     finally:
         for p, r in zip(params, requires):
             p.requires_grad_(r)
         root.train(training)
-    err = _max_err([(ours.to(ref_loss.dtype), ref_loss), *zip(grads, ref_grads)])
-    if err <= _tolerance(weight.dtype):
+    return min(reasons)[1]
+
+
+def _probe_loss_spec(root, spec, ids, ref_loss, ref_grads, dtype) -> bool | tuple[float, str]:
+    """One candidate of ``_probe_loss``: True, or (error, why) (a forward that raises: infinite error)."""
+    mine = _head_params(root, spec)
+    try:
+        ours = fw.causal_lm(root, spec, input_ids=ids, labels=ids, use_cache=False, skip_logits=True).loss
+        grads = torch.autograd.grad(ours, mine, allow_unused=True)
+    except Exception as e:  # noqa: BLE001 - this candidate's head cannot run: the next one is tried
+        return float("inf"), f"probe forward failed ({type(e).__name__}: {e})"
+    pairs = [(ours.to(ref_loss.dtype), ref_loss)]
+    pairs += [
+        (g, ref_grads[id(p)]) for p, g in zip(mine, grads) if not (g is None and ref_grads[id(p)] is None)
+    ]
+    err = _max_err(pairs)
+    if err <= _tolerance(dtype):
         return True
-    return f"loss or lm_head gradient differs from the model's own (rel. error {err:.1e})"
+    return err, f"loss or lm_head gradient differs from the model's own (rel. error {err:.1e})"
 
 
 def _probe_ids(root: nn.Module, gen: torch.Generator, length: int = 6) -> torch.Tensor:
@@ -599,26 +715,21 @@ def _reason(m: nn.Module, verdict) -> str:
 
 
 def _patch_loss_structurally(root, flags, report, gen, misses, skips) -> None:
-    config = getattr(root, "config", None)
-    spec = fw.LMSpec(
-        softcap_attr="final_logit_softcapping" if getattr(config, "final_logit_softcapping", None) else None,
-        logits_scaling_attr="logits_scaling" if getattr(config, "logits_scaling", None) else None,
-        logits_multiplier_attr="logit_scale" if getattr(config, "logit_scale", None) else None,
-    )
     kind = "fused_linear_cross_entropy" if flags["fused_linear_cross_entropy"] else "cross_entropy"
+    has_head = isinstance(getattr(root, "lm_head", None), nn.Module) or _output_linear_path(root) is not None
     if own_kind(root) is not None:
-        patch_loss(root, spec, flags, report)
-    elif not isinstance(getattr(root, "lm_head", None), nn.Module) or not hasattr(root, "base_model_prefix"):
+        patch_loss(root, getattr(root, "_liger_core_lm_spec", fw.LMSpec()), flags, report)
+    elif not has_head or not hasattr(root, "base_model_prefix"):
         skips.append(f"loss: {type(root).__name__} has no lm_head (not a causal LM)")
     elif flags["fused_linear_cross_entropy"]:
-        verdict = _probe_loss(root, spec, gen)
-        if verdict is True:
-            patch_loss(root, spec, flags, report)
+        verdict = _probe_loss(root, _loss_candidates(root), gen)
+        if isinstance(verdict, fw.LMSpec):
+            patch_loss(root, verdict, flags, report)
         else:
             misses.append((kind, verdict))
     else:
         inner = innermost_function(type(root).forward)
         if inner is not None and "loss_function" in inner.__code__.co_names:
-            patch_loss(root, spec, flags, report)
+            patch_loss(root, fw.LMSpec(), flags, report)
         else:
             misses.append((kind, "the model's forward does not use self.loss_function"))
