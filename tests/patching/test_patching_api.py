@@ -459,3 +459,40 @@ def test_unsupported_model_type_messages():
         liger_core.patching.apply_liger_kernel_to("gpt2")
     assert issubclass(UnsupportedModelError, ValueError)
     assert liger_core.supported_model_types() == sorted(liger_core.patching.RECIPES)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the patched forward's signature
+
+
+def _params(fn) -> list[str]:
+    import inspect
+
+    return list(inspect.signature(fn).parameters)
+
+
+def test_patched_forward_reports_the_class_forwards_signature():
+    """The HF Trainer keeps only the dataset columns the forward's signature names (remove_unused_columns):
+    a patched forward must name every input of the class forward (a VLM's pixel_values, image_grid_thw)."""
+    from transformers import LlamaForCausalLM
+
+    class_params = _params(LlamaForCausalLM.forward)[1:]  # without self
+    model = tiny_model("llama")
+    liger_core.apply_liger_kernel(model)
+    assert fw.is_causal_lm_forward(model.forward.__func__)
+    assert _params(model.forward) == class_params
+    try:
+        liger_core.apply_liger_kernel_to_llama()
+        assert fw.is_causal_lm_forward(LlamaForCausalLM.forward)
+        assert _params(LlamaForCausalLM.forward)[1:] == class_params
+    finally:
+        revert_model_type("llama")
+    assert _params(LlamaForCausalLM.forward)[1:] == class_params
+
+    def undecorated(self, input_ids=None, pixel_values=None, image_grid_thw=None, labels=None, **kwargs):
+        raise AssertionError("replaced")
+
+    forward = fw.causal_lm_forward_for(undecorated)
+    assert forward is not fw.causal_lm_forward and fw.is_causal_lm_forward(forward)
+    assert _params(forward) == _params(undecorated)
+    assert "pixel_values" not in _params(fw.causal_lm_forward)  # the shared function is left as it is
