@@ -5,6 +5,8 @@ Public API (lazily imported: ``import liger_core`` does not import triton or tra
 - ``liger_core.modules``: nn.Module wrappers
 - ``liger_core.apply_liger_kernel(model, **flags)``, ``liger_core.revert(model)``,
   ``liger_core.apply_liger_kernel_to_<model_type>(**flags)``, ``liger_core.AutoLigerKernelForCausalLM``
+- ``liger_core.supported_model_types()``, ``liger_core.model_coverage(model_type)``,
+  ``liger_core.recipe_model_types()``
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import importlib
 
 __version__ = "0.1.0"
 
-_PATCHING_NAMES = {"apply_liger_kernel", "revert", "AutoLigerKernelForCausalLM", "supported_model_types"}
+_PATCHING_NAMES = {
+    "apply_liger_kernel",
+    "revert",
+    "AutoLigerKernelForCausalLM",
+    "supported_model_types",
+    "recipe_model_types",
+    "model_coverage",
+}
 
 
 def __getattr__(name: str):

@@ -7,7 +7,9 @@
   ``apply_liger_kernel_to(model_type, **flags)``: class-level, for models built afterwards;
   ``revert_model_type(model_type)``.
 - ``AutoLigerKernelForCausalLM.from_pretrained / from_config``.
-- ``supported_model_types()``.
+- ``supported_model_types()``: types with a recipe or patched exactly by the model zoo;
+  ``model_coverage(model_type)`` / ``coverage()``: the zoo's record (kernels applied, missing ones and why);
+  ``recipe_model_types()``: the types ``apply_liger_kernel_to`` takes.
 
 Flags (all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``layer_norm``, ``cross_entropy``
 (default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``), and
@@ -21,8 +23,9 @@ from __future__ import annotations
 from torch import nn
 
 from liger_core.patching.class_level import apply_liger_kernel_to, revert_model_type
+from liger_core.patching.coverage_data import coverage, model_coverage
 from liger_core.patching.instance import apply_liger_kernel, is_patched, patched_kinds, revert
-from liger_core.patching.recipes import RECIPES, supported_model_types
+from liger_core.patching.recipes import RECIPES, recipe_model_types, supported_model_types
 from liger_core.patching.report import PatchIncompleteError, PatchReport, UnsupportedModelError
 
 __all__ = [
@@ -32,9 +35,12 @@ __all__ = [
     "UnsupportedModelError",
     "apply_liger_kernel",
     "apply_liger_kernel_to",
+    "coverage",
     "is_liger_forward",
     "is_patched",
+    "model_coverage",
     "patched_kinds",
+    "recipe_model_types",
     "revert",
     "revert_model_type",
     "supported_model_types",

@@ -17,7 +17,7 @@ from torch import nn
 
 from liger_core.patching.class_level import apply_liger_kernel_to
 from liger_core.patching.instance import apply_liger_kernel
-from liger_core.patching.recipes import RECIPES, supported_model_types
+from liger_core.patching.recipes import RECIPES, recipe_model_types
 from liger_core.patching.report import KERNEL_DEFAULTS, logger
 
 PATCH_FLAGS = (*KERNEL_DEFAULTS, "strict")
@@ -35,9 +35,9 @@ def _build_patched(config: Any, flags: dict[str, bool], build: Callable[[], nn.M
         return build()
     model = build()
     logger.warning(
-        "liger_core: no recipe for model_type=%r (supported: %s); patching the loaded model structurally",
+        "liger_core: no recipe for model_type=%r (recipes: %s); patching the loaded model structurally",
         model_type,
-        ", ".join(supported_model_types()),
+        ", ".join(recipe_model_types()),
     )
     apply_liger_kernel(model, **flags)
     return model

@@ -27,7 +27,7 @@ from typing import Any
 
 from liger_core.patching import forwards as fw
 from liger_core.patching.introspect import innermost_function
-from liger_core.patching.recipes import RECIPES, MLPSpec, NormSpec, Recipe, supported_model_types
+from liger_core.patching.recipes import RECIPES, MLPSpec, NormSpec, Recipe, recipe_model_types
 from liger_core.patching.report import PatchIncompleteError, PatchReport, UnsupportedModelError, logger
 
 _MISSING = object()
@@ -45,7 +45,7 @@ _swapped_by_type: dict[str, list[tuple[str, Any]]] = {}
 def unsupported_error(model_type: object) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"liger_core has no patching recipe for model_type={model_type!r}. "
-        f"Supported model types: {', '.join(supported_model_types())}. "
+        f"Model types with a recipe: {', '.join(recipe_model_types())}. "
         "For other architectures use liger_core.apply_liger_kernel(model) on the built model, which patches "
         "whatever it recognises structurally (and checks each swap numerically)."
     )

@@ -625,9 +625,33 @@ def causal_lm_forward_for(class_forward: Any) -> Any:
     """
     resolve_transformers_helpers()
     try:
-        return rewrap(class_forward, causal_lm_forward)
+        forward = rewrap(class_forward, causal_lm_forward)
     except RewrapError:
-        return causal_lm_forward
+        forward = causal_lm_forward
+    return _with_signature_of(class_forward, forward)
+
+
+def _with_signature_of(class_forward: Any, forward: Any) -> Any:
+    """``forward``, reporting ``class_forward``'s signature to ``inspect.signature``.
+
+    The HF Trainer keeps only the dataset columns that the model's forward names (``remove_unused_columns``,
+    on by default): with ``causal_lm_forward``'s own signature it would drop ``pixel_values``,
+    ``image_grid_thw``, ``token_type_ids`` and every other input of a vision-language or other model that the
+    patched forward passes on through ``**kwargs``. ``causal_lm_forward`` itself is shared by every patched
+    class, so when nothing decorates the class forward, a thin per-class wrapper carries the signature.
+    """
+    try:
+        signature = inspect.signature(class_forward)
+    except (TypeError, ValueError):  # a callable without one: nothing to report
+        return forward
+    if forward is causal_lm_forward:
+
+        @functools.wraps(causal_lm_forward)
+        def forward(self: nn.Module, *args: Any, **kwargs: Any):
+            return causal_lm_forward(self, *args, **kwargs)
+
+    forward.__signature__ = signature
+    return forward
 
 
 def is_causal_lm_forward(forward: Any) -> bool:

@@ -158,7 +158,7 @@ def apply_liger_kernel(
 ) -> PatchReport:
     """Patch a built Hugging Face model (or a PEFT/DDP/compiled wrapper of one) in place (module docstring).
 
-    Known ``model_type`` (``supported_model_types()``): exact per-recipe patching. Unknown: structural
+    Known ``model_type`` (``recipe_model_types()``): exact per-recipe patching. Unknown: structural
     patching (``liger_core.patching.structural``), where each swap is first checked numerically on a probe.
     Every kernel that is asked for and that the model could use but did not get is in ``report.missing``
     with its reason (and in the logged line).

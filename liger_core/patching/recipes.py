@@ -150,6 +150,23 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def supported_model_types() -> list[str]:
-    """The ``model_type`` values with a recipe (class-level patching and exact instance patching)."""
+def recipe_model_types() -> list[str]:
+    """The ``model_type`` values with a recipe: class-level patching (``apply_liger_kernel_to``) and
+    per-recipe instance patching."""
     return sorted(RECIPES)
+
+
+def supported_model_types() -> list[str]:
+    """The ``model_type`` values that ``apply_liger_kernel`` is known to patch exactly.
+
+    Supported means: the type has a recipe, or the model zoo (``tests/patching/zoo.py``) patched a tiny
+    random model of it on the transformers release named by ``coverage()["transformers"]`` and the patched
+    model's loss and every parameter gradient equalled the unpatched model's (fp32, one training step; for a
+    type with a separate image-text-to-text class, both classes). A supported type may still leave kernels
+    out where its modules have no liger_core equivalent: ``model_coverage(model_type)["missing"]`` names each
+    with its reason, as ``PatchReport.missing`` does at patch time. Types not listed are still patched
+    structurally (every swap checked numerically on a probe), without that end-to-end proof.
+    """
+    from liger_core.patching.coverage_data import zoo_exact_types
+
+    return sorted(set(RECIPES) | set(zoo_exact_types()))

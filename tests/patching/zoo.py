@@ -11,9 +11,11 @@ patched with ``liger_core.apply_liger_kernel`` and compared with itself unpatche
   returns a ``CaseResult`` (what the patch report says, whether patching raised, whether the numbers match).
 
 CLI (writes the generated coverage table and/or the raw results; docs/coverage.md is generated with the
-real kernels, in Triton's interpreter, about 15 minutes on one core):
+real kernels, in Triton's interpreter, about 15 minutes on one core, together with the package data that
+``liger_core.supported_model_types()`` reads):
 
-    TRITON_INTERPRET=1 python tests/patching/zoo.py --out docs/coverage.md [--json out.json] [--types llama]
+    TRITON_INTERPRET=1 python tests/patching/zoo.py --out docs/coverage.md \
+        --package-data liger_core/patching/zoo_coverage.json [--json out.json] [--types llama]
 
 The kernels take whatever path the process has: the pure-PyTorch reference path on CPU, or Triton's
 interpreter when ``TRITON_INTERPRET=1`` is set before Triton is imported.
@@ -866,6 +868,43 @@ def coverage_markdown(results: list[CaseResult], header: str, command: str) -> s
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Package data: liger_core/patching/zoo_coverage.json, what liger_core.supported_model_types() and
+# liger_core.model_coverage() read (liger_core/patching/coverage_data.py describes the records)
+
+
+def package_record(r: CaseResult) -> dict:
+    """One case as the package keeps it: the patch report's content, the verdict, and why when not exact."""
+    record = dict(
+        model_class=r.model_class,
+        vlm=r.vlm,
+        status=r.status,
+        exact=r.exact,
+        method=r.method,
+        swapped=dict(r.swapped),
+        missing={kind: _distinct(reasons) for kind, reasons in r.missing.items()},
+    )
+    if not r.exact:
+        record["reason"] = _verdict(r)
+    return record
+
+
+def package_data(results: list[CaseResult], versions: dict, kernels: str, command: str) -> dict:
+    return dict(
+        generated_by=command,
+        **versions,
+        kernels=kernels,
+        tolerances=dict(loss=LOSS_TOL, grads=GRAD_TOL),
+        types={r.model_type: package_record(r) for r in results},
+    )
+
+
+def write_package_data(path: str, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def run_all(types: list[str], progress: bool = False) -> list[CaseResult]:
     results = []
     for t in types:
@@ -881,8 +920,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the coverage table (Markdown) here")
     parser.add_argument("--json", help="write the raw results (one object per type) here")
     parser.add_argument("--types", help="comma-separated cases: model types or <type>:vlm (default: all)")
+    parser.add_argument(
+        "--package-data",
+        help="write what liger_core.supported_model_types() reads here "
+        "(liger_core/patching/zoo_coverage.json); every case, so not with --types",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
+    if args.package_data and args.types:
+        parser.error("--package-data lists every case: run it without --types")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import transformers
@@ -903,12 +949,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dict(asdict(r), status=r.status, exact=r.exact) for r in results], f, indent=1)
+    interpreted = "TRITON_INTERPRET=1 " if triton_status() == "interpreted" else ""
+    options = (("--out", args.out), ("--package-data", args.package_data))
+    command = f"{interpreted}python tests/patching/zoo.py" + "".join(f" {o} {v}" for o, v in options if v)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            interpreted = "TRITON_INTERPRET=1 " if triton_status() == "interpreted" else ""
-            command = f"{interpreted}python tests/patching/zoo.py --out {args.out}"
             f.write(coverage_markdown(results, header, command))
+    if args.package_data:
+        versions = dict(
+            transformers=transformers.__version__,
+            torch=torch.__version__,
+            liger_core=getattr(liger_core, "__version__", "?"),
+        )
+        write_package_data(args.package_data, package_data(results, versions, path, command))
     info = summary(results)
     print(
         f"{len(results)} types in {time.perf_counter() - start:.0f} s: "

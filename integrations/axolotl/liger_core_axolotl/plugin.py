@@ -193,10 +193,10 @@ class LigerCorePlugin(BasePlugin):
 
             liger_core_trl.install()
         import liger_core
-        from liger_core.patching import revert_model_type, supported_model_types
+        from liger_core.patching import recipe_model_types, revert_model_type
 
         model_type = cfg.model_config_type
-        if model_type not in supported_model_types():
+        if model_type not in recipe_model_types():
             LOG.info("liger_core: no class-level recipe for %r; will patch the built model", model_type)
             return
         report = liger_core.patching.apply_liger_kernel_to(
