@@ -219,7 +219,7 @@ class Progress:
     def line(self, now: float) -> str:
         elapsed = now - self.started
         if self.step == 0:
-            return f"{self.label}: model built in {elapsed:.0f} s, training {self.steps} steps..."
+            return f"{self.label}: model built in {elapsed:.0f} s, training {self.steps} step(s)..."
         text = f"{self.label}: step {self.step}/{self.steps}"
         if self.loss is not None:
             text += f", loss {self.loss:.4f}"
@@ -441,9 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  device: {torch.cuda.get_device_name()} | Triton kernels | {base['dtype']}")
     else:
         print("  device: CPU, no CUDA GPU. The Triton kernels need a GPU to run fast, so here liger_core")
-        print("  runs its PyTorch reference code: the loss curves must match HF's, but speed and memory say")
-        print("  nothing about the kernels and are not compared. The real Triton kernels are then run by")
-        print("  Triton's CPU interpreter on a tiny model, to show that they give the same losses.")
+        print("  runs its PyTorch reference code: the loss curves must match HF's, but its speed and")
+        print("  memory here say nothing about the kernels (no ratio is given). The real Triton kernels are")
+        print(
+            "  then run by Triton's CPU interpreter on a tiny model, to show that they give the same losses."
+        )
     print(
         f"  model: hidden {base['hidden_size']}, {base['num_hidden_layers']} layers, "
         f"{base['num_attention_heads']}/{base['num_key_value_heads']} heads, vocab {base['vocab_size']}"
@@ -470,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if check_steps:
         n = check_steps
-        print(f"\n  The Triton kernels, run by Triton's CPU interpreter: {n} steps of a tiny model")
+        print(f"\n  The Triton kernels, run by Triton's CPU interpreter: {n} step(s) of a tiny model")
         print("  (hidden 32, 1 layer, 8 tokens: the interpreter is ~1000x slower than a GPU)\n", flush=True)
         try:
             labels = {"hf": f"[3/{n_runs}] HF", "liger_core": f"[4/{n_runs}] liger_core (Triton interpreter)"}

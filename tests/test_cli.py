@@ -480,7 +480,7 @@ def test_demo_progress_on_a_pipe(monkeypatch):
     bar.done()
     assert out.getvalue().splitlines() == [
         "  [1/4] HF: starting (Python imports, building the model)...",
-        "  [1/4] HF: model built in 8 s, training 10 steps...",
+        "  [1/4] HF: model built in 8 s, training 10 step(s)...",
         "  [1/4] HF: step 3/10, loss 4.7000, 14 s, ETA 14 s",
         "  [1/4] HF: step 6/10, loss 4.4000, 20 s, ETA 8 s",
         "  [1/4] HF: step 9/10, loss 4.1000, 26 s, ETA 2 s",

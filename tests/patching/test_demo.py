@@ -18,6 +18,16 @@ def test_demo_runs_and_reports(tmp_path, capsys):
         "tokens/s" in out and "peak memory" in out and "largest loss difference over 3 steps: 0.00e+00" in out
     )
     assert "liger_core (Triton kernels)" in out
+    # progress for each of the four runs, from the start; on CPU no speed ratio, said why
+    for label in (
+        "[1/4] HF",
+        "[2/4] liger_core (reference code)",
+        "[3/4] HF",
+        "[4/4] liger_core (Triton interpreter)",
+    ):
+        assert f"{label}: starting" in out, out
+    assert "[2/4] liger_core (reference code): step 3/3" in out
+    assert "not a kernel speedup" in out and "   x" not in out
     try:
         import matplotlib  # noqa: F401
     except ImportError:
