@@ -1,10 +1,13 @@
 """The ``liger-core`` command.
 
-    liger-core env      versions, GPU, Triton status and which path CPU tensors take
+    liger-core env      versions, whether a GPU is present and usable, what the kernels run as here
     liger-core check    every kernel vs its float64 reference on this machine (table; exit 1 on a failure)
-    liger-core demo     train a tiny model with and without the kernels (liger_core.demo)
-    liger-core bench    the GPU benchmark suite (CSV + PNG under benchmarks/results/; needs a CUDA GPU)
+    liger-core demo     train a tiny model with and without the kernels, with progress (liger_core.demo)
+    liger-core bench    the GPU benchmark suite (CSV + PNG under benchmarks/results/; needs a CUDA GPU;
+                        --dry-run exercises it on CPU and writes into a temporary directory)
+    liger-core --version
 
+Without a command it prints its help, the commands listed, and exits with 2 (argparse's usage-error code).
 ``python -m liger_core.cli ...`` does the same without the console script. Heavy imports happen inside each
 subcommand, so ``check`` can set ``TRITON_INTERPRET=1`` before triton is imported.
 """
