@@ -1,18 +1,19 @@
 """``liger-core demo``: train a small Llama-style model on the corpus shipped with liger_core, once with plain
-Hugging Face transformers and once patched with ``liger_core.apply_liger_kernel``, and compare tokens/s, peak
-memory and the two loss curves (printed side by side and saved as a PNG plot when matplotlib is installed).
+Hugging Face transformers and once patched with ``liger_core.apply_liger_kernel``, and compare the two loss
+curves (printed side by side and saved as a PNG plot when matplotlib is installed) and, on a GPU, tokens/s and
+peak memory. Each run shows a progress line from its start (step, loss, time so far, ETA).
 
 On a GPU: a ~190M-parameter model in bf16 (hidden 1024, 12 layers, vocabulary of 32000 like Llama-2), batch
-8 x 1024 tokens, AdamW; the Triton kernels run, and the gains are real.
+8 x 1024 tokens, AdamW; the Triton kernels run, and the gains are real. Each run is a fresh subprocess
+(``python -m liger_core.demo --worker ...``), so its peak memory (``torch.cuda.max_memory_allocated``) is
+its own.
 
-On a CPU-only machine (finishes in about a minute): Triton kernels need a GPU, so the training comparison
-runs liger_core's pure-PyTorch reference path on a small fp32 model (the loss curves must agree; CPU speed and
-memory are then not the kernels'); then a short run under Triton's CPU interpreter trains a tiny model with
-the real Triton kernels and reports how far its losses are from plain transformers'.
-
-Each run is a fresh subprocess (``python -m liger_core.demo --worker ...``), so peak memory is measured per
-run: ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the process's peak resident set size above its size
-after building the model (``resource.getrusage`` high-water mark).
+On a CPU-only machine (about 27 s of CPU time: about 30 s on two idle cores): Triton kernels need a GPU to be fast, so the training
+comparison runs liger_core's pure-PyTorch reference code on a small fp32 model. The loss curves must agree;
+the tokens/s of the two are printed as two PyTorch programs, with no ratio and no bar chart, since they say
+nothing about the kernels. Then a short run under Triton's CPU interpreter trains a tiny model with the real
+Triton kernels and reports how far its losses are from plain transformers'. On CPU the two runs of each pair
+share one subprocess (one start-up of Python, torch and transformers, most of the time on a small machine).
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _peak_rss_bytes() -> int:
     return peak * (1 if sys.platform == "darwin" else 1024)
 
 
-def run_worker(cfg: RunConfig) -> dict:
+def run_worker(cfg: RunConfig, index: int = 0) -> dict:
+    """One training run; ``index``: its place among the runs of this process (0: the first)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -157,7 +159,7 @@ def run_worker(cfg: RunConfig) -> dict:
 
         report = str(liger_core.apply_liger_kernel(model, rope=cfg.rope))
     model.train()
-    _emit_progress(0, cfg.steps, None)  # built: the parent's progress line switches from "starting"
+    _emit_progress(index, 0, cfg.steps, None)  # built: the parent's progress line switches from "starting"
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95), fused=device.type == "cuda"
     )
@@ -177,11 +179,13 @@ def run_worker(cfg: RunConfig) -> dict:
             timed_seconds += time.perf_counter() - start
             timed_tokens += ids.numel()
         losses.append(value)
-        _emit_progress(step + 1, cfg.steps, value)
+        _emit_progress(index, step + 1, cfg.steps, value)
     if device.type == "cuda":
         peak, memory_kind = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
-    else:
+    elif index == 0:
         peak, memory_kind = max(0, _peak_rss_bytes() - baseline_rss), "peak RSS above post-build RSS"
+    else:  # the RSS high-water mark is the process's: it would include the earlier runs
+        peak, memory_kind = None, "not measured (an earlier run shares the process)"
     return dict(
         mode=cfg.mode,
         losses=losses,
@@ -193,8 +197,8 @@ def run_worker(cfg: RunConfig) -> dict:
     )
 
 
-def _emit_progress(step: int, steps: int, loss: float | None) -> None:
-    print(_PROGRESS_MARK + json.dumps(dict(step=step, steps=steps, loss=loss)), flush=True)
+def _emit_progress(run: int, step: int, steps: int, loss: float | None) -> None:
+    print(_PROGRESS_MARK + json.dumps(dict(run=run, step=step, steps=steps, loss=loss)), flush=True)
 
 
 class Progress:
@@ -202,12 +206,12 @@ class Progress:
     time and the ETA (from the mean time per step so far). On a terminal the line is rewritten in place;
     otherwise (a pipe, a log file) a line is printed on start, every ``every`` seconds and at the end."""
 
-    def __init__(self, label: str, stream=None, every: float = 5.0):
+    def __init__(self, label: str, stream=None, every: float = 5.0, starting: str = "Python imports, "):
         self.label, self.stream, self.every = label, stream or sys.stdout, every
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = self.first_step_at = time.perf_counter()
         self.last_print, self.step, self.steps, self.loss = -math.inf, 0, 0, None
-        self._show(f"{label}: starting (Python imports, building the model)...", force=True)
+        self._show(f"{label}: starting ({starting}building the model)...", force=True)
 
     def update(self, step: int, steps: int, loss: float | None) -> None:
         now = time.perf_counter()
@@ -246,16 +250,20 @@ class Progress:
         self.stream.flush()
 
 
-def _spawn(cfg: RunConfig, interpret: bool, timeout: float, label: str = "") -> dict:
-    """Run one training in a fresh process, showing its progress; the result dict it prints at the end."""
+def _spawn(
+    cfgs: list[RunConfig], interpret: bool, timeout: float, labels: list[str] | None = None
+) -> list[dict]:
+    """Run the trainings ``cfgs`` one after the other in one fresh process, showing each one's progress;
+    the result dict of each (what it prints at the end)."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONUNBUFFERED"] = "1"
-    cmd = [sys.executable, "-m", "liger_core.demo", "--worker", json.dumps(asdict(cfg))]
-    progress = Progress(label or cfg.mode)
+    labels = labels or [cfg.mode for cfg in cfgs]
+    cmd = [sys.executable, "-m", "liger_core.demo", "--worker", json.dumps([asdict(c) for c in cfgs])]
+    progress = Progress(labels[0])
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timed_out = threading.Event()
 
@@ -265,14 +273,22 @@ def _spawn(cfg: RunConfig, interpret: bool, timeout: float, label: str = "") -> 
 
     timer = threading.Timer(timeout, kill)
     timer.start()
-    result, other = None, []  # other: the worker's own output (warnings, a traceback), shown on failure
+    results: dict[int, dict] = {}
+    other = []  # the worker's own output (warnings, a traceback), shown on failure
+    run = 0
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith(_PROGRESS_MARK):
-                progress.update(**json.loads(line[len(_PROGRESS_MARK) :]))
+                event = json.loads(line[len(_PROGRESS_MARK) :])
+                if event.pop("run") != run:
+                    progress.done()
+                    run += 1
+                    progress = Progress(labels[run], starting="")
+                progress.update(**event)
             elif line.startswith(_RESULT_MARK):
                 result = json.loads(line[len(_RESULT_MARK) :])
+                results[result.pop("run")] = result
             else:
                 other.append(line.rstrip("\n"))
         proc.wait()
@@ -282,12 +298,13 @@ def _spawn(cfg: RunConfig, interpret: bool, timeout: float, label: str = "") -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    if result is not None:
-        return result
+    if len(results) == len(cfgs):
+        return [results[i] for i in range(len(cfgs))]
     if timed_out.is_set():
         raise subprocess.TimeoutExpired(cmd, timeout)
     tail = "\n".join(other[-25:])
-    raise RuntimeError(f"the {cfg.mode} run failed (exit code {proc.returncode}):\n{tail}")
+    failed = cfgs[len(results)].mode
+    raise RuntimeError(f"the {failed} run failed (exit code {proc.returncode}):\n{tail}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -360,11 +377,19 @@ def _plot(results: dict[str, dict], path: Path, title: str, gpu: bool) -> str:
 def _run_pair(
     base: dict, steps: int, warmup: int, device: str, interpret: bool, timeout: float, labels: dict, **extra
 ) -> dict:
-    results = {}
-    for mode in ("hf", "liger_core"):
-        cfg = RunConfig(mode=mode, device=device, steps=steps, warmup_steps=warmup, **base, **extra)
-        results[mode] = _spawn(cfg, interpret=interpret, timeout=timeout, label=labels[mode])
-    return results
+    """The HF run, then the liger_core run. On a GPU each in its own process, so that each one's peak memory
+    is its own; on CPU, where memory is not compared, both in one process (one start-up of Python, torch and
+    transformers instead of two: most of the demo's time on a small CPU)."""
+    cfgs = [
+        RunConfig(mode=mode, device=device, steps=steps, warmup_steps=warmup, **base, **extra)
+        for mode in ("hf", "liger_core")
+    ]
+    names = [labels[c.mode] for c in cfgs]
+    if device == "cpu":
+        runs = _spawn(cfgs, interpret=interpret, timeout=timeout, labels=names)
+    else:
+        runs = [_spawn([c], interpret=interpret, timeout=timeout, labels=[n])[0] for c, n in zip(cfgs, names)]
+    return dict(zip(("hf", "liger_core"), runs))
 
 
 def print_speed_table(hf: dict, lc: dict, gpu: bool, warmup: int) -> None:
@@ -381,11 +406,9 @@ def print_speed_table(hf: dict, lc: dict, gpu: bool, warmup: int) -> None:
         return
     print(f"\n  {'':24}{'HF':>14}{'liger_core reference code':>28}")
     print(f"  {'tokens/s':24}{hf['tokens_per_s']:>14,.0f}{lc['tokens_per_s']:>28,.0f}")
-    print(f"  {'peak memory':24}{_gib(hf['peak_bytes']):>14}{_gib(lc['peak_bytes']):>28}")
-    print("  No GPU: liger_core ran its PyTorch reference code, not the Triton kernels, so these two columns")
-    print("  compare two PyTorch programs on this CPU; they are not a kernel speedup or memory saving.")
-    print("  The kernels' speed and memory are measured on a CUDA GPU (`liger-core demo` there, or")
-    print("  benchmarks/results/ for H100 numbers).")
+    print("  No GPU: liger_core ran its PyTorch reference code, not the Triton kernels, so these two numbers")
+    print("  compare two PyTorch programs on this CPU; they are not a kernel speedup. The kernels' speed and")
+    print("  memory are measured on a CUDA GPU (`liger-core demo` there, or benchmarks/results/ for H100s).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,8 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.worker:
-        result = run_worker(RunConfig(**json.loads(args.worker)))
-        print(_RESULT_MARK + json.dumps(result), flush=True)
+        for index, cfg in enumerate(json.loads(args.worker)):
+            result = run_worker(RunConfig(**cfg), index)
+            print(_RESULT_MARK + json.dumps(dict(result, run=index)), flush=True)
         return 0
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -452,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         + (" (Llama-2 size; the byte tokens use ids 0-255)" if gpu else "")
         + f" | batch {base['batch_size']} x {base['seq_len']} tokens | {steps} AdamW steps",
     )
-    print(f"  {n_runs} training runs, each in its own process:\n", flush=True)
+    print(f"  {n_runs} training runs:\n", flush=True)
     lc_name = "liger_core (Triton kernels)" if gpu else "liger_core (reference code)"
     try:
         results = _run_pair(

@@ -531,18 +531,24 @@ def _cfg():
     return demo.RunConfig(mode="hf", device="cpu", steps=2, warmup_steps=0, **demo.KERNEL_CHECK_MODEL)
 
 
-def test_demo_spawn_streams_progress_and_returns_the_result(monkeypatch, capsys):
+def test_demo_spawn_streams_progress_and_returns_the_results(monkeypatch, capsys):
+    """Two runs in one worker process: one progress line each, the results in order."""
     demo = _fake_popen(
         monkeypatch,
         "import json, sys\n"
         f"P, R = {demo_marks()!r}\n"
         "print('a warning the worker printed', file=sys.stderr)\n"
-        "for s, l in ((0, None), (1, 2.5), (2, 2.25)): print(P + json.dumps(dict(step=s, steps=2, loss=l)))\n"
-        "print(R + json.dumps(dict(losses=[2.5, 2.25])))\n",
+        "for run in (0, 1):\n"
+        "    for s, l in ((0, None), (1, 2.5), (2, 2.25)):\n"
+        "        print(P + json.dumps(dict(run=run, step=s, steps=2, loss=l)))\n"
+        "    print(R + json.dumps(dict(run=run, losses=[2.5, 2.25 + run])))\n",
     )
-    assert demo._spawn(_cfg(), interpret=False, timeout=60, label="[1/2] HF") == {"losses": [2.5, 2.25]}
+    results = demo._spawn([_cfg(), _cfg()], interpret=False, timeout=60, labels=["[1/2] HF", "[2/2] ours"])
+    assert results == [{"losses": [2.5, 2.25]}, {"losses": [2.5, 3.25]}]
     out = capsys.readouterr().out
-    assert "[1/2] HF: starting" in out and "[1/2] HF: step 2/2, loss 2.2500" in out
+    assert "[1/2] HF: starting (Python imports, building the model)" in out
+    assert "[1/2] HF: step 2/2, loss 2.2500" in out
+    assert "[2/2] ours: starting (building the model)" in out and "[2/2] ours: step 2/2" in out
     assert "a warning the worker printed" not in out  # the worker's own output is kept for a failure
 
 
@@ -555,13 +561,13 @@ def demo_marks():
 def test_demo_spawn_failure_shows_the_workers_output(monkeypatch):
     demo = _fake_popen(monkeypatch, "import sys\nprint('Traceback: boom', file=sys.stderr)\nsys.exit(3)\n")
     with pytest.raises(RuntimeError, match=r"the hf run failed \(exit code 3\):\nTraceback: boom"):
-        demo._spawn(_cfg(), interpret=False, timeout=60)
+        demo._spawn([_cfg()], interpret=False, timeout=60)
 
 
 def test_demo_spawn_times_out(monkeypatch):
     demo = _fake_popen(monkeypatch, "import time\ntime.sleep(30)\n")
     with pytest.raises(subprocess.TimeoutExpired):
-        demo._spawn(_cfg(), interpret=False, timeout=0.5)
+        demo._spawn([_cfg()], interpret=False, timeout=0.5)
 
 
 def _results(hf_tps=1000.0, lc_tps=2120.0):
@@ -579,11 +585,11 @@ def test_demo_cpu_speed_table_is_no_speedup(capsys):
     from liger_core import demo
 
     r = _results()
-    r["hf"]["memory_kind"] = "peak RSS above post-build RSS"
+    r["hf"]["memory_kind"] = "torch.cuda.max_memory_allocated"
     demo.print_speed_table(r["hf"], r["liger_core"], gpu=False, warmup=1)
     cpu = capsys.readouterr().out
     assert not re.search(r"x\d", cpu), cpu
-    assert "liger_core reference code" in cpu and "not a kernel speedup" in cpu
+    assert "liger_core reference code" in cpu and "not a kernel speedup" in cpu and "memory  " not in cpu
     demo.print_speed_table(r["hf"], r["liger_core"], gpu=True, warmup=3)
     gpu = capsys.readouterr().out
     assert "x2.12" in gpu and "x0.90" in gpu and "not a kernel speedup" not in gpu
