@@ -8,12 +8,13 @@ On a GPU: a ~190M-parameter model in bf16 (hidden 1024, 12 layers, vocabulary of
 (``python -m liger_core.demo --worker ...``), so its peak memory (``torch.cuda.max_memory_allocated``) is
 its own.
 
-On a CPU-only machine (about 27 s of CPU time: about 30 s on two idle cores): Triton kernels need a GPU to be fast, so the training
-comparison runs liger_core's pure-PyTorch reference code on a small fp32 model. The loss curves must agree;
-the tokens/s of the two are printed as two PyTorch programs, with no ratio and no bar chart, since they say
-nothing about the kernels. Then a short run under Triton's CPU interpreter trains a tiny model with the real
-Triton kernels and reports how far its losses are from plain transformers'. On CPU the two runs of each pair
-share one subprocess (one start-up of Python, torch and transformers, most of the time on a small machine).
+On a CPU-only machine (about 27 s of CPU time: about 30 s on two idle cores): Triton kernels need a GPU to
+be fast, so the training comparison runs liger_core's pure-PyTorch reference code on a small fp32 model. The
+loss curves must agree; the tokens/s of the two are printed as two PyTorch programs, with no ratio and no bar
+chart, since they say nothing about the kernels. Then a short run under Triton's CPU interpreter trains a
+tiny model with the real Triton kernels and reports how far its losses are from plain transformers'. On CPU
+the two runs of each pair share one subprocess (one start-up of Python, torch and transformers, most of the
+time on a small machine).
 """
 
 from __future__ import annotations
