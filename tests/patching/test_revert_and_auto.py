@@ -81,3 +81,7 @@ def test_auto_class_training_forward_returns_no_logits():
     assert model(input_ids=ids, labels=labels).logits is not None
     for doc in (AutoLigerKernelForCausalLM.__doc__, liger_core.apply_liger_kernel.__doc__):
         assert "logits=None" in doc
+    unfused = tiny_model("qwen3")  # the documented way to keep the logits in training
+    liger_core.apply_liger_kernel(unfused, fused_linear_cross_entropy=False)
+    unfused.train()
+    assert unfused(input_ids=ids, labels=labels).logits is not None
