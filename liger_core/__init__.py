@@ -3,8 +3,9 @@
 Public API (lazily imported: ``import liger_core`` does not import triton or transformers):
 - ``liger_core.ops``: functional kernels (rms_norm, layer_norm, rope, swiglu, geglu, cross_entropy, ...)
 - ``liger_core.modules``: nn.Module wrappers
-- ``liger_core.apply_liger_kernel(model, **flags)``, ``liger_core.revert(model)``,
-  ``liger_core.apply_liger_kernel_to_<model_type>(**flags)``, ``liger_core.AutoLigerKernelForCausalLM``
+- ``liger_core.apply_liger_kernel(model, **flags)``, ``liger_core.revert(model)`` (returns what it restored),
+  ``liger_core.apply_liger_kernel_to_<model_type>(**flags)``, ``liger_core.revert_model_type(model_type)``,
+  ``liger_core.AutoLigerKernelForCausalLM``
 - ``liger_core.supported_model_types()``, ``liger_core.model_coverage(model_type)``,
   ``liger_core.recipe_model_types()``
 """
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 _PATCHING_NAMES = {
     "apply_liger_kernel",
     "revert",
+    "revert_model_type",
     "AutoLigerKernelForCausalLM",
     "supported_model_types",
     "recipe_model_types",

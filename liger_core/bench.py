@@ -30,6 +30,7 @@ A provider that fails (missing package, exception, OOM) gets a row with its erro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import gc
@@ -42,9 +43,11 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -84,6 +87,18 @@ CSV_COLUMNS = (
     "writes_inputs", "error",
 )  # fmt: skip
 GIB = 2**30
+
+
+@contextlib.contextmanager
+def quiet_interpreter() -> Iterator[None]:
+    """Hide the numpy RuntimeWarnings that Triton's interpreter raises while it runs a kernel on CPU
+    (divide by zero, invalid value, overflow): the interpreter evaluates every lane, also the masked-off lanes
+    of a block and the side of a ``tl.where`` that is then discarded (``log(0)`` where a target is 0), and
+    the checks feed +-inf and nan on purpose. A GPU raises nothing for any of it, and whether the results are
+    right is what the check's table says. Other warnings still show."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+        yield
 
 
 def prepare_triton(cuda: bool | None = None) -> str | None:
@@ -1342,6 +1357,8 @@ def plot_results(rows: Sequence[dict], out_dir: Path, prefix: str) -> list[Path]
     width = 0.8 / max(1, len(providers))
     n_shapes = max((sum(1 for o, _ in cases if o == op) for op in ops), default=0)
 
+    if not any(_num(r.get("ms")) is not None for r in rows):
+        return written  # nothing was timed (a dry run's CSV): no plot rather than empty axes
     if n_shapes <= 1:
         # 1) time per op: one panel per op, groups = modes, bars = providers, floor as a dashed segment
         n = len(cases)
@@ -1439,7 +1456,7 @@ def plot_results(rows: Sequence[dict], out_dir: Path, prefix: str) -> list[Path]
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # legends placed outside the axes are kept whole
     return path
 
 
@@ -1479,13 +1496,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "N/BT, V, H for the losses; a shape without the key is left out)",
     )
     p.add_argument("--quick", action="store_true", help="shorter timing (warmup 10 ms, rep 40 ms)")
-    p.add_argument("--out", default="benchmarks/results", help="directory for the CSV and PNG files")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="directory for the CSV and PNG files (default: benchmarks/results; with --dry-run a new "
+        "temporary directory, so a dry run writes nothing into the checkout)",
+    )
     p.add_argument("--no-plots", action="store_true")
     p.add_argument(
         "--dry-run",
         action="store_true",
         help="tiny shapes on CPU (Triton interpreter), every provider run once forward and backward "
-        "and checked, nothing timed: exercises this script without a GPU",
+        "and checked, nothing timed (so no plots): exercises this script without a GPU",
     )
     p.add_argument("--plot-from", metavar="CSV", help="only print the table and draw the plots of a CSV")
     # internal: a run whose CUDA context broke (a crashed kernel) continues in a fresh process with these
@@ -1505,15 +1527,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with quiet_interpreter():  # a dry run runs the kernels in Triton's interpreter: no numpy warnings noise
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
+    if args.out is None:
+        args.out = (
+            tempfile.mkdtemp(prefix="liger-core-bench-dry-run-") if args.dry_run else "benchmarks/results"
+        )
     out_dir = Path(args.out)
     if args.plot_from:
         rows = read_csv(Path(args.plot_from))
         print_table(rows)
         _print_peer_wins(rows)
         if not args.no_plots:
-            for f in plot_results(rows, out_dir, Path(args.plot_from).stem):
+            files = plot_results(rows, out_dir, Path(args.plot_from).stem)
+            for f in files:
                 print(f"wrote {f}")
+            if not files:
+                print(f"no plots: {args.plot_from} has no timings (a dry run's CSV)")
         return 0
     cuda = torch.cuda.is_available()
     if not cuda and not args.dry_run:
@@ -1569,7 +1603,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(rows)
     _print_peer_wins(rows)
     print(f"\nwrote {csv_path} ({len(rows)} rows) in {meta['seconds']} s")
-    if not args.no_plots:
+    if timing is None:
+        print("no plots: a dry run times nothing (the CSV has the correctness checks)")
+    elif not args.no_plots:
         try:
             for f in plot_results(rows, out_dir, prefix):
                 print(f"wrote {f}")

@@ -28,6 +28,7 @@ from liger_core.bench import (
     PackageImportError,
     available,
     prepare_triton,
+    quiet_interpreter,
     time_step,
 )
 
@@ -53,6 +54,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with quiet_interpreter():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     cuda = torch.cuda.is_available()
     note = prepare_triton(cuda=cuda)  # before anything imports triton

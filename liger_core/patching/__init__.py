@@ -2,7 +2,8 @@
 
 - ``apply_liger_kernel(model, **flags) -> PatchReport``: patch one built model (PEFT-wrapped too); exact
   recipe for known ``model_type``s, structural patching (numerically self-checked) for the rest.
-- ``revert(model)``, ``is_patched(model)``.
+- ``revert(model) -> RevertReport`` (what was restored, and what class-level patching still runs),
+  ``is_patched(model)``.
 - ``apply_liger_kernel_to_<model_type>(**flags)`` (one per recipe, generated from the table) and the generic
   ``apply_liger_kernel_to(model_type, **flags)``: class-level, for models built afterwards;
   ``revert_model_type(model_type)``.
@@ -26,12 +27,13 @@ from liger_core.patching.class_level import apply_liger_kernel_to, revert_model_
 from liger_core.patching.coverage_data import coverage, model_coverage
 from liger_core.patching.instance import apply_liger_kernel, is_patched, patched_kinds, revert
 from liger_core.patching.recipes import RECIPES, recipe_model_types, supported_model_types
-from liger_core.patching.report import PatchIncompleteError, PatchReport, UnsupportedModelError
+from liger_core.patching.report import PatchIncompleteError, PatchReport, RevertReport, UnsupportedModelError
 
 __all__ = [
     "AutoLigerKernelForCausalLM",
     "PatchIncompleteError",
     "PatchReport",
+    "RevertReport",
     "UnsupportedModelError",
     "apply_liger_kernel",
     "apply_liger_kernel_to",
@@ -53,6 +55,7 @@ def _make_class_level_function(model_type: str):
         rms_norm: bool = True,
         swiglu: bool = True,
         geglu: bool = True,
+        moe_experts: bool = True,
         layer_norm: bool = True,
         cross_entropy: bool = False,
         fused_linear_cross_entropy: bool = True,
@@ -64,6 +67,7 @@ def _make_class_level_function(model_type: str):
             rms_norm=rms_norm,
             swiglu=swiglu,
             geglu=geglu,
+            moe_experts=moe_experts,
             layer_norm=layer_norm,
             cross_entropy=cross_entropy,
             fused_linear_cross_entropy=fused_linear_cross_entropy,

@@ -28,7 +28,13 @@ from liger_core.patching.experts import patch_experts
 from liger_core.patching.introspect import RewrapError, innermost_function
 from liger_core.patching.loss import patch_loss
 from liger_core.patching.recipes import RECIPES, Recipe
-from liger_core.patching.report import PatchIncompleteError, PatchReport, logger, summarize_reasons
+from liger_core.patching.report import (
+    PatchIncompleteError,
+    PatchReport,
+    RevertReport,
+    logger,
+    summarize_reasons,
+)
 from liger_core.patching.structural import patch_structurally
 from liger_core.patching.swaps import (
     bind,
@@ -165,6 +171,11 @@ def apply_liger_kernel(
 
     Raises ``UnsupportedModelError`` if the type is unknown and nothing could be patched, and, with
     ``strict=True``, ``PatchIncompleteError`` if ``report.missing`` is not empty (the call is undone first).
+
+    With ``fused_linear_cross_entropy`` (the default) a training forward given ``labels`` (or
+    ``shift_labels``) returns ``loss`` and ``logits=None``: the fused loss never materialises the logits.
+    Eval-mode forwards, forwards without labels and ``model(..., skip_logits=False)`` return the logits as
+    transformers does. Only this model changes (its modules' ``__dict__``); ``revert(model)`` undoes it.
     """
     if cross_entropy and fused_linear_cross_entropy:
         raise ValueError("cross_entropy=True and fused_linear_cross_entropy=True are exclusive: choose one")
@@ -208,9 +219,32 @@ def apply_liger_kernel(
     return report
 
 
-def revert(model: nn.Module) -> None:
-    """Restore every forward (and loss function) that ``apply_liger_kernel`` swapped on this model."""
-    undo(unwrap(model))
+def revert(model: nn.Module) -> RevertReport:
+    """Restore every forward (and loss function) that ``apply_liger_kernel`` swapped on this model.
+
+    Returns a ``RevertReport``: ``restored`` (kind -> modules restored), ``modules`` (name -> kind) and
+    ``still_patched``, the liger_core forwards left because the model was built from classes that
+    class-level patching replaced (``apply_liger_kernel_to_<type>``, ``AutoLigerKernelForCausalLM``), which
+    only ``revert_model_type`` and rebuilding remove. Reverting an unpatched model restores nothing (an
+    empty, falsy report). Parameters are never touched, so ``state_dict()`` is the same before and after.
+    """
+    root = unwrap(model)
+    config = getattr(root, "config", None)
+    model_type = str(getattr(config, "model_type", None) or type(root).__name__)
+    # a module's kind marker goes with the first of its swaps undone: read every module's kind before
+    kinds = {id(m): own_kind(m) for m in root.modules()}
+    undone = undo(root)
+    names = {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
+    report = RevertReport(model_type=model_type)
+    for module, kind in reversed(undone):  # oldest first, one entry per module
+        kind = kinds.get(id(module)) or kind or "unknown"
+        name = names.get(id(module), type(module).__name__)
+        if name not in report.modules:
+            report.modules[name] = kind
+            report.restored[kind] = report.restored.get(kind, 0) + 1
+    report.still_patched = patched_kinds(root)
+    logger.info("%s", report)
+    return report
 
 
 def is_patched(model: nn.Module) -> bool:

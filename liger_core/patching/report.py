@@ -122,6 +122,42 @@ class PatchReport:
         return " | ".join(parts)
 
 
+@dataclass
+class RevertReport:
+    """What ``liger_core.revert(model)`` undid (returned; earlier releases returned None).
+
+    - ``restored``: kind -> number of modules given back their original forward (or loss function).
+    - ``modules``: qualified module name -> the kind removed from it ("" for the model itself).
+    - ``still_patched``: kind -> number of modules that still run a liger_core forward after the revert:
+      modules built from classes that class-level patching replaced (``apply_liger_kernel_to_<type>``,
+      ``AutoLigerKernelForCausalLM`` for a type with a recipe). ``revert`` cannot change a module's class;
+      ``revert_model_type(model_type)`` and rebuilding the model removes those.
+    ``bool(report)``: anything restored.
+    """
+
+    model_type: str
+    restored: dict[str, int] = field(default_factory=dict)
+    modules: dict[str, str] = field(default_factory=dict)
+    still_patched: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return any(self.restored.values())
+
+    def __str__(self) -> str:
+        done = PatchReport._fmt(self.restored)
+        if done:
+            parts = [f"liger_core: reverted {self.model_type}: {done}"]
+        else:
+            parts = [f"liger_core: nothing to revert on {self.model_type} (no apply_liger_kernel swap on it)"]
+        still = PatchReport._fmt(self.still_patched)
+        if still:
+            parts.append(
+                f"still running liger_core forwards from class-level patching: {still} "
+                f"(revert_model_type({self.model_type!r}) and rebuild the model to remove them)"
+            )
+        return " | ".join(parts)
+
+
 def summarize_reasons(reasons: list[str]) -> list[str]:
     """Collapse repeated per-module reasons ("model.layers.3.mlp: ...") into one line each with a count."""
     counts = Counter(reasons)

@@ -89,12 +89,15 @@ def set_entry(root: nn.Module, module: nn.Module, attr: str, value: Any, kind: s
     swaps_of(root).append(Swap(module, attr, previous, (KIND_MARKER,)))
 
 
-def undo(root: nn.Module, keep: int = 0) -> None:
-    """Undo the swaps recorded on ``root``, newest first, down to the first ``keep`` of them."""
+def undo(root: nn.Module, keep: int = 0) -> list[tuple[nn.Module, str | None]]:
+    """Undo the swaps recorded on ``root``, newest first, down to the first ``keep`` of them; returns
+    (module, kind it was marked with) for each swap undone, in the order undone."""
     swaps = root.__dict__.get(_STATE, [])
+    undone = []
     while len(swaps) > keep:
         swap = swaps.pop()
         d = swap.module.__dict__
+        undone.append((swap.module, d.get(KIND_MARKER)))
         if swap.previous is _MISSING:
             d.pop(swap.attr, None)
         else:
@@ -103,6 +106,7 @@ def undo(root: nn.Module, keep: int = 0) -> None:
             d.pop(name, None)
     if not swaps:
         root.__dict__.pop(_STATE, None)
+    return undone
 
 
 def foreign_forward(module: nn.Module) -> bool:
