@@ -43,6 +43,8 @@ from __future__ import annotations
 import inspect
 import re
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -51,6 +53,7 @@ from torch.func import functional_call
 
 import liger_core
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.introspect import RewrapError, innermost_function
 from liger_core.patching.loss import patch_loss
 from liger_core.patching.recipes import NormSpec
@@ -286,16 +289,113 @@ def _rope_global(m: nn.Module) -> tuple[str, types.FunctionType] | None:
     return None
 
 
-# (layout, tables half as wide as the rotary part?, liger function returning the promoted dtype,
-# liger function returning q's dtype)
+@dataclass(frozen=True)
+class RopeLayout:
+    """One way a model's rotary function may compute: how to probe it, and the liger function that replaces
+    it when the probe matches.
+
+    ``call``: the function's arguments, ``"q_k_cos_sin"`` (``fn(q, k, cos, sin)`` -> (q, k)), ``"x_cos_sin"``
+    (one tensor), ``"x_sin_cos"`` (GPT-J's order), ``"q_k_freqs"`` (``fn(xq, xk, freqs_cis)``, complex
+    tables). ``tokens``: the probe's q/k, ``"bhtd"`` (B, H, T, D), ``"bthd"`` (B, T, H, D) or ``"thd"``
+    (T, H, D, vision towers; tables (T, R)). ``tables``: the probe's cos/sin, ``"halves"`` (HF's
+    ``cat(freqs, freqs)``), ``"any"`` (every column its own angle: a replacement that passes uses every
+    column as the function does), ``"freqs"`` (one column per frequency) or ``"complex"`` (``polar``).
+    ``promoted`` returns ``promote_types(q, cos)`` (as ``q * cos``), ``cast_back`` q's dtype (None: no such
+    variant); the probe's dtype with fp32 tables picks one.
+    """
+
+    name: str
+    call: str
+    tokens: str
+    tables: str
+    promoted: Callable
+    cast_back: Callable | None
+
+
 _ROPE_LAYOUTS = (
-    ("rotate-half", False, fw.liger_rotary_pos_emb, fw.liger_rotary_pos_emb_cast_back),
-    ("half tables", True, fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back),
-    (
+    RopeLayout(
+        "rotate-half",
+        "q_k_cos_sin",
+        "bhtd",
+        "halves",
+        fw.liger_rotary_pos_emb,
+        fw.liger_rotary_pos_emb_cast_back,
+    ),
+    RopeLayout(
+        "half tables",
+        "q_k_cos_sin",
+        "bhtd",
+        "freqs",
+        fw.liger_rotary_pos_emb_half_tables,
+        fw.liger_rotary_pos_emb_half_tables_cast_back,
+    ),
+    RopeLayout(
         "interleaved pairs",
-        False,
+        "q_k_cos_sin",
+        "bhtd",
+        "halves",
         fw.liger_rotary_pos_emb_interleaved,
         fw.liger_rotary_pos_emb_interleaved_cast_back,
+    ),
+    RopeLayout("vision, tokens first", "q_k_cos_sin", "thd", "halves", None, rv.liger_rotary_pos_emb_vision),
+    RopeLayout(
+        "vision, pairs in place", "q_k_cos_sin", "thd", "any", None, rv.liger_rotary_pos_emb_vision_pairs
+    ),
+    RopeLayout(
+        "pairs in place",
+        "q_k_cos_sin",
+        "bhtd",
+        "any",
+        rv.liger_rotary_pos_emb_pairs,
+        rv.liger_rotary_pos_emb_pairs_cast_back,
+    ),
+    RopeLayout(
+        "pairs in place, first-half tables",
+        "q_k_cos_sin",
+        "bhtd",
+        "halves",
+        rv.liger_rotary_pos_emb_pairs_first_half,
+        rv.liger_rotary_pos_emb_pairs_first_half_cast_back,
+    ),
+    RopeLayout(
+        "rotate-half by minus the angle",
+        "q_k_cos_sin",
+        "bhtd",
+        "halves",
+        rv.liger_rotary_pos_emb_negated,
+        rv.liger_rotary_pos_emb_negated_cast_back,
+    ),
+    RopeLayout(
+        "rotate-half, k optional", "q_k_cos_sin", "bhtd", "halves", rv.liger_rotary_pos_emb_optional_k, None
+    ),
+    RopeLayout(
+        "interleaved pairs, k optional",
+        "q_k_cos_sin",
+        "bhtd",
+        "halves",
+        rv.liger_rotary_pos_emb_interleave_optional_k,
+        None,
+    ),
+    RopeLayout(
+        "one tensor",
+        "x_cos_sin",
+        "bhtd",
+        "halves",
+        rv.liger_rotary_pos_emb_one,
+        rv.liger_rotary_pos_emb_one_cast_back,
+    ),
+    RopeLayout(
+        "one tensor, pairs in place, rotary last",
+        "x_cos_sin",
+        "bhtd",
+        "freqs",
+        None,
+        rv.liger_rotary_pos_emb_one_pairs_last,
+    ),
+    RopeLayout("GPT-J sin/cos pairs", "x_sin_cos", "bthd", "freqs", rv.liger_rotary_pos_emb_gptj, None),
+    RopeLayout("complex, heads third", "q_k_freqs", "bthd", "complex", None, rv.liger_rotary_emb_complex),
+    RopeLayout(
+        "complex, heads second", "q_k_freqs", "bhtd", "complex", None, rv.liger_rotary_emb_complex_heads_first
     ),
 )
 
@@ -303,21 +403,23 @@ _ROPE_LAYOUTS = (
 def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.Generator):
     """liger's rope function that reproduces ``fn``, or a reason.
 
-    Tried as HF's rotate_half functions, with cos/sin half as wide (one column per frequency, gpt-oss), and
-    as interleaved pairs (GPT-J, DeepSeek-V3's ``apply_rotary_pos_emb_interleave``). Probed with cos/sin in
-    the module's dtype (the math) and in fp32 (some models keep the tables in fp32: whether ``fn`` returns
-    q's dtype or the promoted one picks the variant); outputs and q/k gradients.
+    Every layout of ``_ROPE_LAYOUTS`` whose replacement takes ``fn``'s arguments is probed in turn, first
+    match wins: random q/k (GQA head counts) and tables built as the layout says, at full rotary width and
+    at half of it (a function that fails there is taken not to support partial rotary; one that returns
+    must match there too, which tells rotary-first from rotary-last). Tables in the module's dtype (the
+    math) and in fp32 (some models keep them in fp32: whether ``fn`` returns q's dtype or the promoted one
+    picks the variant); outputs and q/k gradients.
     """
     failures = []
-    for layout, half, promoted, cast_back in _ROPE_LAYOUTS:
-        mismatch = signature_mismatch(fn, promoted)
+    for layout in _ROPE_LAYOUTS:
+        mismatch = signature_mismatch(fn, layout.promoted or layout.cast_back)
         if mismatch is not None:
-            failures.append(f"{layout}: {mismatch}")
+            failures.append(f"{layout.name}: {mismatch}")
             continue
-        verdict = _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen)
+        verdict = _probe_rope_layout(fn, layout, dtype, device, gen)
         if not isinstance(verdict, str):
             return verdict
-        failures.append(f"{layout}: {verdict}")
+        failures.append(f"{layout.name}: {verdict}")
     return f"{fn.__name__} matches no liger rope layout ({'; '.join(failures)})"
 
 
@@ -346,36 +448,69 @@ def signature_mismatch(original, replacement) -> str | None:
     return None
 
 
-def _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen: torch.Generator):
+def _rope_probe_inputs(layout: RopeLayout, rotary_dim: int, table_dtype, like, gen):
+    """q, k (leaves' values) and the tables of one probe of ``layout``."""
+    batch, seq, head_dim, n_q, n_k = 2, 5, 8, 4, 2
+    shape = {"bhtd": lambda h: (batch, h, seq, head_dim), "bthd": lambda h: (batch, seq, h, head_dim)}
+    shape["thd"] = lambda h: (seq, h, head_dim)
+    q, k = _randn(shape[layout.tokens](n_q), like, gen), _randn(shape[layout.tokens](n_k), like, gen)
+    lead = (seq,) if layout.tokens == "thd" else (batch, seq)
+    width = rotary_dim if layout.tables in ("halves", "any") else rotary_dim // 2
+    angles = torch.rand((*lead, width if layout.tables != "halves" else width // 2), generator=gen) * 6.0
+    if layout.tables == "complex":
+        freqs = torch.polar(torch.ones_like(angles), angles)
+        return q, k, (freqs.to(like.device, torch.complex128 if like.dtype == torch.float64 else None),)
+    cos, sin = angles.cos(), angles.sin()
+    if layout.tables == "halves":
+        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    cos, sin = cos.to(device=like.device, dtype=table_dtype), sin.to(device=like.device, dtype=table_dtype)
+    return q, k, (sin, cos) if layout.call == "x_sin_cos" else (cos, sin)
+
+
+def _rope_call(fn, layout: RopeLayout, inputs: tuple, tables: tuple) -> tuple | str:
+    """``fn``'s outputs as a tuple of tensors (one for the one-tensor functions), or a reason."""
+    out = fn(*inputs, *tables)
+    outs = (out,) if len(inputs) == 1 else out
+    if not (isinstance(outs, tuple) and all(isinstance(t, torch.Tensor) for t in outs)):
+        return f"{fn.__name__} does not return {'x' if len(outs) == 1 else '(q, k)'}"
+    return outs
+
+
+def _probe_rope_layout(fn, layout: RopeLayout, dtype, device, gen: torch.Generator):
     like = torch.empty((), dtype=dtype, device=device)
-    batch, seq, head_dim = 2, 5, 8
-    q0 = _randn((batch, 4, seq, head_dim), like, gen)
-    k0 = _randn((batch, 2, seq, head_dim), like, gen)
-    angles = torch.rand((batch, seq, head_dim // 2), generator=gen) * 6.0
-    chosen = promoted
-    for table_dtype in dict.fromkeys((dtype, torch.float32)):
-        cos, sin = angles.cos(), angles.sin()
-        if not half:
-            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-        cos, sin = cos.to(device=device, dtype=table_dtype), sin.to(device=device, dtype=table_dtype)
-        q, k = _leaf(q0), _leaf(k0)
-        try:
+    head_dim = 8
+    chosen = layout.promoted or layout.cast_back
+    table_dtypes = (None,) if layout.tables == "complex" else dict.fromkeys((dtype, torch.float32))
+    for rotary_dim in (head_dim, head_dim // 2):
+        for table_dtype in table_dtypes:
+            q0, k0, tables = _rope_probe_inputs(layout, rotary_dim, table_dtype, like, gen)
+            inputs = (_leaf(q0),) if layout.call in ("x_cos_sin", "x_sin_cos") else (_leaf(q0), _leaf(k0))
+            try:
+                with torch.enable_grad():
+                    ref = _rope_call(fn, layout, inputs, tables)
+            except Exception as e:  # noqa: BLE001 - a function with another signature is simply not ours
+                if rotary_dim < head_dim:
+                    break  # no partial rotary: the model never calls it so
+                return f"{fn.__name__} failed on the probe ({type(e).__name__})"
+            if isinstance(ref, str):
+                return ref
+            if ref[0].dtype == q0.dtype and layout.cast_back is not None:
+                chosen = layout.cast_back
+            elif layout.promoted is not None:
+                chosen = layout.promoted
+            else:
+                return f"{fn.__name__} returns {ref[0].dtype} for {q0.dtype} inputs, the replacement does not"
+            douts = [_randn(t.shape, t, gen) for t in ref]
+            ours_in = tuple(_leaf(t) for t in (q0, k0)[: len(inputs)])
             with torch.enable_grad():
-                ref_q, ref_k = fn(q, k, cos, sin)
-        except Exception as e:  # noqa: BLE001 - a function with another signature is simply not ours
-            return f"{fn.__name__}(q, k, cos, sin) failed on the probe ({type(e).__name__})"
-        if not (isinstance(ref_q, torch.Tensor) and isinstance(ref_k, torch.Tensor)):
-            return f"{fn.__name__} does not return (q, k)"
-        chosen = cast_back if ref_q.dtype == q.dtype else promoted
-        dq, dk = _randn(ref_q.shape, ref_q, gen), _randn(ref_k.shape, ref_k, gen)
-        with torch.enable_grad():
-            ref_grads = torch.autograd.grad((ref_q, ref_k), (q, k), (dq, dk))
-            q2, k2 = _leaf(q0), _leaf(k0)
-            out_q, out_k = chosen(q2, k2, cos, sin)
-            grads = torch.autograd.grad((out_q, out_k), (q2, k2), (dq, dk))
-        err = _max_err([(out_q, ref_q), (out_k, ref_k), *zip(grads, ref_grads)])
-        if err > _tolerance(dtype):
-            return f"probe rel. error {err:.1e}"
+                ref_grads = torch.autograd.grad(ref, inputs, douts)
+                ours = _rope_call(chosen, layout, ours_in, tables)
+                if isinstance(ours, str) or len(ours) != len(ref):
+                    return "the replacement returns other outputs"
+                grads = torch.autograd.grad(ours, ours_in, douts)
+            err = _max_err([*zip(ours, ref), *zip(grads, ref_grads)])
+            if err > _tolerance(dtype):
+                return f"probe rel. error {err:.1e}" + (" (partial rotary)" if rotary_dim < head_dim else "")
     return chosen
 
 
