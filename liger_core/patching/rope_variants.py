@@ -38,12 +38,20 @@ _PAIRS = dict(interleaved=True, deinterleave=False)
 
 
 def _rope(q, k, cos, sin, unsqueeze_dim=1, **options):
+    if q.dim() == 3 and cos.dim() == 2:
+        # rows of (N, H, D) with (N, R) tables (Qwen4-Exp's indexer keys): a batch of 1, the head axis where
+        # cos.unsqueeze(unsqueeze_dim) puts its 1, moved by one
+        head_axis = unsqueeze_dim % 3 + 1
+        q_embed, k_embed = liger_core.ops.rope(
+            q[None], k[None], cos[None], sin[None], unsqueeze_dim=head_axis, **options
+        )
+        return q_embed[0], k_embed[0]
     return liger_core.ops.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, **options)
 
 
 def _rope_one(x, cos, sin, unsqueeze_dim=1, **options):
     """ops.rope on one tensor: k is an empty slice of x's head axis (no work, no copy)."""
-    head_axis = 1 if unsqueeze_dim in (1, -3) else 2
+    head_axis = unsqueeze_dim % x.dim()  # where cos.unsqueeze(unsqueeze_dim) broadcasts over heads
     x_embed, _ = _rope(x, x.narrow(head_axis, 0, 0), cos, sin, unsqueeze_dim, **options)
     return x_embed
 
