@@ -15,6 +15,12 @@ the first halves of the tables are used (``c2 = c1``, ``s2 = s1``, HF's ``cat(fr
 output is de-interleaved as HF's: ``y = cat(y1, y2)``. Its backward reads ``dy1, dy2`` as halves and writes
 ``dx1, dx2`` back to the even and odd features.
 
+Other models' layouts (keywords of ``rope``, constexprs of the one kernel): pairs kept in place
+(``deinterleave=False``: loads and stores both by stride 2, GPT-J/Cohere/GLM/Llama 4), tables of
+``repeat_interleave(freqs, 2)`` (``tables="pairs"``: ``c1, c2 = cos[0::2], cos[1::2]``) or of one column per
+frequency (``tables="freqs"``: ``c2 = c1``), sin negated, the rotary features last in the head (DeepSeek-V4),
+and the output rounded to a given dtype (``out_dtype``: HF's functions that compute in fp32 and cast back).
+
 The backward is the forward with ``(s1, s2)`` replaced by ``(-s2, -s1)`` (with HF's duplicated tables, where
 ``s1 == s2``, simply sin negated), so one kernel serves both passes.
 
@@ -356,7 +362,12 @@ def _layout_constexprs(layout: int, halves_equal: bool) -> dict:
 
 
 def _plan(
-    x_q: torch.Tensor, x_k: torch.Tensor, cos: torch.Tensor, unsqueeze_dim: int, backward: bool, layout: int
+    x_q: torch.Tensor,
+    x_k: torch.Tensor,
+    cos: torch.Tensor,
+    unsqueeze_dim: int,
+    backward: bool,
+    layout: int = 0,
 ) -> _Plan:
     copy_q, copy_k = not _dense_strides(x_q), not _dense_strides(x_k)
     q_strides = torch.empty(x_q.shape, device="meta").stride() if copy_q else x_q.stride()  # the copy's

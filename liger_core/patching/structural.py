@@ -23,7 +23,9 @@ What is recognised (and what decides it):
   are probed.
 - RoPE: an attention-like module whose class forward (the function at the bottom of its decorator chain)
   calls a module-level function whose name contains "rotary", "rope", "rotate" or "pos_emb"; the function is
-  probed on random q/k/cos/sin (GQA head counts) against ``liger_core.ops.rope``, outputs and q/k gradients;
+  probed on random q/k/cos/sin (GQA head counts) against each layout of ``_ROPE_LAYOUTS`` (data: the call
+  convention, q/k and table layouts, and the replacement from ``forwards`` or ``rope_variants``), outputs
+  and q/k gradients;
   on success the module gets a copy of its forward that calls liger's rope (``forwards.forward_with_global``).
 - Loss head: a model with ``lm_head`` (nn.Linear), ``config.vocab_size`` and a base model; its own forward's
   loss and lm_head's gradient, on a 6-token probe, are compared with the fused linear cross-entropy's (after
@@ -296,8 +298,10 @@ class RopeLayout:
 
     ``call``: the function's arguments, ``"q_k_cos_sin"`` (``fn(q, k, cos, sin)`` -> (q, k)), ``"x_cos_sin"``
     (one tensor), ``"x_sin_cos"`` (GPT-J's order), ``"q_k_freqs"`` (``fn(xq, xk, freqs_cis)``, complex
-    tables). ``tokens``: the probe's q/k, ``"bhtd"`` (B, H, T, D), ``"bthd"`` (B, T, H, D) or ``"thd"``
-    (T, H, D, vision towers; tables (T, R)). ``tables``: the probe's cos/sin, ``"halves"`` (HF's
+    tables). ``tokens``: the q/k layouts probed, each ``"bhtd"`` (B, H, T, D), ``"bthd"`` (B, T, H, D) or
+    ``"thd"`` (T, H, D, vision towers; tables (T, R)); the function must match in every one (a ``(q, k,
+    cos, sin)`` function that unsqueezes cos at 1 agrees with the vision layout on (T, H, D) tokens but not
+    on (B, T, H, D)). ``tables``: the probe's cos/sin, ``"halves"`` (HF's
     ``cat(freqs, freqs)``), ``"any"`` (every column its own angle: a replacement that passes uses every
     column as the function does), ``"freqs"`` (one column per frequency) or ``"complex"`` (``polar``).
     ``promoted`` returns ``promote_types(q, cos)`` (as ``q * cos``), ``cast_back`` q's dtype (None: no such
@@ -306,7 +310,7 @@ class RopeLayout:
 
     name: str
     call: str
-    tokens: str
+    tokens: tuple[str, ...]
     tables: str
     promoted: Callable
     cast_back: Callable | None
@@ -316,7 +320,7 @@ _ROPE_LAYOUTS = (
     RopeLayout(
         "rotate-half",
         "q_k_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "halves",
         fw.liger_rotary_pos_emb,
         fw.liger_rotary_pos_emb_cast_back,
@@ -324,7 +328,7 @@ _ROPE_LAYOUTS = (
     RopeLayout(
         "half tables",
         "q_k_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "freqs",
         fw.liger_rotary_pos_emb_half_tables,
         fw.liger_rotary_pos_emb_half_tables_cast_back,
@@ -332,19 +336,26 @@ _ROPE_LAYOUTS = (
     RopeLayout(
         "interleaved pairs",
         "q_k_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "halves",
         fw.liger_rotary_pos_emb_interleaved,
         fw.liger_rotary_pos_emb_interleaved_cast_back,
     ),
-    RopeLayout("vision, tokens first", "q_k_cos_sin", "thd", "halves", None, rv.liger_rotary_pos_emb_vision),
     RopeLayout(
-        "vision, pairs in place", "q_k_cos_sin", "thd", "any", None, rv.liger_rotary_pos_emb_vision_pairs
+        "vision, tokens first", "q_k_cos_sin", ("thd", "bthd"), "halves", None, rv.liger_rotary_pos_emb_vision
+    ),
+    RopeLayout(
+        "vision, pairs in place",
+        "q_k_cos_sin",
+        ("thd", "bthd"),
+        "any",
+        None,
+        rv.liger_rotary_pos_emb_vision_pairs,
     ),
     RopeLayout(
         "pairs in place",
         "q_k_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "any",
         rv.liger_rotary_pos_emb_pairs,
         rv.liger_rotary_pos_emb_pairs_cast_back,
@@ -352,7 +363,7 @@ _ROPE_LAYOUTS = (
     RopeLayout(
         "pairs in place, first-half tables",
         "q_k_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "halves",
         rv.liger_rotary_pos_emb_pairs_first_half,
         rv.liger_rotary_pos_emb_pairs_first_half_cast_back,
@@ -360,18 +371,23 @@ _ROPE_LAYOUTS = (
     RopeLayout(
         "rotate-half by minus the angle",
         "q_k_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "halves",
         rv.liger_rotary_pos_emb_negated,
         rv.liger_rotary_pos_emb_negated_cast_back,
     ),
     RopeLayout(
-        "rotate-half, k optional", "q_k_cos_sin", "bhtd", "halves", rv.liger_rotary_pos_emb_optional_k, None
+        "rotate-half, k optional",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "halves",
+        rv.liger_rotary_pos_emb_optional_k,
+        None,
     ),
     RopeLayout(
         "interleaved pairs, k optional",
         "q_k_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "halves",
         rv.liger_rotary_pos_emb_interleave_optional_k,
         None,
@@ -379,7 +395,7 @@ _ROPE_LAYOUTS = (
     RopeLayout(
         "one tensor",
         "x_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "halves",
         rv.liger_rotary_pos_emb_one,
         rv.liger_rotary_pos_emb_one_cast_back,
@@ -387,15 +403,20 @@ _ROPE_LAYOUTS = (
     RopeLayout(
         "one tensor, pairs in place, rotary last",
         "x_cos_sin",
-        "bhtd",
+        ("bhtd",),
         "freqs",
         None,
         rv.liger_rotary_pos_emb_one_pairs_last,
     ),
-    RopeLayout("GPT-J sin/cos pairs", "x_sin_cos", "bthd", "freqs", rv.liger_rotary_pos_emb_gptj, None),
-    RopeLayout("complex, heads third", "q_k_freqs", "bthd", "complex", None, rv.liger_rotary_emb_complex),
+    RopeLayout("GPT-J sin/cos pairs", "x_sin_cos", ("bthd",), "freqs", rv.liger_rotary_pos_emb_gptj, None),
+    RopeLayout("complex, heads third", "q_k_freqs", ("bthd",), "complex", None, rv.liger_rotary_emb_complex),
     RopeLayout(
-        "complex, heads second", "q_k_freqs", "bhtd", "complex", None, rv.liger_rotary_emb_complex_heads_first
+        "complex, heads second",
+        "q_k_freqs",
+        ("bhtd",),
+        "complex",
+        None,
+        rv.liger_rotary_emb_complex_heads_first,
     ),
 )
 
@@ -448,13 +469,13 @@ def signature_mismatch(original, replacement) -> str | None:
     return None
 
 
-def _rope_probe_inputs(layout: RopeLayout, rotary_dim: int, table_dtype, like, gen):
+def _rope_probe_inputs(layout: RopeLayout, tokens: str, rotary_dim: int, table_dtype, like, gen):
     """q, k (leaves' values) and the tables of one probe of ``layout``."""
     batch, seq, head_dim, n_q, n_k = 2, 5, 8, 4, 2
     shape = {"bhtd": lambda h: (batch, h, seq, head_dim), "bthd": lambda h: (batch, seq, h, head_dim)}
     shape["thd"] = lambda h: (seq, h, head_dim)
-    q, k = _randn(shape[layout.tokens](n_q), like, gen), _randn(shape[layout.tokens](n_k), like, gen)
-    lead = (seq,) if layout.tokens == "thd" else (batch, seq)
+    q, k = _randn(shape[tokens](n_q), like, gen), _randn(shape[tokens](n_k), like, gen)
+    lead = (seq,) if tokens == "thd" else (batch, seq)
     width = rotary_dim if layout.tables in ("halves", "any") else rotary_dim // 2
     angles = torch.rand((*lead, width if layout.tables != "halves" else width // 2), generator=gen) * 6.0
     if layout.tables == "complex":
@@ -480,37 +501,44 @@ def _probe_rope_layout(fn, layout: RopeLayout, dtype, device, gen: torch.Generat
     like = torch.empty((), dtype=dtype, device=device)
     head_dim = 8
     chosen = layout.promoted or layout.cast_back
-    table_dtypes = (None,) if layout.tables == "complex" else dict.fromkeys((dtype, torch.float32))
-    for rotary_dim in (head_dim, head_dim // 2):
-        for table_dtype in table_dtypes:
-            q0, k0, tables = _rope_probe_inputs(layout, rotary_dim, table_dtype, like, gen)
-            inputs = (_leaf(q0),) if layout.call in ("x_cos_sin", "x_sin_cos") else (_leaf(q0), _leaf(k0))
-            try:
+    table_dtypes = (None,) if layout.tables == "complex" else tuple(dict.fromkeys((dtype, torch.float32)))
+    no_partial = set()  # q/k layouts where fn does not take partial rotary (the model never calls it so)
+    for tokens in layout.tokens:
+        for rotary_dim in (head_dim, head_dim // 2):
+            for table_dtype in table_dtypes:
+                if (tokens, rotary_dim) in no_partial:
+                    continue
+                q0, k0, tables = _rope_probe_inputs(layout, tokens, rotary_dim, table_dtype, like, gen)
+                one = layout.call in ("x_cos_sin", "x_sin_cos")
+                inputs = (_leaf(q0),) if one else (_leaf(q0), _leaf(k0))
+                try:
+                    with torch.enable_grad():
+                        ref = _rope_call(fn, layout, inputs, tables)
+                except Exception as e:  # noqa: BLE001 - a function with another signature is simply not ours
+                    if rotary_dim < head_dim:
+                        no_partial.add((tokens, rotary_dim))
+                        continue
+                    return f"{fn.__name__} failed on the probe ({type(e).__name__})"
+                if isinstance(ref, str):
+                    return ref
+                if ref[0].dtype == q0.dtype and layout.cast_back is not None:
+                    chosen = layout.cast_back
+                elif layout.promoted is not None:
+                    chosen = layout.promoted
+                else:
+                    return f"{fn.__name__} returns {ref[0].dtype} for {q0.dtype} q, the replacement does not"
+                douts = [_randn(t.shape, t, gen) for t in ref]
+                ours_in = tuple(_leaf(t) for t in (q0, k0)[: len(inputs)])
                 with torch.enable_grad():
-                    ref = _rope_call(fn, layout, inputs, tables)
-            except Exception as e:  # noqa: BLE001 - a function with another signature is simply not ours
-                if rotary_dim < head_dim:
-                    break  # no partial rotary: the model never calls it so
-                return f"{fn.__name__} failed on the probe ({type(e).__name__})"
-            if isinstance(ref, str):
-                return ref
-            if ref[0].dtype == q0.dtype and layout.cast_back is not None:
-                chosen = layout.cast_back
-            elif layout.promoted is not None:
-                chosen = layout.promoted
-            else:
-                return f"{fn.__name__} returns {ref[0].dtype} for {q0.dtype} inputs, the replacement does not"
-            douts = [_randn(t.shape, t, gen) for t in ref]
-            ours_in = tuple(_leaf(t) for t in (q0, k0)[: len(inputs)])
-            with torch.enable_grad():
-                ref_grads = torch.autograd.grad(ref, inputs, douts)
-                ours = _rope_call(chosen, layout, ours_in, tables)
-                if isinstance(ours, str) or len(ours) != len(ref):
-                    return "the replacement returns other outputs"
-                grads = torch.autograd.grad(ours, ours_in, douts)
-            err = _max_err([*zip(ours, ref), *zip(grads, ref_grads)])
-            if err > _tolerance(dtype):
-                return f"probe rel. error {err:.1e}" + (" (partial rotary)" if rotary_dim < head_dim else "")
+                    ref_grads = torch.autograd.grad(ref, inputs, douts)
+                    ours = _rope_call(chosen, layout, ours_in, tables)
+                    if isinstance(ours, str) or len(ours) != len(ref):
+                        return "the replacement returns other outputs"
+                    grads = torch.autograd.grad(ours, ours_in, douts)
+                err = _max_err([*zip(ours, ref), *zip(grads, ref_grads)])
+                if err > _tolerance(dtype):
+                    partial = " at partial rotary" if rotary_dim < head_dim else ""
+                    return f"probe rel. error {err:.1e}{partial} (q/k {tokens})"
     return chosen
 
 

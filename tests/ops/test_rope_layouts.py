@@ -187,7 +187,7 @@ def test_rope_layout_fp32_tables(device):
     ],
     ids=["pairs-tables", "pairs-first-half", "negate-sin", "freqs-rotary-last", "freqs-deinterleave"],
 )
-def test_rope_layout_strided_arguments(path_device, dtype, how, options):
+def test_rope_layout_strided_arguments(path_device, dtype, how, options):  # noqa: F811 - the fixture
     """q, k, cos, sin and the incoming gradients non-contiguous, partial rotary: no worse than the reference
     in the same dtype (the HF functions' own math) on the same views."""
     device = path_device
@@ -204,7 +204,7 @@ def test_rope_layout_strided_arguments(path_device, dtype, how, options):
 
 @pytest.mark.parametrize("device", devices())
 def test_rope_layout_empty_k_and_tokens(device):
-    """One-tensor use (k with no heads) and no tokens: shapes and dtypes as the reference's, no launch error."""
+    """One tensor (k with no heads), and no tokens: the reference's shapes and dtypes, no launch error."""
     shape = SHAPES[device]
     batch, n_q, _, seq_len, head_dim = shape
     for tokens in (seq_len, 0):
