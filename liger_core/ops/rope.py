@@ -15,6 +15,12 @@ the first halves of the tables are used (``c2 = c1``, ``s2 = s1``, HF's ``cat(fr
 output is de-interleaved as HF's: ``y = cat(y1, y2)``. Its backward reads ``dy1, dy2`` as halves and writes
 ``dx1, dx2`` back to the even and odd features.
 
+Other models' layouts (keywords of ``rope``, constexprs of the one kernel): pairs kept in place
+(``deinterleave=False``: loads and stores both by stride 2, GPT-J/Cohere/GLM/Llama 4), tables of
+``repeat_interleave(freqs, 2)`` (``tables="pairs"``: ``c1, c2 = cos[0::2], cos[1::2]``) or of one column per
+frequency (``tables="freqs"``: ``c2 = c1``), sin negated, the rotary features last in the head (DeepSeek-V4),
+and the output rounded to a given dtype (``out_dtype``: HF's functions that compute in fp32 and cast back).
+
 The backward is the forward with ``(s1, s2)`` replaced by ``(-s2, -s1)`` (with HF's duplicated tables, where
 ``s1 == s2``, simply sin negated), so one kernel serves both passes.
 
@@ -126,22 +132,32 @@ def _store_rotated(
 def _table_halves(
     cos_row,
     sin_row,
-    c1,
-    s1,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HALVES_EQUAL: tl.constexpr,
+    PAIR_TABLES: tl.constexpr,
+    NEGATE_SIN: tl.constexpr,
     BACKWARD: tl.constexpr,
 ):
-    """(c1, c2, s1, s2) of one token, given its first halves (the second ones loaded unless HALVES_EQUAL),
-    with the backward's transpose applied."""
+    """(c1, c2, s1, s2) of one token, fp32: the halves [0, HALF) and [HALF, 2 HALF) of its table rows, or with
+    PAIR_TABLES their even and odd columns; with HALVES_EQUAL the first half twice (the second not loaded).
+    NEGATE_SIN and the backward's transpose are applied."""
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = cols < HALF
+    if PAIR_TABLES:
+        first, second = 2 * cols, 2 * cols + 1
+    else:
+        first, second = cols, cols + HALF
+    c1 = tl.load(cos_row + first, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_row + first, mask=mask, other=0.0).to(tl.float32)
     if HALVES_EQUAL:
         c2 = c1
         s2 = s1
     else:
-        cols = tl.arange(0, BLOCK_HALF)
-        c2 = tl.load(cos_row + HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)
-        s2 = tl.load(sin_row + HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_row + second, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_row + second, mask=mask, other=0.0).to(tl.float32)
+    if NEGATE_SIN:
+        s1, s2 = -s1, -s2
     if BACKWARD:
         # transpose of the rotation: (s1, s2) -> (-s2, -s1)
         s1, s2 = -s2, -s1
@@ -200,30 +216,36 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     BACKWARD: tl.constexpr,
-    HALVES_EQUAL: tl.constexpr,  # the tables repeat their first half: the second is not loaded
-    INTERLEAVED: tl.constexpr,  # GPT-J pairs: forward reads pairs, backward writes them (HALVES_EQUAL set)
+    HALVES_EQUAL: tl.constexpr,  # c2 = c1, s2 = s1: the second table halves are not loaded
+    PAIRS_IN: tl.constexpr,  # the forward's input is GPT-J pairs (the backward writes pairs)
+    PAIRS_OUT: tl.constexpr,  # the forward's output is pairs (the backward reads pairs)
+    PAIR_TABLES: tl.constexpr,  # c1, c2 = cos[0::2], cos[1::2] (repeat_interleave tables), same for sin
+    NEGATE_SIN: tl.constexpr,  # rotate by minus the tables' angle
+    ROTARY_LAST: tl.constexpr,  # the rotary features are the last 2 HALF of a head, the pass-through first
 ):
     # int64: B*T*H*D passes 2^31 at long contexts
     token = tl.program_id(0).to(tl.int64)
     b = token // seq_len
     t = token % seq_len
 
-    cols = tl.arange(0, BLOCK_HALF)
-    col_mask = cols < HALF
     cs_row = b * cs_stride_b + t * cs_stride_t  # cs_stride_b is 0 for a cos/sin batch of 1
-    c1 = tl.load(cos_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + cs_row + cols, mask=col_mask, other=0.0).to(tl.float32)
     c1, c2, s1, s2 = _table_halves(
-        cos_ptr + cs_row, sin_ptr + cs_row, c1, s1, HALF, BLOCK_HALF, HALVES_EQUAL, BACKWARD
+        cos_ptr + cs_row, sin_ptr + cs_row, HALF, BLOCK_HALF, HALVES_EQUAL, PAIR_TABLES, NEGATE_SIN, BACKWARD
     )
 
-    q_in = q_ptr + b * q_stride_b + t * q_stride_t
-    k_in = k_ptr + b * k_stride_b + t * k_stride_t
+    # the rotary features start at ROT_START; the pass-through ones (partial rotary) at PASS_START
+    ROT_START: tl.constexpr = PASS_DIM if ROTARY_LAST else 0
+    PASS_START: tl.constexpr = 0 if ROTARY_LAST else 2 * HALF
+    q_tok = q_ptr + b * q_stride_b + t * q_stride_t
+    k_tok = k_ptr + b * k_stride_b + t * k_stride_t
     # the outputs have their input's strides (the launcher makes sure)
-    q_out = q_out_ptr + b * q_stride_b + t * q_stride_t
-    k_out = k_out_ptr + b * k_stride_b + t * k_stride_t
-    LOAD_PAIRS: tl.constexpr = INTERLEAVED and not BACKWARD
-    STORE_PAIRS: tl.constexpr = INTERLEAVED and BACKWARD
+    q_out_tok = q_out_ptr + b * q_stride_b + t * q_stride_t
+    k_out_tok = k_out_ptr + b * k_stride_b + t * k_stride_t
+    q_in, k_in = q_tok + ROT_START, k_tok + ROT_START
+    q_out, k_out = q_out_tok + ROT_START, k_out_tok + ROT_START
+    # the backward is the transposed map: it reads what the forward writes and writes what it reads
+    LOAD_PAIRS: tl.constexpr = PAIRS_OUT if BACKWARD else PAIRS_IN
+    STORE_PAIRS: tl.constexpr = PAIRS_IN if BACKWARD else PAIRS_OUT
     if BLOCK_HQ >= N_Q_HEADS and BLOCK_HK >= N_K_HEADS:
         # one tile each: every load of the token in flight before the first store
         q1, q2 = _load_halves(q_in, q_stride_h, 0, N_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, LOAD_PAIRS)
@@ -273,10 +295,10 @@ def _rope_kernel(
             )
     if PASS_DIM > 0:
         _copy_pass_through(
-            q_in, q_stride_h, q_out, q_stride_h, N_Q_HEADS, 2 * HALF, PASS_DIM, BLOCK_HQ, BLOCK_PASS
+            q_tok, q_stride_h, q_out_tok, q_stride_h, N_Q_HEADS, PASS_START, PASS_DIM, BLOCK_HQ, BLOCK_PASS
         )
         _copy_pass_through(
-            k_in, k_stride_h, k_out, k_stride_h, N_K_HEADS, 2 * HALF, PASS_DIM, BLOCK_HK, BLOCK_PASS
+            k_tok, k_stride_h, k_out_tok, k_stride_h, N_K_HEADS, PASS_START, PASS_DIM, BLOCK_HK, BLOCK_PASS
         )
 
 
@@ -307,8 +329,45 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # distinct shapes (variable sequence lengths); the cache starts over beyond this
 
 
+# The layout flags, one int through the custom ops (bits of ``layout``)
+_PAIRS_IN, _PAIRS_OUT, _PAIR_TABLES, _FREQ_TABLES, _NEGATE_SIN, _ROTARY_LAST = (1 << i for i in range(6))
+TABLES = ("halves", "pairs", "freqs")  # the table layouts ``rope`` takes
+
+
+def _layout_bits(
+    interleaved: bool, deinterleave: bool, tables: str, negate_sin: bool, rotary_last: bool
+) -> int:
+    return (
+        (_PAIRS_IN if interleaved else 0)
+        | (_PAIRS_OUT if interleaved and not deinterleave else 0)
+        | (_PAIR_TABLES if tables == "pairs" else 0)
+        | (_FREQ_TABLES if tables == "freqs" else 0)
+        | (_NEGATE_SIN if negate_sin else 0)
+        | (_ROTARY_LAST if rotary_last else 0)
+    )
+
+
+def _layout_constexprs(layout: int, halves_equal: bool) -> dict:
+    return dict(
+        # interleaved pairs read the first half of cat(freqs, freqs) tables; freqs tables are that half
+        HALVES_EQUAL=halves_equal
+        or bool(layout & _FREQ_TABLES)
+        or bool(layout & _PAIRS_IN and not layout & _PAIR_TABLES),
+        PAIRS_IN=bool(layout & _PAIRS_IN),
+        PAIRS_OUT=bool(layout & _PAIRS_OUT),
+        PAIR_TABLES=bool(layout & _PAIR_TABLES),
+        NEGATE_SIN=bool(layout & _NEGATE_SIN),
+        ROTARY_LAST=bool(layout & _ROTARY_LAST),
+    )
+
+
 def _plan(
-    x_q: torch.Tensor, x_k: torch.Tensor, cos: torch.Tensor, unsqueeze_dim: int, backward: bool
+    x_q: torch.Tensor,
+    x_k: torch.Tensor,
+    cos: torch.Tensor,
+    unsqueeze_dim: int,
+    backward: bool,
+    layout: int = 0,
 ) -> _Plan:
     copy_q, copy_k = not _dense_strides(x_q), not _dense_strides(x_k)
     q_strides = torch.empty(x_q.shape, device="meta").stride() if copy_q else x_q.stride()  # the copy's
@@ -316,7 +375,7 @@ def _plan(
     batch, dim_1, dim_2, head_dim = x_q.shape
     seq_len, n_q_heads = (dim_2, dim_1) if unsqueeze_dim == 1 else (dim_1, dim_2)
     n_k_heads = x_k.shape[unsqueeze_dim]
-    half = cos.shape[-1] // 2
+    half = cos.shape[-1] if layout & _FREQ_TABLES else cos.shape[-1] // 2
     pass_dim = head_dim - 2 * half
     block_half = _pow2(half)
     heads_per_tile = max(1, _TILE_ELEMENTS // block_half)
@@ -356,17 +415,18 @@ def _launch(
     unsqueeze_dim: int,
     out_dtype: torch.dtype,
     backward: bool,
-    interleaved: bool = False,
+    layout: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     key = (
         x_q.shape, x_q.stride(), x_k.shape, x_k.stride(), cos.shape, cos.stride(), unsqueeze_dim, backward,
-        _TILE_ELEMENTS, _NUM_WARPS, _NUM_WARPS_FEW_TOKENS_MANY_HEADS, _FEW_TOKENS, _MANY_HEAD_ELEMENTS,
+        layout, _TILE_ELEMENTS, _NUM_WARPS, _NUM_WARPS_FEW_TOKENS_MANY_HEADS, _FEW_TOKENS,
+        _MANY_HEAD_ELEMENTS,
     )  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        plan = _PLANS[key] = _plan(x_q, x_k, cos, unsqueeze_dim, backward)
+        plan = _PLANS[key] = _plan(x_q, x_k, cos, unsqueeze_dim, backward, layout)
     if plan.copy_q:
         x_q = x_q.contiguous()
     if plan.copy_k:
@@ -382,8 +442,7 @@ def _launch(
             y_q,
             y_k,
             *plan.args,
-            HALVES_EQUAL=halves_equal or interleaved,
-            INTERLEAVED=interleaved,
+            **_layout_constexprs(layout, halves_equal),
             **plan.constexprs,
         )
     return y_q, y_k
@@ -401,12 +460,10 @@ def _rope_fwd_impl(
     sin: torch.Tensor,
     halves_equal: bool,
     unsqueeze_dim: int,
-    interleaved: bool,
+    layout: int,
+    out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    out_dtype = torch.promote_types(q.dtype, cos.dtype)
-    return _launch(
-        q, k, cos, sin, halves_equal, unsqueeze_dim, out_dtype, backward=False, interleaved=interleaved
-    )
+    return _launch(q, k, cos, sin, halves_equal, unsqueeze_dim, out_dtype, backward=False, layout=layout)
 
 
 def _rope_bwd_impl(
@@ -417,12 +474,11 @@ def _rope_bwd_impl(
     halves_equal: bool,
     unsqueeze_dim: int,
     grad_dtype: torch.dtype,
-    interleaved: bool,
+    layout: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _launch(
-        dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, backward=True,
-        interleaved=interleaved,
-    )  # fmt: skip
+        dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, backward=True, layout=layout
+    )
 
 
 _rope_fwd = torch.library.custom_op("liger_core::rope_fwd", _rope_fwd_impl, mutates_args=())
@@ -430,13 +486,12 @@ _rope_bwd = torch.library.custom_op("liger_core::rope_bwd", _rope_bwd_impl, muta
 
 
 @_rope_fwd.register_fake
-def _(q, k, cos, sin, halves_equal, unsqueeze_dim, interleaved):
-    out_dtype = torch.promote_types(q.dtype, cos.dtype)
+def _(q, k, cos, sin, halves_equal, unsqueeze_dim, layout, out_dtype):
     return torch.empty_like(q, dtype=out_dtype), torch.empty_like(k, dtype=out_dtype)
 
 
 @_rope_bwd.register_fake
-def _(dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, interleaved):
+def _(dq_embed, dk_embed, cos, sin, halves_equal, unsqueeze_dim, grad_dtype, layout):
     return torch.empty_like(dq_embed, dtype=grad_dtype), torch.empty_like(dk_embed, dtype=grad_dtype)
 
 
@@ -509,13 +564,16 @@ def _table_check(cos: torch.Tensor, sin: torch.Tensor) -> _TableHalves | None:
 
 class RopeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, table_check: _TableHalves | None, unsqueeze_dim: int, interleaved: bool):
+    def forward(
+        ctx, q, k, cos, sin, table_check: _TableHalves | None, unsqueeze_dim: int, options: dict, out_dtype
+    ):
         q, k = _unit_last_stride(q), _unit_last_stride(k)
         cos_strides = cos.stride()
         if cos_strides != sin.stride() or (cos_strides[-1] != 1 and cos.shape[-1] > 1):
             cos, sin = cos.contiguous(), sin.contiguous()
         ctx.unsqueeze_dim = unsqueeze_dim
-        ctx.interleaved = interleaved
+        ctx.options = options  # the layout keywords of ``rope``
+        layout = ctx.layout = _layout_bits(**options)
         # cos/sin are saved (autograd fails on their in-place change before the backward), so the check still
         # holds there; by then its answer has usually arrived
         ctx.table_check = table_check
@@ -528,7 +586,11 @@ class RopeFunction(torch.autograd.Function):
             ctx.save_for_backward(cos, sin, q, k)
         else:
             ctx.save_for_backward(cos, sin)
-        return launcher(_rope_fwd, _rope_fwd_impl)(q, k, cos, sin, halves_equal, unsqueeze_dim, interleaved)
+        ctx.out_dtype = out_dtype
+        out_dtype = torch.promote_types(q.dtype, cos.dtype) if out_dtype is None else out_dtype
+        return launcher(_rope_fwd, _rope_fwd_impl)(
+            q, k, cos, sin, halves_equal, unsqueeze_dim, layout, out_dtype
+        )
 
     @staticmethod
     def backward(ctx, dq_embed, dk_embed):
@@ -536,9 +598,7 @@ class RopeFunction(torch.autograd.Function):
         dq_embed, dk_embed = _unit_last_stride(dq_embed), _unit_last_stride(dk_embed)
         bwd = launcher(_rope_bwd, _rope_bwd_impl)
         halves_equal = ctx.table_check is not None and ctx.table_check.known_equal()
-        dq, dk = bwd(
-            dq_embed, dk_embed, cos, sin, halves_equal, ctx.unsqueeze_dim, ctx.q_dtype, ctx.interleaved
-        )
+        dq, dk = bwd(dq_embed, dk_embed, cos, sin, halves_equal, ctx.unsqueeze_dim, ctx.q_dtype, ctx.layout)
         dcos = dsin = None
         if ctx.table_grads:
             # eager autograd of the reference: these gradients are a reduction over heads, off the hot path
@@ -546,10 +606,16 @@ class RopeFunction(torch.autograd.Function):
             with torch.enable_grad():
                 cos_r, sin_r = cos.detach().requires_grad_(), sin.detach().requires_grad_()
                 q_r, k_r = reference.rope(
-                    q, k, cos_r, sin_r, unsqueeze_dim=ctx.unsqueeze_dim, interleaved=ctx.interleaved
+                    q,
+                    k,
+                    cos_r,
+                    sin_r,
+                    unsqueeze_dim=ctx.unsqueeze_dim,
+                    out_dtype=ctx.out_dtype,
+                    **ctx.options,
                 )
                 dcos, dsin = torch.autograd.grad((q_r, k_r), (cos_r, sin_r), (dq_embed, dk_embed))
-        return dq, dk, dcos, dsin, None, None, None
+        return dq, dk, dcos, dsin, None, None, None, None
 
 
 def rope(
@@ -560,6 +626,12 @@ def rope(
     position_ids: torch.Tensor | None = None,
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
+    *,
+    deinterleave: bool = True,
+    tables: str = "halves",
+    negate_sin: bool = False,
+    rotary_last: bool = False,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply rotary position embedding to ``q`` and ``k``, exactly as HF's ``apply_rotary_pos_emb`` (or, with
     ``interleaved=True``, DeepSeek-V3's ``apply_rotary_pos_emb_interleave``).
@@ -581,9 +653,22 @@ def rope(
             angles of the first half of ``cos``/``sin`` (HF's tables are ``cat(freqs, freqs)``), and return
             them de-interleaved (the rotated even features, then the rotated odd ones), as HF's
             ``apply_rotary_pos_emb_interleave`` (DeepSeek-V2/V3, GPT-J-style checkpoints).
+        deinterleave: with ``interleaved``: False keeps the rotated pairs in place (``y[2i], y[2i+1]``: GPT-J,
+            Cohere, GLM, Llama 4's complex product).
+        tables: how ``cos``/``sin`` hold the angles. ``"halves"``: HF's ``cat(freqs, freqs)`` (rotate-half
+            uses both halves as given; ``interleaved`` uses the first half for every pair). ``"pairs"``
+            (``interleaved`` only): ``repeat_interleave(freqs, 2)``, columns ``2i`` and ``2i + 1`` give the
+            even and odd outputs of pair ``i`` (Cohere). ``"freqs"``: one column per frequency,
+            ``rotary_dim = 2 * cos.shape[-1]`` (gpt-oss, GPT-J, DeepSeek-V4, complex tables' parts).
+        negate_sin: rotate by minus the tables' angles (NanoChat's ``rotate_half`` is ``cat(x2, -x1)``).
+        rotary_last: the rotary features are the LAST ``rotary_dim`` of each head, the pass-through ones
+            first (DeepSeek-V4's ``[nope | rope]`` heads).
+        out_dtype: the outputs' dtype. None: ``promote_types(q.dtype, cos.dtype)``, as HF's ``q * cos``
+            (the reference path then computes in that dtype, as HF does). Given: computed in fp32 and rounded
+            once to ``out_dtype``, as the HF functions that upcast to fp32 and cast back.
 
     Returns:
-        ``(q_embed, k_embed)`` of dtype ``promote_types(q.dtype, cos.dtype)`` (as HF's ``q * cos``), in q's
+        ``(q_embed, k_embed)`` of dtype ``out_dtype`` (default ``promote_types(q.dtype, cos.dtype)``), in q's
         memory layout. Computed in fp32 and rounded once. Gradients flow to q and k (and to cos/sin, through
         an eager recomputation, if they require grad).
     """
@@ -601,6 +686,10 @@ def rope(
             f"unsqueeze_dim={unsqueeze_dim!r} is not supported; use 1 (q: B, H, T, D) or 2 (q: B, T, H, D)"
         )
     unsqueeze_dim = 1 if unsqueeze_dim in (1, -3) else 2
+    if tables not in TABLES:
+        raise ValueError(f"tables={tables!r} is not one of {TABLES}")
+    if tables == "pairs" and not interleaved:
+        raise ValueError('tables="pairs" needs interleaved=True (table column pairs for feature pairs)')
     if tuple(sin.shape) != tuple(cos.shape):
         raise ValueError(
             f"sin has shape {tuple(sin.shape)} but cos has shape {tuple(cos.shape)}; they must match"
@@ -634,21 +723,29 @@ def rope(
                 "(1 or B, T, rotary_dim) rows)"
             )
         table_check = None
-        if use_triton(q) and not interleaved and cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= head_dim:
+        plain = not interleaved and tables == "halves"
+        if use_triton(q) and plain and cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= head_dim:
             table_check = _table_check(cos, sin)  # of the whole table: its gathered rows share the answer
         cos, sin = cos[position_ids], sin[position_ids]
     elif cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] != seq_len:
         raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (1 or {batch}, {seq_len}, rotary_dim)")
-    rotary_dim = cos.shape[-1]
+    rotary_dim = 2 * cos.shape[-1] if tables == "freqs" else cos.shape[-1]
     if rotary_dim % 2 or rotary_dim == 0 or rotary_dim > head_dim:
         raise ValueError(
-            f"cos/sin have rotary_dim={rotary_dim} (last dimension); it must be even, positive and at most "
-            f"head_dim={head_dim}"
+            f"cos/sin have rotary_dim={rotary_dim} (from the last dimension, tables={tables!r}); it must be "
+            f"even, positive and at most head_dim={head_dim}"
         )
 
+    options = dict(
+        interleaved=bool(interleaved),
+        deinterleave=bool(deinterleave),
+        tables=tables,
+        negate_sin=bool(negate_sin),
+        rotary_last=bool(rotary_last),
+    )
     if not use_triton(q):
-        return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=bool(interleaved))
+        return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, out_dtype=out_dtype, **options)
     if position_ids is None:
-        # interleaved: only the first halves are read whatever the tables hold, no check needed
-        table_check = None if interleaved else _table_check(cos, sin)
-    return RopeFunction.apply(q, k, cos, sin, table_check, unsqueeze_dim, bool(interleaved))
+        # only rotate-half on cat(freqs, freqs) tables may read both halves: the others need no check
+        table_check = _table_check(cos, sin) if not interleaved and tables == "halves" else None
+    return RopeFunction.apply(q, k, cos, sin, table_check, unsqueeze_dim, options, out_dtype)

@@ -23,7 +23,9 @@ What is recognised (and what decides it):
   are probed.
 - RoPE: an attention-like module whose class forward (the function at the bottom of its decorator chain)
   calls a module-level function whose name contains "rotary", "rope", "rotate" or "pos_emb"; the function is
-  probed on random q/k/cos/sin (GQA head counts) against ``liger_core.ops.rope``, outputs and q/k gradients;
+  probed on random q/k/cos/sin (GQA head counts) against each layout of ``_ROPE_LAYOUTS`` (data: the call
+  convention, q/k and table layouts, and the replacement from ``forwards`` or ``rope_variants``), outputs
+  and q/k gradients;
   on success the module gets a copy of its forward that calls liger's rope (``forwards.forward_with_global``).
 - Loss head: a model with ``lm_head`` (nn.Linear), or an output Linear that ``get_output_embeddings()`` finds
   (inside a head module whose forward transforms the hidden states first, as RoBERTa's, or after another
@@ -47,6 +49,8 @@ from __future__ import annotations
 import inspect
 import re
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -55,6 +59,7 @@ from torch.func import functional_call
 
 import liger_core
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.introspect import RewrapError, innermost_function
 from liger_core.patching.loss import patch_loss
 from liger_core.patching.recipes import NormSpec
@@ -325,16 +330,132 @@ def _rope_global(m: nn.Module) -> tuple[str, types.FunctionType] | None:
     return None
 
 
-# (layout, tables half as wide as the rotary part?, liger function returning the promoted dtype,
-# liger function returning q's dtype)
+@dataclass(frozen=True)
+class RopeLayout:
+    """One way a model's rotary function may compute: how to probe it, and the liger function that replaces
+    it when the probe matches.
+
+    ``call``: the function's arguments, ``"q_k_cos_sin"`` (``fn(q, k, cos, sin)`` -> (q, k)), ``"x_cos_sin"``
+    (one tensor), ``"x_sin_cos"`` (GPT-J's order), ``"q_k_freqs"`` (``fn(xq, xk, freqs_cis)``, complex
+    tables). ``tokens``: the q/k layouts probed, each ``"bhtd"`` (B, H, T, D), ``"bthd"`` (B, T, H, D) or
+    ``"thd"`` (T, H, D, vision towers; tables (T, R)); the function must match in every one (a ``(q, k,
+    cos, sin)`` function that unsqueezes cos at 1 agrees with the vision layout on (T, H, D) tokens but not
+    on (B, T, H, D)). ``tables``: the probe's cos/sin, ``"halves"`` (HF's
+    ``cat(freqs, freqs)``), ``"any"`` (every column its own angle: a replacement that passes uses every
+    column as the function does), ``"freqs"`` (one column per frequency) or ``"complex"`` (``polar``).
+    ``promoted`` returns ``promote_types(q, cos)`` (as ``q * cos``), ``cast_back`` q's dtype (None: no such
+    variant); the probe's dtype with fp32 tables picks one.
+    """
+
+    name: str
+    call: str
+    tokens: tuple[str, ...]
+    tables: str
+    promoted: Callable
+    cast_back: Callable | None
+
+
 _ROPE_LAYOUTS = (
-    ("rotate-half", False, fw.liger_rotary_pos_emb, fw.liger_rotary_pos_emb_cast_back),
-    ("half tables", True, fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back),
-    (
+    RopeLayout(
+        "rotate-half",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "halves",
+        fw.liger_rotary_pos_emb,
+        fw.liger_rotary_pos_emb_cast_back,
+    ),
+    RopeLayout(
+        "half tables",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "freqs",
+        fw.liger_rotary_pos_emb_half_tables,
+        fw.liger_rotary_pos_emb_half_tables_cast_back,
+    ),
+    RopeLayout(
         "interleaved pairs",
-        False,
+        "q_k_cos_sin",
+        ("bhtd",),
+        "halves",
         fw.liger_rotary_pos_emb_interleaved,
         fw.liger_rotary_pos_emb_interleaved_cast_back,
+    ),
+    RopeLayout(
+        "vision, tokens first", "q_k_cos_sin", ("thd", "bthd"), "halves", None, rv.liger_rotary_pos_emb_vision
+    ),
+    RopeLayout(
+        "vision, pairs in place",
+        "q_k_cos_sin",
+        ("thd", "bthd"),
+        "any",
+        None,
+        rv.liger_rotary_pos_emb_vision_pairs,
+    ),
+    RopeLayout(
+        "pairs in place",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "any",
+        rv.liger_rotary_pos_emb_pairs,
+        rv.liger_rotary_pos_emb_pairs_cast_back,
+    ),
+    RopeLayout(
+        "pairs in place, first-half tables",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "halves",
+        rv.liger_rotary_pos_emb_pairs_first_half,
+        rv.liger_rotary_pos_emb_pairs_first_half_cast_back,
+    ),
+    RopeLayout(
+        "rotate-half by minus the angle",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "halves",
+        rv.liger_rotary_pos_emb_negated,
+        rv.liger_rotary_pos_emb_negated_cast_back,
+    ),
+    RopeLayout(
+        "rotate-half, k optional",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "halves",
+        rv.liger_rotary_pos_emb_optional_k,
+        None,
+    ),
+    RopeLayout(
+        "interleaved pairs, k optional",
+        "q_k_cos_sin",
+        ("bhtd",),
+        "halves",
+        rv.liger_rotary_pos_emb_interleave_optional_k,
+        None,
+    ),
+    RopeLayout(
+        "one tensor",
+        "x_cos_sin",
+        ("bhtd",),
+        "halves",
+        rv.liger_rotary_pos_emb_one,
+        rv.liger_rotary_pos_emb_one_cast_back,
+    ),
+    RopeLayout(
+        "one tensor, pairs in place, rotary last",
+        "x_cos_sin",
+        ("bhtd",),
+        "freqs",
+        None,
+        rv.liger_rotary_pos_emb_one_pairs_last,
+    ),
+    RopeLayout("GPT-J sin/cos pairs", "x_sin_cos", ("bthd",), "freqs", rv.liger_rotary_pos_emb_gptj, None),
+    RopeLayout("complex, heads third", "q_k_freqs", ("bthd",), "complex", None, rv.liger_rotary_emb_complex),
+    RopeLayout(
+        "complex, heads second",
+        "q_k_freqs",
+        ("bhtd",),
+        "complex",
+        None,
+        rv.liger_rotary_emb_complex_heads_first,
     ),
 )
 
@@ -342,21 +463,23 @@ _ROPE_LAYOUTS = (
 def _probe_rope(fn: types.FunctionType, dtype: torch.dtype, device, gen: torch.Generator):
     """liger's rope function that reproduces ``fn``, or a reason.
 
-    Tried as HF's rotate_half functions, with cos/sin half as wide (one column per frequency, gpt-oss), and
-    as interleaved pairs (GPT-J, DeepSeek-V3's ``apply_rotary_pos_emb_interleave``). Probed with cos/sin in
-    the module's dtype (the math) and in fp32 (some models keep the tables in fp32: whether ``fn`` returns
-    q's dtype or the promoted one picks the variant); outputs and q/k gradients.
+    Every layout of ``_ROPE_LAYOUTS`` whose replacement takes ``fn``'s arguments is probed in turn, first
+    match wins: random q/k (GQA head counts) and tables built as the layout says, at full rotary width and
+    at half of it (a function that fails there is taken not to support partial rotary; one that returns
+    must match there too, which tells rotary-first from rotary-last). Tables in the module's dtype (the
+    math) and in fp32 (some models keep them in fp32: whether ``fn`` returns q's dtype or the promoted one
+    picks the variant); outputs and q/k gradients.
     """
     failures = []
-    for layout, half, promoted, cast_back in _ROPE_LAYOUTS:
-        mismatch = signature_mismatch(fn, promoted)
+    for layout in _ROPE_LAYOUTS:
+        mismatch = signature_mismatch(fn, layout.promoted or layout.cast_back)
         if mismatch is not None:
-            failures.append(f"{layout}: {mismatch}")
+            failures.append(f"{layout.name}: {mismatch}")
             continue
-        verdict = _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen)
+        verdict = _probe_rope_layout(fn, layout, dtype, device, gen)
         if not isinstance(verdict, str):
             return verdict
-        failures.append(f"{layout}: {verdict}")
+        failures.append(f"{layout.name}: {verdict}")
     return f"{fn.__name__} matches no liger rope layout ({'; '.join(failures)})"
 
 
@@ -385,36 +508,76 @@ def signature_mismatch(original, replacement) -> str | None:
     return None
 
 
-def _probe_rope_layout(fn, half, promoted, cast_back, dtype, device, gen: torch.Generator):
+def _rope_probe_inputs(layout: RopeLayout, tokens: str, rotary_dim: int, table_dtype, like, gen):
+    """q, k (leaves' values) and the tables of one probe of ``layout``."""
+    batch, seq, head_dim, n_q, n_k = 2, 5, 8, 4, 2
+    shape = {"bhtd": lambda h: (batch, h, seq, head_dim), "bthd": lambda h: (batch, seq, h, head_dim)}
+    shape["thd"] = lambda h: (seq, h, head_dim)
+    q, k = _randn(shape[tokens](n_q), like, gen), _randn(shape[tokens](n_k), like, gen)
+    lead = (seq,) if tokens == "thd" else (batch, seq)
+    width = rotary_dim if layout.tables in ("halves", "any") else rotary_dim // 2
+    angles = torch.rand((*lead, width if layout.tables != "halves" else width // 2), generator=gen) * 6.0
+    if layout.tables == "complex":
+        freqs = torch.polar(torch.ones_like(angles), angles)
+        return q, k, (freqs.to(like.device, torch.complex128 if like.dtype == torch.float64 else None),)
+    cos, sin = angles.cos(), angles.sin()
+    if layout.tables == "halves":
+        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    cos, sin = cos.to(device=like.device, dtype=table_dtype), sin.to(device=like.device, dtype=table_dtype)
+    return q, k, (sin, cos) if layout.call == "x_sin_cos" else (cos, sin)
+
+
+def _rope_call(fn, layout: RopeLayout, inputs: tuple, tables: tuple) -> tuple | str:
+    """``fn``'s outputs as a tuple of tensors (one for the one-tensor functions), or a reason."""
+    out = fn(*inputs, *tables)
+    outs = (out,) if len(inputs) == 1 else out
+    if not (isinstance(outs, tuple) and all(isinstance(t, torch.Tensor) for t in outs)):
+        return f"{fn.__name__} does not return {'x' if len(outs) == 1 else '(q, k)'}"
+    return outs
+
+
+def _probe_rope_layout(fn, layout: RopeLayout, dtype, device, gen: torch.Generator):
     like = torch.empty((), dtype=dtype, device=device)
-    batch, seq, head_dim = 2, 5, 8
-    q0 = _randn((batch, 4, seq, head_dim), like, gen)
-    k0 = _randn((batch, 2, seq, head_dim), like, gen)
-    angles = torch.rand((batch, seq, head_dim // 2), generator=gen) * 6.0
-    chosen = promoted
-    for table_dtype in dict.fromkeys((dtype, torch.float32)):
-        cos, sin = angles.cos(), angles.sin()
-        if not half:
-            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-        cos, sin = cos.to(device=device, dtype=table_dtype), sin.to(device=device, dtype=table_dtype)
-        q, k = _leaf(q0), _leaf(k0)
-        try:
-            with torch.enable_grad():
-                ref_q, ref_k = fn(q, k, cos, sin)
-        except Exception as e:  # noqa: BLE001 - a function with another signature is simply not ours
-            return f"{fn.__name__}(q, k, cos, sin) failed on the probe ({type(e).__name__})"
-        if not (isinstance(ref_q, torch.Tensor) and isinstance(ref_k, torch.Tensor)):
-            return f"{fn.__name__} does not return (q, k)"
-        chosen = cast_back if ref_q.dtype == q.dtype else promoted
-        dq, dk = _randn(ref_q.shape, ref_q, gen), _randn(ref_k.shape, ref_k, gen)
-        with torch.enable_grad():
-            ref_grads = torch.autograd.grad((ref_q, ref_k), (q, k), (dq, dk))
-            q2, k2 = _leaf(q0), _leaf(k0)
-            out_q, out_k = chosen(q2, k2, cos, sin)
-            grads = torch.autograd.grad((out_q, out_k), (q2, k2), (dq, dk))
-        err = _max_err([(out_q, ref_q), (out_k, ref_k), *zip(grads, ref_grads)])
-        if err > _tolerance(dtype):
-            return f"probe rel. error {err:.1e}"
+    head_dim = 8
+    chosen = layout.promoted or layout.cast_back
+    table_dtypes = (None,) if layout.tables == "complex" else tuple(dict.fromkeys((dtype, torch.float32)))
+    no_partial = set()  # q/k layouts where fn does not take partial rotary (the model never calls it so)
+    for tokens in layout.tokens:
+        for rotary_dim in (head_dim, head_dim // 2):
+            for table_dtype in table_dtypes:
+                if (tokens, rotary_dim) in no_partial:
+                    continue
+                q0, k0, tables = _rope_probe_inputs(layout, tokens, rotary_dim, table_dtype, like, gen)
+                one = layout.call in ("x_cos_sin", "x_sin_cos")
+                inputs = (_leaf(q0),) if one else (_leaf(q0), _leaf(k0))
+                try:
+                    with torch.enable_grad():
+                        ref = _rope_call(fn, layout, inputs, tables)
+                except Exception as e:  # noqa: BLE001 - a function with another signature is simply not ours
+                    if rotary_dim < head_dim:
+                        no_partial.add((tokens, rotary_dim))
+                        continue
+                    return f"{fn.__name__} failed on the probe ({type(e).__name__})"
+                if isinstance(ref, str):
+                    return ref
+                if ref[0].dtype == q0.dtype and layout.cast_back is not None:
+                    chosen = layout.cast_back
+                elif layout.promoted is not None:
+                    chosen = layout.promoted
+                else:
+                    return f"{fn.__name__} returns {ref[0].dtype} for {q0.dtype} q, the replacement does not"
+                douts = [_randn(t.shape, t, gen) for t in ref]
+                ours_in = tuple(_leaf(t) for t in (q0, k0)[: len(inputs)])
+                with torch.enable_grad():
+                    ref_grads = torch.autograd.grad(ref, inputs, douts)
+                    ours = _rope_call(chosen, layout, ours_in, tables)
+                    if isinstance(ours, str) or len(ours) != len(ref):
+                        return "the replacement returns other outputs"
+                    grads = torch.autograd.grad(ours, ours_in, douts)
+                err = _max_err([*zip(ours, ref), *zip(grads, ref_grads)])
+                if err > _tolerance(dtype):
+                    partial = " at partial rotary" if rotary_dim < head_dim else ""
+                    return f"probe rel. error {err:.1e}{partial} (q/k {tokens})"
     return chosen
 
 

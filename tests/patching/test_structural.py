@@ -44,7 +44,7 @@ def test_structural_patching_swaps_only_what_matches():
     assert set(report.missing) == {"rms_norm", "swiglu", "rope"}, str(report)
     assert "ToyScaledNorm" in " ".join(report.missing["rms_norm"])
     assert "ToyOddMLP" in " ".join(report.missing["swiglu"])
-    assert "interleaved_rotary" in " ".join(report.missing["rope"])
+    assert "scaled_rotary" in " ".join(report.missing["rope"])
     assert "NOT applied" in str(report)
 
     loss, grads = _step(model, ids)

@@ -4,7 +4,7 @@ patching: it has modules that must be recognised and swapped, and look-alikes th
 Swappable: ToyRMSNorm (Llama semantics, epsilon named ``eps``), ToyGemmaNorm (1 + w, fp32), ToyMLP (SwiGLU),
 ``rotate_q_k`` (HF's rotate_half RoPE under another name), the loss head (``self.loss_function``).
 Look-alikes that must NOT be swapped: ToyScaledNorm (RMSNorm times 2), ToyOddMLP (act(gate) + up),
-``interleaved_rotary`` (GPT-J's rotate-every-two convention).
+``scaled_rotary`` (GPT-J's rotate-every-two with sin doubled: not a rotation).
 """
 
 from __future__ import annotations
@@ -80,12 +80,12 @@ def rotate_q_k(q, k, cos, sin):
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-def interleaved_rotary(q, k, cos, sin):
+def scaled_rotary(q, k, cos, sin):
     def rot(x):
         x1, x2 = x[..., ::2], x[..., 1::2]
         return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    cos, sin = cos.unsqueeze(1), 2 * sin.unsqueeze(1)
     return q * cos + rot(q) * sin, k * cos + rot(k) * sin
 
 
@@ -114,7 +114,7 @@ class ToyAttention(nn.Module):
 class ToyInterleavedAttention(ToyAttention):
     def forward(self, x, cos, sin):
         q, k, v = self._split(x)
-        q, k = interleaved_rotary(q, k, cos, sin)
+        q, k = scaled_rotary(q, k, cos, sin)
         return self._out(q, k, v)
 
 
