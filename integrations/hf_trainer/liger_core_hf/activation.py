@@ -162,7 +162,7 @@ def _guarded(module_name: str, hook_module: str, hook_name: str) -> None:
     global _active
     if disabled():
         return
-    if not _fully_imported(sys.modules.get(hook_module, sys)):
+    if hook_module in sys.modules and not _fully_imported(sys.modules[hook_module]):
         return  # the hook module itself imported `module_name`: its caller installs the hook when it is done
     try:
         import importlib

@@ -116,11 +116,11 @@ def _wrap(cls: type, name: str, make: _Maker) -> None:
 
 def accept_json_kernel_config(parser_class: type = HfArgumentParser) -> None:
     """Make every `parser_class(...)` built from now on parse `--liger_kernel_config` as JSON and reject
-    misspelled liger options. For HfArgumentParser this covers its subclasses (TRL's TrlParser). Idempotent;
-    undone by `uninstall()`."""
+    misspelled liger options: transformers' HfArgumentParser (and its subclasses), or a copy of it such as
+    TRL's (`trl.scripts._hf_argparser`, the base of TrlParser). Idempotent; undone by `uninstall()`."""
     _wrap(parser_class, "__init__", lambda cls, own: _init(own))
-    if parser_class is HfArgumentParser:
-        _wrap(parser_class, "parse_known_args", _parse_known_args)
+    _wrap(parser_class, "parse_known_args", _parse_known_args)
+    if hasattr(parser_class, "parse_dict"):
         _wrap(parser_class, "parse_dict", _parse_dict)
 
 

@@ -135,6 +135,20 @@ def foreign_forward(model: Any) -> str | None:
     return f"{code.co_name} from {code.co_filename}"
 
 
+_PLUGINS = (("liger-core-hf", "liger_core_hf"), ("liger-core-trl", "liger_core_trl"))
+
+
+def flag_in_use() -> None:
+    """Where a plugin first acts on `use_liger_kernel`: under the `.pth` activation, show the plugins' log
+    lines (the script did not set up liger_core, so the user should see it act); log once which library
+    serves the flag."""
+    from . import activation
+
+    if activation.active():
+        show_patch_logs()
+    _announce_library()
+
+
 def _announce_library() -> None:
     """One line, once per process, on rank 0: which library serves the flag, and its version."""
     global _announced
@@ -143,10 +157,9 @@ def _announce_library() -> None:
     _announced = True
     if rank() != 0:
         return
-    from . import __version__ as plugin_version
-
+    plugins = [f"{dist} {sys.modules[name].__version__}" for dist, name in _PLUGINS if name in sys.modules]
     ours = getattr(require_liger_core(), "__version__", "?")
-    line = f"use_liger_kernel is served by liger_core {ours} (liger-core-hf {plugin_version})"
+    line = f"use_liger_kernel is served by liger_core {ours} ({', '.join(plugins)})"
     try:
         line += f"; the installed liger-kernel {importlib.metadata.version('liger-kernel')} is not used"
     except importlib.metadata.PackageNotFoundError:
@@ -204,11 +217,7 @@ def patch_model(model: Any, kernel_config: Mapping[str, Any] | str | None = None
             "Turn use_liger_kernel off for this model."
         ) from err
     _handled.add(model)
-    from . import activation
-
-    if activation.active():
-        show_patch_logs()
-    _announce_library()
+    flag_in_use()
     # str(report) names each kernel in report.missing with its reason ("NOT applied: ...")
     (logger.warning if report.missing else logger.info)("use_liger_kernel: %s", report)
     return report
