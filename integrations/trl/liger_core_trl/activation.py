@@ -3,10 +3,11 @@
 It registers, through liger_core_hf's post-import finder (`liger_core_hf.activation`), a callback for every
 `trl.*` module: nothing is imported at start-up. When a TRL module that defines trainers has executed
 (`trl.trainer.base_trainer`, `trl.trainer.sft_trainer`, ...), its trainer classes get the hook of
-`liger_core_trl.hook` (the flag hidden from TRL's own handling, liger_core's log-probs in TRL's fused LM head);
-the Trainer and argument-parser parts come from liger_core_hf's own activation. So `trl sft ...
---use_liger_kernel` works: the `accelerate launch` child that runs TRL's script is a new interpreter, which
-reads the `.pth` files again. `LIGER_CORE_DISABLE_HOOK=1` turns it off, as for liger_core_hf.
+`liger_core_trl.hook` (the flag hidden from TRL's own handling, liger_core's log-probs in TRL's fused LM
+head); so does TRL's copy of HfArgumentParser (`trl.scripts._hf_argparser`). The Trainer and
+argument-parser parts come from liger_core_hf's own activation. So `trl sft ... --use_liger_kernel` works:
+the `accelerate launch` child that runs TRL's script is a new interpreter, which reads the `.pth` files
+again. `LIGER_CORE_DISABLE_HOOK=1` turns it off, as for liger_core_hf.
 """
 
 from __future__ import annotations
