@@ -96,16 +96,19 @@ def test_disabled_by_the_environment_variable(tiny_dir, tmp_path):
     """LIGER_CORE_DISABLE_HOOK=1: transformers handles the flag itself, as without the plugin (liger-kernel
     when it is installed, else transformers' ImportError)."""
     code = (
-        "import runpy, sys, liger_kernel\n" if liger_kernel_installed() else "import runpy, sys\n"
-    ) + f"sys.argv = {[SCRIPT, *script_args(tiny_dir, tmp_path), '--use_liger_kernel']!r}\n"
-    code += "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "import liger_core_hf.hook as hook, liger_core_hf.parser as parser, transformers.trainer as trainer\n"
+        "print(hook.is_installed(), parser.is_installed(), trainer.apply_liger_kernel.__module__)\n"
+    )
     proc = run([sys.executable, "-c", code], LIGER_CORE_DISABLE_HOOK="1")
-    assert "liger_core" not in proc.stderr
-    if liger_kernel_installed():  # liger-kernel's modules in the model, none of liger_core's
-        assert result(proc, tmp_path)["kinds"] == []
-    else:
+    assert proc.stdout.split() == ["False", "False", "transformers.integrations.liger"], proc.stderr
+    if not liger_kernel_installed():  # the script with the flag: transformers' own error
+        proc = run(
+            [sys.executable, SCRIPT, *script_args(tiny_dir, tmp_path), "--use_liger_kernel"],
+            LIGER_CORE_DISABLE_HOOK="1",
+        )
         assert proc.returncode != 0
         assert "liger-kernel >= 0.3.0 is not available" in proc.stderr
+        assert "liger_core" not in proc.stderr
 
 
 def test_misspelled_flag_is_a_did_you_mean_error(tiny_dir, tmp_path):
