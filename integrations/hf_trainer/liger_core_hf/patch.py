@@ -90,7 +90,7 @@ def liger_kernel_patches(model: Any) -> list[str]:
         elif _from_liger_kernel(vars(module).get("forward")):
             found.append(f"{where}.forward")
         modules_seen.add(cls.__module__)
-    for module_name in sorted(modules_seen):
+    for module_name in sorted(m for m in modules_seen if m.split(".")[0] != "liger_kernel"):
         namespace = vars(sys.modules.get(module_name, types.ModuleType(module_name)))
         for attr, value in namespace.items():
             if callable(value) and not isinstance(value, type) and _from_liger_kernel(value):
