@@ -5,6 +5,8 @@
 #   bash tests/run_all.sh core-oldest  the core tests that use transformers/peft, on the oldest releases
 #                                      pyproject.toml allows (its floors, through tests/ci/floors.py)
 #   bash tests/run_all.sh hf_trainer trl axolotl llamafactory   just those integrations (each in its own venv)
+#   bash tests/run_all.sh hf_trainer-liger-kernel   the HF Trainer plugin's tests with liger-kernel installed too
+#                                      (liger_core serves the flag, liger-kernel never patches the same model)
 # Venvs go under ${LIGER_VENVS:-.venvs}/ and pytest's JUnit reports under its reports/; the Triton kernels run
 # in Triton's interpreter (TRITON_INTERPRET=1).
 # The core venv has TRL (the TRL plugin's range): tests compare the fused log-probs with TRL's kernel and the
@@ -18,12 +20,13 @@ venvs=${LIGER_VENVS:-$root/.venvs}
 reports=$venvs/reports
 mkdir -p "$venvs" "$reports"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(core core-oldest hf_trainer trl axolotl llamafactory)
+[ ${#targets[@]} -gt 0 ] || targets=(core core-oldest hf_trainer hf_trainer-liger-kernel trl axolotl llamafactory)
 export TRITON_INTERPRET=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # core-oldest: besides the floors of pyproject.toml, the accelerate release current with transformers 5.0.0
 # (peft needs accelerate; the newest one is not what users of the floors have).
 oldest_extra=(accelerate==1.12.0)
 trl_range="trl>=1.15,<2"  # the TRL plugin's (integrations/trl/pyproject.toml)
+liger_kernel_pin="liger-kernel==0.8.5"  # the newest release: the hf_trainer-liger-kernel suite installs it
 
 # A core venv: torch 2.13.0 CPU (from local disk: a torch pip picks itself is a CUDA build of several GB),
 # liger-core editable with its [dev] extra, the requirements given, scipy (model types of the zoo,
@@ -90,11 +93,15 @@ for t in "${targets[@]}"; do
   case $t in
     core) (set -e; suite_core) ;;
     core-oldest) (set -e; suite_core_oldest) ;;
+    hf_trainer-liger-kernel)
+      EXTRA_REQUIREMENTS=$liger_kernel_pin bash integrations/hf_trainer/run_tests.sh "$venvs/$t" -ra \
+        --junitxml="$reports/$t.xml"
+      ;;
     *)
       if [ -f "integrations/$t/run_tests.sh" ]; then
         bash "integrations/$t/run_tests.sh" "$venvs/$t" -ra --junitxml="$reports/$t.xml"
       else
-        echo "ERROR: unknown target $t (core, core-oldest or a folder of integrations/)" >&2
+        echo "ERROR: unknown target $t (core, core-oldest, hf_trainer-liger-kernel or a folder of integrations/)" >&2
         false
       fi
       ;;

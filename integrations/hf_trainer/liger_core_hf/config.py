@@ -9,6 +9,7 @@ keyword arguments of `liger_core.apply_liger_kernel`: the kernel names liger-ker
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -64,8 +65,15 @@ def parse_kernel_config(config: Mapping[str, Any] | str | None) -> dict[str, boo
         )
     unknown = sorted(str(k) for k in config if k not in CONFIG_KEYS)
     if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, CONFIG_KEYS, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{key!r}: did you mean {close[0]!r}?")
         raise ValueError(
-            f"liger_kernel_config has unknown key(s) {unknown}; liger_core accepts {list(CONFIG_KEYS)}"
+            f"liger_kernel_config has unknown key(s) {unknown}"
+            + (f" ({'; '.join(hints)})" if hints else "")
+            + f"; liger_core accepts {list(CONFIG_KEYS)}"
         )
     flags = {key: _as_bool(key, value) for key, value in config.items()}
     if flags.get("cross_entropy") and "fused_linear_cross_entropy" not in flags:

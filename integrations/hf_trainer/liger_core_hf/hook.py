@@ -12,8 +12,12 @@ class `transformers.Trainer` (so every subclass goes through it: TRL's, LLaMA-Fa
 - `evaluate()` / `predict()` without a `train()` first: the model is patched before use.
 - `__init__()` (transformers < 5.3 only, where the check is in the constructor): the flag is hidden during the
   constructor and the model patched right after it.
-- `HfArgumentParser`: `--liger_kernel_config '{"rope": false}'` is parsed as JSON (`accept_json_kernel_config`
-  does the same for other parser classes).
+- `apply_liger_kernel`, the function through which transformers applies liger-kernel (imported by name into
+  `transformers.trainer`, defined in `transformers.integrations.liger`), is replaced in both modules by one
+  that patches with liger_core: should a release reach it with the flag visible, liger_core still serves it
+  and liger-kernel is never called (`tests/test_activation.py` checks where transformers calls it).
+- `HfArgumentParser`: `--liger_kernel_config '{"rope": false}'` is parsed as JSON and misspelled liger options
+  are errors that name the option meant (`liger_core_hf.parser`).
 
 A Trainer wants liger_core when its `args.use_liger_kernel` is set or when it was given a `LigerCoreCallback`.
 `uninstall()` puts every original method back.
@@ -27,9 +31,10 @@ from typing import Any
 
 import transformers
 from packaging.version import Version
-from transformers import HfArgumentParser, Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback
 
-from .config import kernel_config_argument
+from . import parser
+from .parser import accept_json_kernel_config
 from .patch import is_handled, patch_model, require_liger_core
 
 _CHECKS_IN_INIT = Version(transformers.__version__).release < (5, 3)
@@ -153,17 +158,6 @@ def _init(original: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
-def _parser_init(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        for action in self._actions:
-            if action.dest == "liger_kernel_config":
-                action.type = kernel_config_argument
-
-    return __init__
-
-
 def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     if (cls, name) in _originals:
         return
@@ -172,10 +166,47 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
     setattr(cls, name, make(original))
 
 
-def accept_json_kernel_config(parser_class: type) -> None:
-    """Make `--liger_kernel_config '{"rope": false}'` parse as JSON in every `parser_class(...)` built from
-    now on (an HfArgumentParser, or a copy of it such as TRL's `TrlParser`). Undone by `uninstall()`."""
-    _wrap(parser_class, "__init__", _parser_init)
+# transformers' function that applies liger-kernel, by module: 5.2+ defines it in integrations.liger and
+# imports it by name into trainer (whose train() calls it for the flag from 5.3)
+_TRANSFORMERS_CALL_SITES = ("transformers.integrations.liger", "transformers.trainer")
+_module_originals: dict[str, Callable[..., Any]] = {}
+
+
+def serve_transformers_call(model: Any, kernel_config: Any = None) -> None:
+    """Stands in for transformers' `apply_liger_kernel(model, kernel_config)`: liger_core patches the model
+    (once: a model the Trainer hook patched already is left as it is)."""
+    if not is_handled(model):
+        patch_model(model, kernel_config)
+
+
+def _intercept_transformers_call() -> None:
+    import importlib
+
+    for name in _TRANSFORMERS_CALL_SITES:
+        if name in _module_originals:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # transformers < 5.2: the call is inline in Trainer.__init__ (hidden flag)
+            continue
+        original = getattr(module, "apply_liger_kernel", None)
+        if original is None:
+            continue
+        _module_originals[name] = original
+        module.apply_liger_kernel = serve_transformers_call
+
+
+def install_trainer_hook() -> None:
+    """The Trainer part of `install()`, without importing liger_core: a missing liger-core is reported when
+    the flag is used (what the `.pth` activation installs when `transformers.trainer` is imported)."""
+    _wrap(Trainer, "train", _train)
+    _wrap(Trainer, "call_model_init", _call_model_init)
+    _wrap(Trainer, "evaluate", _patch_first)
+    _wrap(Trainer, "predict", _patch_first)
+    if _CHECKS_IN_INIT:
+        _wrap(Trainer, "__init__", _init)
+    _intercept_transformers_call()
+    accept_json_kernel_config()
 
 
 def install() -> None:
@@ -184,20 +215,20 @@ def install() -> None:
     Idempotent. Raises ImportError (with the fix) if liger_core cannot be imported.
     """
     require_liger_core()
-    _wrap(Trainer, "train", _train)
-    _wrap(Trainer, "call_model_init", _call_model_init)
-    _wrap(Trainer, "evaluate", _patch_first)
-    _wrap(Trainer, "predict", _patch_first)
-    if _CHECKS_IN_INIT:
-        _wrap(Trainer, "__init__", _init)
-    accept_json_kernel_config(HfArgumentParser)
+    install_trainer_hook()
 
 
 def uninstall() -> None:
     """Put back every method `install()` wrapped (models already patched stay patched)."""
+    import sys
+
     while _originals:
         (cls, name), original = _originals.popitem()
         setattr(cls, name, original)
+    while _module_originals:
+        name, original = _module_originals.popitem()
+        sys.modules[name].apply_liger_kernel = original
+    parser.uninstall()
 
 
 def is_installed() -> bool:

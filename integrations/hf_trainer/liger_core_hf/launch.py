@@ -12,29 +12,18 @@ The script sees the `sys.argv` it would see if run directly (`train.py --use_lig
 
 from __future__ import annotations
 
-import logging
 import os
 import runpy
 import sys
 from collections.abc import Callable, Sequence
+
+from .patch import show_patch_logs
 
 USAGE = """usage: {prog} SCRIPT.py [script arguments ...]
        {prog} -m MODULE [script arguments ...]
 
 Runs a training script with liger_core serving TrainingArguments' use_liger_kernel / --use_liger_kernel
 (and --liger_kernel_config '{{"rope": false}}'), without the third-party liger-kernel package."""
-
-
-def show_patch_logs(names: Sequence[str] = ("liger_core", "liger_core_hf", "liger_core_trl")) -> None:
-    """Print what was patched (liger_core's one-line report, INFO) on stderr, unless logging is configured."""
-    for name in names:
-        log = logging.getLogger(name)
-        if not log.handlers and log.level == logging.NOTSET:
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-            log.addHandler(handler)
-            log.setLevel(logging.INFO)
-            log.propagate = False
 
 
 def run(

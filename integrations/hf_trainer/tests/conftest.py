@@ -12,6 +12,10 @@ from pathlib import Path
 if not (Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The plugin is installed, so its `.pth` activation is on in this process too: turn it off here (it is read
+# when transformers.trainer is imported), so that each test installs what it needs and tests of transformers
+# alone are not served by liger_core. Subprocess tests run with it on (`tiny.child_env`): the real path.
+os.environ["LIGER_CORE_DISABLE_HOOK"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import runpy
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import liger_core_hf
 import pytest
 from liger_core_hf import patch as patch_module
-from tiny import kinds, make_trainer, toy_model
+from tiny import child_env, kinds, make_trainer, toy_model
 from transformers import HfArgumentParser, TrainingArguments
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -74,7 +73,7 @@ def _script_args(tiny_dir: Path, output_dir: Path) -> list[str]:
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**child_env(), "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, **kwargs)
 
 
@@ -118,15 +117,16 @@ def test_missing_liger_core_fails_early_with_the_fix(tiny_dir, tmp_path):
     proc = _run([sys.executable, "-c", code])
     assert proc.returncode != 0
     assert "liger-core package, which cannot be imported" in proc.stderr
-    assert "pip install liger-core" in proc.stderr
+    assert "`pip install -e .` at the repository root" in proc.stderr
+    assert "pip install liger-core`" not in proc.stderr  # no package index serves liger-core
     assert not (tmp_path / "result.json").exists()  # the script never started
 
 
 def test_missing_liger_core_in_process(monkeypatch, make_model):
     monkeypatch.setitem(sys.modules, "liger_core", None)
-    with pytest.raises(ImportError, match="pip install liger-core"):
+    with pytest.raises(ImportError, match="pip install -e \\.` at the repository root"):
         liger_core_hf.install()
-    with pytest.raises(ImportError, match="pip install liger-core"):
+    with pytest.raises(ImportError, match="pip install -e \\.` at the repository root"):
         liger_core_hf.patch_model(make_model())
 
 

@@ -39,13 +39,6 @@ def test_flag_off_leaves_model_alone_flag_on_patches_with_equal_losses(
         torch.testing.assert_close(p_on, p_off, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_without_the_hook_transformers_wants_liger_kernel(make_model, tokenizer, train_rows, tmp_path):
-    """What the hook fixes (and proof that the other tests are not vacuous): transformers alone raises."""
-    trainer = make_trainer(make_model(), tokenizer, train_rows, tmp_path, use_liger_kernel=True, max_steps=1)
-    with pytest.raises(ImportError, match="liger-kernel"):
-        trainer.train()
-
-
 def test_gradient_accumulation_4x1_equals_one_batch_of_4(make_model, tokenizer, train_rows, tmp_path):
     liger_core_hf.install()
     common = dict(

@@ -3,9 +3,21 @@ with image inputs in the processor's layout; Trainer helpers."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+
+ACTIVATION_ENV = "LIGER_CORE_DISABLE_HOOK"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a subprocess test: this one without the switch that turns the plugin's `.pth`
+    activation off in the pytest process (conftest.py), so the child runs as a user's process does."""
+    env = {k: v for k, v in os.environ.items() if k != ACTIVATION_ENV}
+    env.update(TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

@@ -27,15 +27,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.metadata
 import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import liger_core_hf
-import trl
+import liger_core_hf.hook
 from liger_core_hf.config import parse_kernel_config
 from liger_core_hf.hook import accept_json_kernel_config, kernel_config, wants_liger
+from liger_core_hf.patch import flag_in_use
 from packaging.version import Version
 
 from .logprobs import liger_logprobs_unsupported, use_liger_core_logprobs
@@ -122,6 +124,7 @@ def _hide_flag_in(original: Callable[..., Any]) -> Callable[..., Any]:
             training_args = None
         if not getattr(training_args, "use_liger_kernel", False):
             return original(self, *args, **kwargs)
+        flag_in_use()
         logprobs: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if use_liger_logprobs(training_args, training_args.liger_kernel_config, type(self).__name__):
             logprobs = use_liger_core_logprobs()
@@ -173,28 +176,55 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any] | None], Call
     setattr(cls, name, make(own))
 
 
-def install() -> None:
-    """liger_core_hf.install() plus the TRL part above. Idempotent."""
-    liger_core_hf.install()
-    version = Version(trl.__version__)
+_version_checked = False
+
+
+def _check_trl_version() -> None:
+    global _version_checked
+    if _version_checked:
+        return
+    _version_checked = True
+    version = Version(importlib.metadata.version("trl"))
     if not TESTED_TRL[0] <= version < TESTED_TRL[1]:
         logger.warning(
             "liger_core_trl supports TRL >= %s, < %s; TRL %s is installed: use_liger_kernel may not work",
             *TESTED_TRL,
             version,
         )
-    # TRL >= 1.16 parses scripts' arguments with its own copy of HfArgumentParser
+
+
+def _install_classes(classes: list[type]) -> None:
+    from trl.trainer.base_trainer import _BaseTrainer
+
+    for cls in classes:
+        if cls is not _BaseTrainer and "__init__" in cls.__dict__:
+            _wrap(cls, "__init__", _hide_flag_in)
+    for cls in classes:
+        for name in _RUN_METHODS:
+            if cls is _BaseTrainer or name in cls.__dict__:
+                _wrap(cls, name, functools.partial(_with_liger_logprobs, cls, name))
+
+
+def install_module(module: Any, classes: list[type]) -> None:
+    """The hook for the trainer classes defined in one TRL module, right after it was imported (what the
+    `.pth` activation calls; `_BaseTrainer` itself when `module` is `trl.trainer.base_trainer`). Does not
+    import liger_core: a missing liger-core is reported when the flag is used."""
+    _check_trl_version()
+    liger_core_hf.hook.install_trainer_hook()
+    _install_classes(classes)
+
+
+def install() -> None:
+    """liger_core_hf.install() plus the TRL part above, for TRL's trainers. Idempotent."""
+    liger_core_hf.install()
+    _check_trl_version()
+    # TrlParser is an HfArgumentParser: liger_core_hf's parser hook covers it; kept for older copies
     from trl import TrlParser
 
     accept_json_kernel_config(TrlParser)
     from trl.trainer.base_trainer import _BaseTrainer
 
-    for cls in _trainer_classes():
-        _wrap(cls, "__init__", _hide_flag_in)
-    for cls in (_BaseTrainer, *_trainer_classes()):
-        for name in _RUN_METHODS:
-            if cls is _BaseTrainer or name in cls.__dict__:
-                _wrap(cls, name, functools.partial(_with_liger_logprobs, cls, name))
+    _install_classes([_BaseTrainer, *_trainer_classes()])
 
 
 def uninstall() -> None:

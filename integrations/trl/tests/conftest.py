@@ -10,6 +10,9 @@ from pathlib import Path
 if not (Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The plugins' `.pth` activation is off in the pytest process (each test installs what it needs); subprocess
+# tests run with it on (`tiny.child_env`), as a user's process does.
+os.environ["LIGER_CORE_DISABLE_HOOK"] = "1"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")

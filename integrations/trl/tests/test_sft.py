@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import warnings
@@ -12,7 +11,7 @@ from pathlib import Path
 import liger_core_trl
 import pytest
 import torch
-from tiny import MAX_TOKENS, kinds
+from tiny import MAX_TOKENS, child_env, kinds
 
 BIN = Path(sys.executable).parent
 
@@ -130,8 +129,9 @@ def test_sft_script_with_the_flag_and_json_config(tiny_dir, dataset_dir, tmp_pat
         "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--dtype", "float32", "--bf16", "false",
         "--use_liger_kernel", "--liger_kernel_config", '{"rope": false}',
     ]  # fmt: skip
-    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=child_env(HF_DATASETS_OFFLINE="1"), timeout=300
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "liger_core: patched llama: rms_norm x5, swiglu x2" in out
