@@ -44,12 +44,13 @@ def norm_eps(module: nn.Module) -> float:
 def rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     spec = self._liger_core_norm_spec
     return liger_core.ops.rms_norm(
-        hidden_states,
+        hidden_states.flatten(-2) if spec.heads_input else hidden_states,
         self.weight,
         norm_eps(self),
         offset=spec.offset,
         casting_mode=spec.casting_mode,
         in_place=spec.in_place,
+        group_size=spec.group_size,
     )
 
 

@@ -12,7 +12,10 @@ What is recognised (and what decides it):
   non-trivial weight put in place of the module's own for the probe (``torch.func.functional_call``: the
   parameter itself is not touched): a freshly initialised weight of zeros or ones would hide a wrong offset
   or a scale applied before the normalisation. The variant whose output, input gradient and weight gradient
-  are all within tolerance is kept.
+  are all within tolerance is kept. A LayerNorm without bias is tried last (Cohere). A module naming a
+  ``group_size`` is also probed as normalising groups of that many features (Qwen4-Exp), one naming
+  ``num_heads`` with a (..., num_heads, head_dim) input normalised per head (xLSTM): liger's norms with
+  ``group_size``, the weight indexed over the whole row.
 - Gated RMSNorm: the same with ``forward(hidden_states, gate)``; the settings of
   ``liger_core.ops.rms_norm_gated`` (rounding, activation, gate before or after the norm, groups) are probed
   the same way, outputs and the x, gate and weight gradients. Called without a gate, the module runs its
@@ -140,6 +143,20 @@ def _looks_like_rms_norm(m: nn.Module) -> bool:
     return isinstance(eps, float) and getattr(m, "bias", None) is None
 
 
+def _norm_layouts(m: nn.Module, hidden: int) -> list[tuple[tuple[int, ...], int | None, bool]]:
+    """(probe input shape, group size, heads input?) to try on ``m``, from the sizes it names: whole rows,
+    groups of its ``group_size`` features (Qwen4-Exp), or a (..., num_heads, head_dim) input normalised per
+    head (xLSTM's multi-head LayerNorm)."""
+    layouts = [((2, 3, hidden), None, False)]
+    group = getattr(m, "group_size", None)
+    if isinstance(group, int) and 0 < group < hidden and hidden % group == 0:
+        layouts.insert(0, ((2, 3, hidden), group, False))
+    heads = getattr(m, "num_heads", None)
+    if isinstance(heads, int) and heads > 1 and hidden % heads == 0:
+        layouts.append(((2, 3, heads, hidden // heads), hidden // heads, True))
+    return layouts
+
+
 def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
     extra = _extra_forward_params(m)
     if extra:
@@ -149,60 +166,60 @@ def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
         return "weight not materialised"
     # a non-trivial weight (not the zeros/ones a fresh model starts with), so offsets and scales show
     hidden = w.shape[0]
-    group = getattr(m, "group_size", None)
-    if isinstance(group, int) and 0 < group < hidden:
-        return (
-            f"normalises groups of group_size={group} of its {hidden} features separately: liger's rms_norm "
-            "normalises whole rows"
-        )
     w_probe = _leaf(_randn((hidden,), w, gen, scale=0.5) + 0.75)
-    x = _leaf(_randn((2, 3, hidden), w, gen, scale=3.0))
-    with torch.enable_grad():
-        try:
-            ref = functional_call(m, {"weight": w_probe}, (x,))
-        except Exception as e:  # noqa: BLE001 - a per-head norm takes (..., heads, head_dim): named below
-            heads = getattr(m, "num_heads", None)
-            if isinstance(heads, int) and heads > 1 and hidden % heads == 0:
-                return (
-                    f"takes (..., num_heads={heads}, head_dim={hidden // heads}) and normalises each head "
-                    f"separately ({type(e).__name__} on a (batch, seq, {hidden}) input): liger's norms "
-                    "normalise whole rows"
-                )
-            raise
-        if not isinstance(ref, torch.Tensor):
-            return "forward does not return a tensor"
-        dy = _randn(ref.shape, ref, gen)
-        ref_grads = _grads(ref, (x, w_probe), dy)
-        best, best_err = None, float("inf")
-        for spec in _NORM_VARIANTS:
-            y = liger_core.ops.rms_norm(
-                x, w_probe, fw.norm_eps(m), offset=spec.offset, casting_mode=spec.casting_mode
-            )
-            grads = _grads(y, (x, w_probe), dy)
-            err = _max_err([(y, ref), *zip(grads, ref_grads)])
-            if err < best_err:
-                best, best_err = spec, err
-        if best_err > _tolerance(x.dtype):
-            # a LayerNorm without bias in the same shape (Cohere's: mean-centred, fp32 statistics)
-            y = liger_core.ops.layer_norm(x, w_probe, None, fw.norm_eps(m))
-            err = _max_err([(y, ref), *zip(_grads(y, (x, w_probe), dy), ref_grads)])
-            if err <= _tolerance(x.dtype):
-                return BIASLESS_LAYER_NORM
-            best_err = min(best_err, err)
-    if best_err <= _tolerance(x.dtype):
-        return best
+    best_err, failures = float("inf"), []
+    for shape, group, heads_input in _norm_layouts(m, hidden):
+        x = _leaf(_randn(shape, w, gen, scale=3.0))
+        x_in = x.flatten(-2) if heads_input else x
+        with torch.enable_grad():
+            try:
+                ref = functional_call(m, {"weight": w_probe}, (x,))
+            except Exception as e:  # noqa: BLE001 - an input layout the module does not take: the next one
+                failures.append(f"{type(e).__name__} on a {tuple(shape)} input")
+                continue
+            if not isinstance(ref, torch.Tensor) or ref.shape != x_in.shape:
+                failures.append(f"no {tuple(x_in.shape)} tensor from a {tuple(shape)} input")
+                continue
+            dy = _randn(ref.shape, ref, gen)
+            ref_grads = _grads(ref, (x, w_probe), dy)
+            # the RMSNorm variants, then a LayerNorm without bias in the same shape (Cohere's: mean-centred,
+            # fp32 statistics; xLSTM's per head)
+            for spec in (*_NORM_VARIANTS, NormSpec("structural", casting_mode=LAYER_NORM, in_place=False)):
+                y = _liger_norm(spec, x_in, w_probe, fw.norm_eps(m), group)
+                err = _max_err([(y, ref), *zip(_grads(y, (x, w_probe), dy), ref_grads)])
+                if err <= _tolerance(x.dtype):
+                    return NormSpec(
+                        "structural",
+                        spec.offset,
+                        spec.casting_mode,
+                        False,
+                        group_size=group,
+                        heads_input=heads_input,
+                    )
+                best_err = min(best_err, err)
+    if best_err == float("inf"):
+        return f"probe failed ({'; '.join(failures)})"
     return (
-        "output or gradients differ from every RMSNorm variant and from a LayerNorm without bias "
-        f"(best rel. error {best_err:.1e})"
+        "output or gradients differ from every RMSNorm variant and from a LayerNorm without bias, over whole "
+        f"rows and over the groups/heads it names (best rel. error {best_err:.1e})"
     )
 
 
-BIASLESS_LAYER_NORM = "layer_norm without bias"  # the verdict of _probe_norm for Cohere-style norms
+def _liger_norm(spec: NormSpec, x: torch.Tensor, w: torch.Tensor, eps: float, group: int | None):
+    if spec.casting_mode == LAYER_NORM:
+        return liger_core.ops.layer_norm(x, w, None, eps, group_size=group)
+    return liger_core.ops.rms_norm(x, w, eps, spec.offset, spec.casting_mode, group_size=group)
+
+
+LAYER_NORM = "layer_norm"  # a NormSpec's casting_mode for a weight-only LayerNorm (Cohere, xLSTM's per-head)
 
 
 def biasless_layer_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """A weight-only LayerNorm module's forward (``weight``, ``variance_epsilon``/``eps``, no bias)."""
-    return liger_core.ops.layer_norm(hidden_states, self.weight, None, fw.norm_eps(self))
+    """A weight-only LayerNorm module's forward (``weight``, ``variance_epsilon``/``eps``, no bias), over
+    whole rows or the groups/heads of its NormSpec."""
+    spec = self._liger_core_norm_spec
+    x = hidden_states.flatten(-2) if spec.heads_input else hidden_states
+    return liger_core.ops.layer_norm(x, self.weight, None, fw.norm_eps(self), group_size=spec.group_size)
 
 
 def _gated_norm_specs(m: nn.Module) -> list[fw.GatedNormSpec]:
@@ -529,14 +546,17 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
             if _looks_like_rms_norm(m):
                 if flags["rms_norm"]:
                     verdict = _verdict(_probe_norm, m, gen)
-                    if isinstance(verdict, NormSpec) and not foreign_forward(m):
+                    is_spec = isinstance(verdict, NormSpec)
+                    if is_spec and verdict.casting_mode != LAYER_NORM and not foreign_forward(m):
                         bind(root, m, fw.rms_norm_forward, "rms_norm", _liger_core_norm_spec=verdict)
                         report.count("rms_norm")
                         report.modules[qualname] = "rms_norm"
-                    elif verdict == BIASLESS_LAYER_NORM and not flags["layer_norm"]:
+                    elif is_spec and verdict.casting_mode == LAYER_NORM and not flags["layer_norm"]:
                         pass  # a LayerNorm, and that kernel is off
-                    elif verdict == BIASLESS_LAYER_NORM and not foreign_forward(m):
-                        bind(root, m, biasless_layer_norm_forward, "layer_norm")
+                    elif is_spec and verdict.casting_mode == LAYER_NORM and not foreign_forward(m):
+                        bind(
+                            root, m, biasless_layer_norm_forward, "layer_norm", _liger_core_norm_spec=verdict
+                        )
                         report.count("layer_norm")
                         report.modules[qualname] = "layer_norm"
                     else:
