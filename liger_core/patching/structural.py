@@ -69,6 +69,16 @@ _NORM_VARIANTS = (
 _MLP_LAYOUTS = (
     dict(gate="gate_proj", up="up_proj", down="down_proj", gate_up=None),
     dict(gate=None, up=None, down="down_proj", gate_up="gate_up_proj"),
+    # Phi-4 audio: LayerNorm first, ``up, gate = gate_up(x).chunk(2)``, dropout after act * up and after down
+    dict(
+        gate=None,
+        up=None,
+        down="down_proj",
+        gate_up="gate_up_proj",
+        gate_second=True,
+        pre_norm="layer_norm",
+        dropout="dropout",
+    ),
 )
 _ACT_NAMES = ("act_fn", "activation_fn", "act")
 
@@ -294,9 +304,17 @@ def _probe_layer_norm(m: nn.LayerNorm, gen: torch.Generator) -> bool | str:
 
 
 def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | None:
-    """None if the module is not a gated MLP at all; a reason if it is one that does not match."""
+    """None if the module is not a gated MLP at all; a reason if it is one that matches no layout.
+
+    Every layout whose submodules ``m`` has is probed, outputs and input gradient, in ``m``'s own mode: the
+    original and the replacement run from the same random state (dropout in training draws its masks in
+    both; the caller's random state is restored afterwards), so a dropout called in another order or on
+    other shapes is a mismatch.
+    """
+    failures = []
     for layout in _MLP_LAYOUTS:
-        if not all(isinstance(getattr(m, n, None), nn.Module) for n in layout.values() if n is not None):
+        names = [n for k, n in layout.items() if k != "gate_second" and isinstance(n, str)]
+        if not all(isinstance(getattr(m, n, None), nn.Module) for n in names):
             continue
         extra = _extra_forward_params(m)
         if extra:
@@ -312,19 +330,29 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
         if not _usable(weight) or weight.dim() != 2:
             return "projection weight not materialised"
         x = _leaf(_randn((2, 3, weight.shape[1]), weight, gen))
-        with torch.enable_grad():
+        seed = int(torch.randint(0, 2**62, (), generator=gen))
+        devices = [weight.device] if weight.device.type == "cuda" else []
+        with torch.enable_grad(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
             ref = type(m).forward(m, x)
             if not isinstance(ref, torch.Tensor):
                 return "forward does not return a tensor"
             dy = _randn(ref.shape, ref, gen)
             (ref_dx,) = _grads(ref, (x,), dy)
+            torch.manual_seed(seed)
             y = fw.gated_mlp(m, resolved, x)
             (dx,) = _grads(y, (x,), dy)
         err = _max_err([(y, ref), (dx, ref_dx)])
         if err <= _tolerance(x.dtype):
             return resolved
-        return f"forward is not down(act(gate(x)) * up(x)) (probe rel. error {err:.1e})"
-    return None
+        failures.append(f"{_layout_name(layout)}: probe rel. error {err:.1e}")
+    if not failures:
+        return None
+    return f"forward is not down(act(gate(x)) * up(x)) in any MLP layout ({'; '.join(failures)})"
+
+
+def _layout_name(layout: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in layout.items() if v)
 
 
 def _rope_global(m: nn.Module) -> tuple[str, types.FunctionType] | None:

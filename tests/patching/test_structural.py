@@ -108,3 +108,37 @@ def test_grouped_and_per_head_norms_are_patched_exactly():
                 assert got.dtype == want.dtype and got.shape == want.shape
                 assert (got.double() - want.double()).abs().max() <= scale * tolerance(dtype), name
         liger_core.revert(root)
+
+
+def test_pre_norm_gate_second_mlp_with_dropout_is_patched_exactly():
+    """Phi-4 audio's MLP (LayerNorm first, ``up, gate = gate_up(x).chunk(2)``, dropout after act * up and
+    after down): swapped to liger's swiglu, and in training with dropout p > 0 the patched forward draws the
+    same masks (same calls in the same order): the same output and gradients from the same seed."""
+    from transformers.models.phi4_multimodal import modeling_phi4_multimodal as phi4
+    from transformers.models.phi4_multimodal.configuration_phi4_multimodal import Phi4MultimodalAudioConfig
+
+    torch.manual_seed(0)
+    config = Phi4MultimodalAudioConfig(hidden_size=40, intermediate_size=56, dropout_rate=0.25)
+    root = torch.nn.ModuleDict({"mlp": phi4.Phi4MultimodalAudioMLP(config)}).train()
+    x0, dy = torch.randn(3, 7, 40), torch.randn(3, 7, 40)
+
+    def run():
+        torch.manual_seed(1)
+        x = x0.clone().requires_grad_(True)
+        y = root["mlp"](x)
+        return (y, *torch.autograd.grad(y, (x, *root.parameters()), dy))
+
+    ref = run()
+    report = liger_core.apply_liger_kernel(root)
+    assert root["mlp"].__dict__.get("_liger_core_kind") == "swiglu", str(report)
+    spec = root["mlp"]._liger_core_mlp_spec
+    assert spec.gate_second and spec.pre_norm == "layer_norm" and spec.dropout == "dropout"
+    got = run()
+    assert (got[0] == 0).any()  # dropout was active
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    root.eval()
+    with torch.no_grad():
+        patched = root["mlp"](x0)
+        liger_core.revert(root)
+        torch.testing.assert_close(patched, root["mlp"](x0), rtol=1e-5, atol=1e-6)
