@@ -55,6 +55,9 @@ class ExpertsLayout:
     gate_up_bias: str | None = None  # [E, 2I]
     down_bias: str | None = None  # [E, H]
     halves: tuple[bool, ...] = (False,)  # interleaved gate/up columns? (each value is tried by the probe)
+    # gate_up holds more experts than down: the experts from down's count on are identity ("zero
+    # computation") experts, whose output is their input times the routing weight (LongCat-Flash)
+    identity_experts: bool = False
 
 
 EXPERTS_LAYOUTS = (
@@ -79,6 +82,8 @@ EXPERTS_LAYOUTS = (
         down_bias="down_proj_bias",
         halves=(False, True),
     ),
+    # LongCat-Flash: routed experts plus identity (zero-computation) experts
+    ExpertsLayout("gate_up_proj", "down_proj", transposed=False, identity_experts=True),
 )
 # Clamped SwiGLU settings (gpt-oss, DeepSeek-V4, GLM-5-Next, MiniMax-M3, ...): module attribute names, and
 # the offsets of the up half that are tried ((up + 1) * glu in gpt-oss).
@@ -154,12 +159,16 @@ def experts_loop(module: nn.Module, spec: ExpertsSpec, hidden_states: torch.Tens
     b_gate_up = getattr(module, layout.gate_up_bias) if layout.gate_up_bias else None
     b_down = getattr(module, layout.down_bias) if layout.down_bias else None
     final = torch.zeros_like(hidden_states)
-    num_experts = w_gate_up.shape[0]
+    num_experts, computed = w_gate_up.shape[0], w_down.shape[0]
     with torch.no_grad():
         hit = torch.unique(top_k_index[(top_k_index >= 0) & (top_k_index < num_experts)]).tolist()
     for e in hit:
         token_idx, k_pos = torch.where(top_k_index == e)
         current = hidden_states[token_idx]
+        if layout.identity_experts and e >= computed:
+            out = current * top_k_weights[token_idx, k_pos, None]
+            final.index_add_(0, token_idx, out.to(final.dtype))
+            continue
         gate_up = _project(
             current, w_gate_up[e], None if b_gate_up is None else b_gate_up[e], layout.transposed
         )
@@ -220,7 +229,9 @@ def match_layout(m: nn.Module) -> tuple[ExpertsLayout, int, int, int] | None:
     """(layout, E, H, I) of the first layout whose parameters ``m`` has with consistent shapes."""
     for layout in EXPERTS_LAYOUTS:
         gu, down = _param(m, layout.gate_up, 3), _param(m, layout.down, 3)
-        if gu is None or down is None or gu.shape[0] != down.shape[0]:
+        if gu is None or down is None:
+            continue
+        if gu.shape[0] != down.shape[0] and not (layout.identity_experts and gu.shape[0] > down.shape[0]):
             continue
         n, two_i, h = (gu.shape[0], gu.shape[2], gu.shape[1]) if layout.transposed else gu.shape
         d_h, d_i = (down.shape[2], down.shape[1]) if layout.transposed else (down.shape[1], down.shape[2])
@@ -294,7 +305,8 @@ def _probe_params(m, layout, n, h, i, shrink: bool, like: torch.Tensor, gen) -> 
     # projections of unit inputs with a spread of about 1.5 limits (or 2): clamps and tails are reached
     scale = (1.5 * limit if limit else 2.0) / h**0.5
     gu_shape = (n, h, 2 * i) if layout.transposed else (n, 2 * i, h)
-    down_shape = (n, i, h) if layout.transposed else (n, h, i)
+    n_down = getattr(m, layout.down).shape[0]  # fewer than n with identity experts
+    down_shape = (n_down, i, h) if layout.transposed else (n_down, h, i)
     params = {
         layout.gate_up: _leaf(_randn(gu_shape, like, gen, scale=scale)),
         layout.down: _leaf(_randn(down_shape, like, gen, scale=1.0 / i**0.5)),
@@ -302,7 +314,7 @@ def _probe_params(m, layout, n, h, i, shrink: bool, like: torch.Tensor, gen) -> 
     if layout.gate_up_bias:
         params[layout.gate_up_bias] = _leaf(_randn((n, 2 * i), like, gen, scale=0.5))
     if layout.down_bias:
-        params[layout.down_bias] = _leaf(_randn((n, h), like, gen, scale=0.5))
+        params[layout.down_bias] = _leaf(_randn((n_down, h), like, gen, scale=0.5))
     return params
 
 

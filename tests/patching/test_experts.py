@@ -84,3 +84,54 @@ def test_strict_class_level_patching_leaves_experts_to_the_built_model():
         assert liger_core.apply_liger_kernel(model, strict=True).swapped.get("moe_experts") == 2
     finally:
         revert_model_type("mixtral")
+
+
+def _longcat_experts(zero_experts):
+    from transformers.models.longcat_flash import modeling_longcat_flash as lc
+
+    config = build_tiny("longcat_flash").config
+    config.zero_expert_num = zero_experts
+    experts = lc.LongcatFlashExperts(config)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
+    return torch.nn.ModuleDict({"experts": experts})
+
+
+def test_identity_experts_patched_and_exact():
+    """LongCat-Flash's zero-computation experts (indices from down_proj's expert count on: the token times
+    its routing weight): swapped, and exact on a routing that sends tokens to routed and identity experts."""
+    root = _longcat_experts(zero_experts=2)
+    experts = root["experts"]
+    assert experts.gate_up_proj.shape[0] == experts.down_proj.shape[0] + 2
+    x = torch.randn(9, experts.hidden_size)
+    index = torch.arange(18).remainder(experts.total_experts).view(9, 2)  # every expert, identity ones too
+    weights = torch.rand(9, 2)
+
+    def run():
+        leaves = [x.clone().requires_grad_(True), weights.clone().requires_grad_(True)]
+        y = experts(leaves[0], index, leaves[1])
+        return (y, *torch.autograd.grad(y, (*leaves, *experts.parameters()), torch.ones_like(y)))
+
+    ref = run()
+    report = liger_core.apply_liger_kernel(root)
+    assert report.swapped.get("moe_experts") == 1, str(report)
+    assert experts.__dict__[SPEC_ATTR].layout.identity_experts
+    for got, want in zip(run(), ref):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _Doubling(torch.nn.Module):
+    def forward(self, t):
+        return 2 * t
+
+
+def test_identity_experts_of_other_semantics_are_a_named_miss():
+    """An identity expert that is not the token times its weight (here: twice that) fails the probe: a miss
+    with its reason (nothing else in this model to patch, so the call raises with it)."""
+    from liger_core.patching.report import UnsupportedModelError
+
+    root = _longcat_experts(zero_experts=2)
+    root["experts"].identity_expert = _Doubling()
+    with pytest.raises(UnsupportedModelError, match="LongcatFlashExperts: forward differs"):
+        liger_core.apply_liger_kernel(root)
