@@ -20,7 +20,7 @@ What is recognised (and what decides it):
   ``liger_core.ops.rms_norm_gated`` (rounding, activation, gate before or after the norm, groups) are probed
   the same way, outputs and the x, gate and weight gradients. Called without a gate, the module runs its
   own forward.
-- LayerNorm: exactly ``torch.nn.LayerNorm`` with weight and bias.
+- LayerNorm: exactly ``torch.nn.LayerNorm`` with a weight (and a bias, or none: DBRX).
 - Gated MLP: ``gate_proj``/``up_proj``/``down_proj`` or ``gate_up_proj``/``down_proj`` submodules and an
   ``act_fn``/``activation_fn`` that computes silu or gelu; then the whole MLP forward and its input gradient
   are probed.
@@ -287,19 +287,21 @@ def _probe_gated_norm(m: nn.Module, gen: torch.Generator) -> fw.GatedNormSpec | 
 
 
 def _probe_layer_norm(m: nn.LayerNorm, gen: torch.Generator) -> bool | str:
-    if m.weight is None or m.bias is None or len(m.normalized_shape) != 1:
-        raise _Skip("not an affine LayerNorm over the last dimension")
+    if m.weight is None or len(m.normalized_shape) != 1:
+        raise _Skip("not a LayerNorm with a weight over the last dimension")
     if not _usable(m.weight):
         return "weight not materialised"
     w = _leaf(_randn(m.weight.shape, m.weight, gen, scale=0.5) + 0.75)
-    b = _leaf(_randn(m.bias.shape, m.bias, gen, scale=0.5))
+    b = None if m.bias is None else _leaf(_randn(m.bias.shape, m.bias, gen, scale=0.5))
     x = _leaf(_randn((2, 3, m.normalized_shape[0]), m.weight, gen, scale=3.0))
+    params = {"weight": w} if b is None else {"weight": w, "bias": b}
     with torch.enable_grad():
-        ref = functional_call(m, {"weight": w, "bias": b}, (x,))
+        ref = functional_call(m, params, (x,))
         dy = _randn(ref.shape, ref, gen)
-        ref_grads = _grads(ref, (x, w, b), dy)
+        leaves = (x, *params.values())
+        ref_grads = _grads(ref, leaves, dy)
         y = liger_core.ops.layer_norm(x, w, b, m.eps)
-        err = _max_err([(y, ref), *zip(_grads(y, (x, w, b), dy), ref_grads)])
+        err = _max_err([(y, ref), *zip(_grads(y, leaves, dy), ref_grads)])
     return True if err <= _tolerance(x.dtype) else f"probe mismatch (rel. error {err:.1e})"
 
 

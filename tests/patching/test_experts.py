@@ -135,3 +135,33 @@ def test_identity_experts_of_other_semantics_are_a_named_miss():
     root["experts"].identity_expert = _Doubling()
     with pytest.raises(UnsupportedModelError, match="LongcatFlashExperts: forward differs"):
         liger_core.apply_liger_kernel(root)
+
+
+def test_dbrx_expert_glu_patched_and_exact():
+    """DBRX's experts call ``DbrxExpertGLU(x, w1[e], v1[e], w2[e])`` on flattened [E * I, H] weights: that
+    module's forward is swapped (EXPERT_GLU_LAYOUTS) and the model's loss and gradients are unchanged."""
+    from liger_core.patching.experts import GLU_SPEC_ATTR
+
+    ref, model = build_tiny("dbrx"), build_tiny("dbrx")
+    report = liger_core.apply_liger_kernel(model)
+    assert report.swapped.get("moe_experts") == 2 and "moe_experts" not in report.missing, str(report)
+    assert all(type(m).__name__ == "DbrxExpertGLU" for m in model.modules() if GLU_SPEC_ATTR in m.__dict__)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss_r, grads_r = _loss_and_grads(ref, ids)
+    loss, grads = _loss_and_grads(model, ids)
+    torch.testing.assert_close(loss, loss_r, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == grads_r.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_r[name], rtol=1e-4, atol=1e-5, msg=name)
+    liger_core.revert(model)
+    assert not any(GLU_SPEC_ATTR in m.__dict__ for m in model.modules())
+
+
+def test_dbrx_expert_glu_of_another_activation_is_a_named_miss():
+    model = build_tiny("dbrx")
+    for m in model.modules():
+        if type(m).__name__ == "DbrxExpertGLU":
+            m.activation_fn = torch.nn.Tanh()
+    report = liger_core.apply_liger_kernel(model)
+    assert "moe_experts" not in report.swapped
+    assert any("DbrxExpertGLU" in r for r in report.missing["moe_experts"]), str(report)
