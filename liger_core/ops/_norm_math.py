@@ -155,3 +155,33 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
         return t  # already rows: no view op (host time on every call)
     t2d = t.reshape(-1, t.shape[-1])
     return t2d if t2d.stride(-1) == 1 else t2d.contiguous()
+
+
+def check_group_size(group_size: int | None, n_cols: int) -> int | None:
+    """``group_size`` if it splits rows of ``n_cols`` into several groups, None if it is the whole row."""
+    if group_size is None or group_size == n_cols:
+        return None
+    if not isinstance(group_size, int) or group_size <= 0 or n_cols % group_size:
+        raise ValueError(
+            f"group_size={group_size!r} must be a positive divisor of the last dimension {n_cols}"
+        )
+    return group_size
+
+
+def per_group(norm, x: torch.Tensor, params: tuple, group_size: int, **options) -> torch.Tensor:
+    """``norm`` applied to each group of ``group_size`` features of ``x``'s rows, with the slices of the
+    per-feature ``params`` (weight, bias; None stays None) at the group's position, concatenated.
+
+    Each group is a column slice of ``x``: a strided (rows, group_size) view, which the norm kernels read
+    without a copy. The weight and bias slices are views: their gradients are written back into the full
+    parameters' gradients at disjoint positions (exact).
+    """
+    parts = [
+        norm(
+            x[..., s : s + group_size],
+            *(p if p is None else p[s : s + group_size] for p in params),
+            **options,
+        )
+        for s in range(0, x.shape[-1], group_size)
+    ]
+    return torch.cat(parts, dim=-1)

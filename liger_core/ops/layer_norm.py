@@ -35,8 +35,10 @@ from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
 from liger_core.ops.rms_norm import (
     accumulate,
     as_shape,
+    check_group_size,
     inv_sqrt_mean,
     load_tiles,
+    per_group,
     reload_tiles,
     rows_view,
     sum_partials,
@@ -433,14 +435,21 @@ class LayerNormFunction(torch.autograd.Function):
 
 
 def layer_norm(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """``F.layer_norm(x, (x.shape[-1],), w, b, eps)``: statistics in fp32, one rounding to ``x.dtype``.
 
     ``w`` (and ``b``) have ``x``'s dtype, or fp32 with a bf16/fp16 ``x`` (mixed precision, as PyTorch allows).
+    ``group_size``: each row is normalised in groups of that many consecutive features (own mean and rstd
+    per group), ``w``/``b`` indexed by the feature's position in the full row: ``y[..., s:s+g] =
+    layer_norm(x[..., s:s+g], w[s:s+g], b[s:s+g])`` (a per-head LayerNorm on the heads' concatenation).
     """
     if any_dtensor(x, w, b):  # tensor/sequence parallel, or an FSDP2 weight outside its unit's forward
-        return on_local_shards(layer_norm, x, {"w": w, "b": b}, eps=eps)
+        return on_local_shards(layer_norm, x, {"w": w, "b": b}, eps=eps, group_size=group_size)
     check_not_zero3_partitioned(w=w, b=b)
     check_tensor("x", x, min_ndim=1)
     check_tensor("w", w, ndim=1)
@@ -455,6 +464,8 @@ def layer_norm(
     check_same_device("x", x, w=w, b=b)
     if x.shape[-1] == 0:
         raise ValueError("x has an empty last dimension; LayerNorm needs at least one element per row")
+    if check_group_size(group_size, x.shape[-1]) is not None:
+        return per_group(layer_norm, x, (w, b), group_size, eps=eps)
     if not use_triton(x):
         return reference.layer_norm(x, w, b, eps)
     # the kernels read w and b with unit stride; strided parameters are rare, so they are copied here,

@@ -48,8 +48,10 @@ from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
 from liger_core.ops._norm_math import (
     accumulate,
     as_shape,
+    check_group_size,
     inv_sqrt_mean,
     load_tiles,
+    per_group,
     reload_tiles,
     rows_view,
     sum_partials,
@@ -347,6 +349,7 @@ def rms_norm(
     offset: float = 0.0,
     casting_mode: str = "llama",
     in_place: bool = False,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """RMSNorm of ``x`` over its last dimension, scaled by ``offset + w``, rounded as HF does (module doc).
 
@@ -354,10 +357,14 @@ def rms_norm(
     "none". ``in_place=True`` lets backward overwrite the incoming gradient with dx (saves one buffer; keep
     it off where that gradient is used again, e.g. Gemma2). The output dtype is HF's: the input dtype for
     "gemma", ``promote_types(x.dtype, w.dtype)`` otherwise.
+
+    ``group_size``: each row is normalised in groups of that many consecutive features (its own rstd per
+    group), the weight indexed by the feature's position in the full row (``w`` has the full row's size):
+    ``y[..., s:s+g] = rms_norm(x[..., s:s+g], w[s:s+g])`` (Qwen4-Exp's grouped RMSNorm).
     """
     if any_dtensor(x, w):  # tensor/sequence parallel, or an FSDP2 weight outside its unit's forward
         options = dict(eps=eps, offset=offset, casting_mode=casting_mode, in_place=in_place)
-        return on_local_shards(rms_norm, x, {"w": w}, **options)
+        return on_local_shards(rms_norm, x, {"w": w}, group_size=group_size, **options)
     check_not_zero3_partitioned(w=w)
     check_tensor("x", x, min_ndim=1)
     check_tensor("w", w, ndim=1)
@@ -366,6 +373,9 @@ def rms_norm(
     check_choice("casting_mode", casting_mode, CASTING_MODES)
     if x.shape[-1] == 0:
         raise ValueError("x has an empty last dimension; RMSNorm needs at least one element per row")
+    if check_group_size(group_size, x.shape[-1]) is not None:
+        options = dict(eps=eps, offset=offset, casting_mode=casting_mode, in_place=in_place)
+        return per_group(rms_norm, x, (w,), group_size, **options)
     if not use_triton(x):
         return reference.rms_norm(x, w, eps, offset, casting_mode, in_place)
     if not w.is_contiguous():

@@ -15,6 +15,10 @@ The patch puts two entries into the module's ``__dict__``:
   routing weights and accumulation as transformers' eager loop, the activation being the kernel above
   (``dense`` forms, Llama-4's ``forward(hidden_states)`` over experts pre-grouped [E * T, H], run as bmm).
 
+An experts module whose per-expert MLP is a child module called with that expert's weights (DBRX's
+``DbrxExpertGLU(x, w1[e], v1[e], w2[e])``, ``EXPERT_GLU_LAYOUTS``) gets that child's forward swapped for one
+computing the same projections around liger's gated activation (probed on random weights the same way).
+
 What is recognised is DATA: ``EXPERTS_LAYOUTS`` (parameter names, transposed or not, biases, which halves are
 gate and up) and the gate settings tried (``LIMIT_ATTRS``, ``ALPHA_ATTRS``, ``UP_OFFSETS``). Each module is
 swapped only after a probe: random expert weights (hidden and intermediate sizes reduced to at most 16 / 12
@@ -55,6 +59,9 @@ class ExpertsLayout:
     gate_up_bias: str | None = None  # [E, 2I]
     down_bias: str | None = None  # [E, H]
     halves: tuple[bool, ...] = (False,)  # interleaved gate/up columns? (each value is tried by the probe)
+    # gate_up holds more experts than down: the experts from down's count on are identity ("zero
+    # computation") experts, whose output is their input times the routing weight (LongCat-Flash)
+    identity_experts: bool = False
 
 
 EXPERTS_LAYOUTS = (
@@ -79,7 +86,42 @@ EXPERTS_LAYOUTS = (
         down_bias="down_proj_bias",
         halves=(False, True),
     ),
+    # LongCat-Flash: routed experts plus identity (zero-computation) experts
+    ExpertsLayout("gate_up_proj", "down_proj", transposed=False, identity_experts=True),
 )
+
+
+@dataclass(frozen=True)
+class ExpertGLULayout:
+    """One expert's gated MLP as a module whose forward takes that expert's weights as arguments
+    (``forward(x, gate_w, up_w, down_w)``), the experts' weights kept flattened [E * I, H] in ``params``:
+    ``gate = x @ gate_w.T``, ``up = x @ up_w.T``, out ``= (act(gate) * up) @ down_w`` (``down_w`` [I, H])."""
+
+    params: tuple[str, str, str]  # gate, up, down
+
+
+EXPERT_GLU_LAYOUTS = (ExpertGLULayout(("w1", "v1", "w2")),)  # DBRX's DbrxExpertGLU
+GLU_SPEC_ATTR = "_liger_core_expert_glu_spec"
+
+
+@dataclass(frozen=True)
+class ExpertGLUSpec:
+    layout: ExpertGLULayout
+    kind: str  # "swiglu" | "geglu"
+    approximate: str = "none"
+
+
+def expert_glu_forward(self, x, gate_w, up_w, down_w):
+    """An ``ExpertGLULayout`` module's forward with liger's gated activation."""
+    spec = self.__dict__[GLU_SPEC_ATTR]
+    gate, up = x.matmul(gate_w.T), x.matmul(up_w.T)
+    if spec.kind == "swiglu":
+        h = liger_core.ops.swiglu(gate, up)
+    else:
+        h = liger_core.ops.geglu(gate, up, approximate=spec.approximate)
+    return h.matmul(down_w)
+
+
 # Clamped SwiGLU settings (gpt-oss, DeepSeek-V4, GLM-5-Next, MiniMax-M3, ...): module attribute names, and
 # the offsets of the up half that are tried ((up + 1) * glu in gpt-oss).
 LIMIT_ATTRS = ("limit", "swiglu_limit")
@@ -154,12 +196,16 @@ def experts_loop(module: nn.Module, spec: ExpertsSpec, hidden_states: torch.Tens
     b_gate_up = getattr(module, layout.gate_up_bias) if layout.gate_up_bias else None
     b_down = getattr(module, layout.down_bias) if layout.down_bias else None
     final = torch.zeros_like(hidden_states)
-    num_experts = w_gate_up.shape[0]
+    num_experts, computed = w_gate_up.shape[0], w_down.shape[0]
     with torch.no_grad():
         hit = torch.unique(top_k_index[(top_k_index >= 0) & (top_k_index < num_experts)]).tolist()
     for e in hit:
         token_idx, k_pos = torch.where(top_k_index == e)
         current = hidden_states[token_idx]
+        if layout.identity_experts and e >= computed:
+            out = current * top_k_weights[token_idx, k_pos, None]
+            final.index_add_(0, token_idx, out.to(final.dtype))
+            continue
         gate_up = _project(
             current, w_gate_up[e], None if b_gate_up is None else b_gate_up[e], layout.transposed
         )
@@ -220,7 +266,9 @@ def match_layout(m: nn.Module) -> tuple[ExpertsLayout, int, int, int] | None:
     """(layout, E, H, I) of the first layout whose parameters ``m`` has with consistent shapes."""
     for layout in EXPERTS_LAYOUTS:
         gu, down = _param(m, layout.gate_up, 3), _param(m, layout.down, 3)
-        if gu is None or down is None or gu.shape[0] != down.shape[0]:
+        if gu is None or down is None:
+            continue
+        if gu.shape[0] != down.shape[0] and not (layout.identity_experts and gu.shape[0] > down.shape[0]):
             continue
         n, two_i, h = (gu.shape[0], gu.shape[2], gu.shape[1]) if layout.transposed else gu.shape
         d_h, d_i = (down.shape[2], down.shape[1]) if layout.transposed else (down.shape[1], down.shape[2])
@@ -294,7 +342,8 @@ def _probe_params(m, layout, n, h, i, shrink: bool, like: torch.Tensor, gen) -> 
     # projections of unit inputs with a spread of about 1.5 limits (or 2): clamps and tails are reached
     scale = (1.5 * limit if limit else 2.0) / h**0.5
     gu_shape = (n, h, 2 * i) if layout.transposed else (n, 2 * i, h)
-    down_shape = (n, i, h) if layout.transposed else (n, h, i)
+    n_down = getattr(m, layout.down).shape[0]  # fewer than n with identity experts
+    down_shape = (n_down, i, h) if layout.transposed else (n_down, h, i)
     params = {
         layout.gate_up: _leaf(_randn(gu_shape, like, gen, scale=scale)),
         layout.down: _leaf(_randn(down_shape, like, gen, scale=1.0 / i**0.5)),
@@ -302,7 +351,7 @@ def _probe_params(m, layout, n, h, i, shrink: bool, like: torch.Tensor, gen) -> 
     if layout.gate_up_bias:
         params[layout.gate_up_bias] = _leaf(_randn((n, 2 * i), like, gen, scale=0.5))
     if layout.down_bias:
-        params[layout.down_bias] = _leaf(_randn((n, h), like, gen, scale=0.5))
+        params[layout.down_bias] = _leaf(_randn((n_down, h), like, gen, scale=0.5))
     return params
 
 
@@ -400,6 +449,53 @@ def experts_loop_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **
     return experts_loop(self, self.__dict__[SPEC_ATTR], hidden_states, *args, **kwargs)
 
 
+def match_glu_layout(m: nn.Module) -> ExpertGLULayout | None:
+    """The ``EXPERT_GLU_LAYOUTS`` entry whose flattened [E * I, H] weights ``m`` has, with a forward taking
+    (x, gate_w, up_w, down_w)."""
+    for layout in EXPERT_GLU_LAYOUTS:
+        ws = [_param(m, name, 2) for name in layout.params]
+        if any(w is None for w in ws) or len({tuple(w.shape) for w in ws}) != 1:
+            continue
+        inner = innermost_function(type(m).forward)
+        if inner is not None and len(inspect.signature(inner).parameters) == 5:
+            return layout
+    return None
+
+
+def probe_expert_glu(m: nn.Module, layout: ExpertGLULayout, gen: torch.Generator) -> ExpertGLUSpec | str:
+    """The spec whose forward reproduces ``m``'s on one expert's random weights (sizes reduced): outputs and
+    the gradients of x and the three weights."""
+    from liger_core.patching.structural import _leaf, _max_err, _randn, _tolerance, _usable
+
+    like = getattr(m, layout.params[0])
+    if not _usable(like):
+        return "expert weights not materialised"
+    act = next((getattr(m, a) for a in _ACT_ATTRS if getattr(m, a, None) is not None), None)
+    found = fw.classify_activation(act)
+    if found is None:
+        return f"activation {type(act).__name__} is neither silu nor gelu"
+    spec = ExpertGLUSpec(layout, *found)
+    h, i = min(like.shape[1], _PROBE_HIDDEN), _PROBE_INTER
+    x = _leaf(_randn((_PROBE_TOKENS, h), like, gen))
+    ws = [_leaf(_randn((i, h), like, gen, scale=2.0 / h**0.5)) for _ in range(3)]
+    with torch.enable_grad():
+        ref = type(m).forward(m, x, *ws)
+        if not isinstance(ref, torch.Tensor):
+            return "forward does not return a tensor"
+        dy = _randn(ref.shape, ref, gen)
+        ref_grads = torch.autograd.grad(ref, (x, *ws), dy)
+        m.__dict__[GLU_SPEC_ATTR] = spec
+        try:
+            out = expert_glu_forward(m, x, *ws)
+        finally:
+            m.__dict__.pop(GLU_SPEC_ATTR)
+        grads = torch.autograd.grad(out, (x, *ws), dy)
+    err = _max_err([(out, ref), *zip(grads, ref_grads)])
+    if err <= _tolerance(like.dtype):
+        return spec
+    return f"forward is not (act(x @ gate.T) * (x @ up.T)) @ down (probe rel. error {err:.1e})"
+
+
 def _unmatched(m: nn.Module) -> tuple[str, str] | None:
     """("skip" | "miss", reason) for a module with experts weights that no layout matches; None otherwise.
 
@@ -423,6 +519,10 @@ def patch_experts(root: nn.Module, flags: dict[str, bool], report: PatchReport) 
     misses: list[str] = []
     for qualname, m in root.named_modules():
         if m is root or own_kind(m) is not None:
+            continue
+        glu = match_glu_layout(m) if match_layout(m) is None else None
+        if glu is not None:
+            _patch_expert_glu(root, qualname, m, glu, gen, cache, misses, report)
             continue
         if match_layout(m) is None:
             unmatched = _unmatched(m)
@@ -456,3 +556,21 @@ def patch_experts(root: nn.Module, flags: dict[str, bool], report: PatchReport) 
         report.modules[qualname] = "moe_experts"
     for reason in summarize_reasons(misses):
         report.miss("moe_experts", reason)
+
+
+def _patch_expert_glu(root, qualname, m, layout, gen, cache, misses, report) -> None:
+    key = (type(m), layout, tuple((k, p.dtype, p.device) for k, p in m.named_parameters(recurse=False)))
+    if key not in cache:
+        try:
+            cache[key] = probe_expert_glu(m, layout, gen)
+        except Exception as e:  # noqa: BLE001 - patching never raises out of a probe
+            cache[key] = f"probe failed ({type(e).__name__}: {e})"
+    verdict, name = cache[key], type(m).__name__
+    if isinstance(verdict, str):
+        misses.append(f"{name}: {verdict}")
+    elif foreign_forward(m):
+        misses.append(f"{name}: has an instance-level forward from another library")
+    else:
+        bind(root, m, expert_glu_forward, "moe_experts", **{GLU_SPEC_ATTR: verdict})
+        report.count("moe_experts")
+        report.modules[qualname] = "moe_experts"

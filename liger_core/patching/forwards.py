@@ -45,12 +45,13 @@ def norm_eps(module: nn.Module) -> float:
 def rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     spec = self._liger_core_norm_spec
     return liger_core.ops.rms_norm(
-        hidden_states,
+        hidden_states.flatten(-2) if spec.heads_input else hidden_states,
         self.weight,
         norm_eps(self),
         offset=spec.offset,
         casting_mode=spec.casting_mode,
         in_place=spec.in_place,
+        group_size=spec.group_size,
     )
 
 
@@ -100,6 +101,15 @@ class ResolvedMLP:
     gate_up: str | None
     kind: str  # "swiglu" | "geglu"
     approximate: str = "none"  # geglu only: "tanh" or "none"
+    gate_second: bool = False  # gate_up's output is (up, gate), not (gate, up) (Phi-4 audio)
+    pre_norm: str | None = None  # a submodule applied to the input first (Phi-4 audio's LayerNorm)
+    dropout: str | None = None  # a dropout module applied to act(gate) * up and to the output
+
+
+def _dropout_active(dropout: nn.Module) -> bool:
+    """Whether calling ``dropout`` can change a tensor (a p=0 or eval-mode nn.Dropout returns its input
+    itself and draws no random numbers)."""
+    return not (isinstance(dropout, nn.Dropout) and (dropout.p == 0 or not dropout.training))
 
 
 def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -108,13 +118,25 @@ def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def gated_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Tensor:
     self = module
+    if spec.pre_norm is not None:
+        x = getattr(self, spec.pre_norm)(x)
     if spec.gate_up is not None:
         gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
+        if spec.gate_second:
+            gate, up = up, gate
     else:
         gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
     # gate and up are read by nothing but the activation (the projections save their input, not their
     # output), so the activation's backward may write their gradients over them
     down = getattr(self, spec.down)
+    dropout = getattr(self, spec.dropout) if spec.dropout is not None else None
+    if dropout is not None and _dropout_active(dropout):
+        # called as the original does, in the same order on the same shapes: the same random masks
+        if spec.kind == "swiglu":
+            h = liger_core.ops.swiglu(gate, up, inplace_backward=True)
+        else:
+            h = liger_core.ops.geglu(gate, up, approximate=spec.approximate, inplace_backward=True)
+        return dropout(down(dropout(h)))
     from liger_core.modules.mlp import fusable_down_proj  # imports Triton: not at patching's import
 
     if fusable_down_proj(down, gate, up):
@@ -177,7 +199,22 @@ def resolve_mlp(module: nn.Module, spec: Any) -> ResolvedMLP | str:
     if found is None:
         return f"activation {type(act).__name__} is neither silu nor gelu"
     kind, approximate = found
-    return ResolvedMLP(spec.gate, spec.up, spec.down, spec.gate_up, kind, approximate)
+    optional = {n: getattr(spec, n, None) for n in ("pre_norm", "dropout")}
+    missing = [
+        n for n in optional.values() if n is not None and not isinstance(getattr(module, n, None), nn.Module)
+    ]
+    if missing:
+        return f"has no submodule {missing[0]!r}"
+    return ResolvedMLP(
+        spec.gate,
+        spec.up,
+        spec.down,
+        spec.gate_up,
+        kind,
+        approximate,
+        getattr(spec, "gate_second", False),
+        **optional,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -31,12 +31,19 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class NormSpec:
-    """An RMSNorm class and how it rounds; ``eps`` comes from the module (``variance_epsilon``/``eps``)."""
+    """An RMSNorm class and how it rounds; ``eps`` comes from the module (``variance_epsilon``/``eps``).
+
+    ``group_size``: each row is normalised in groups of that many features (``liger_core.ops.rms_norm``'s
+    ``group_size``). ``heads_input``: the module takes (..., heads, head_dim), normalises each head, and
+    returns (..., heads * head_dim) (its weight covers all heads: ``group_size`` is head_dim).
+    """
 
     class_name: str
     offset: float = 0.0
     casting_mode: str = "llama"
     in_place: bool = True
+    group_size: int | None = None
+    heads_input: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,15 @@ What is recognised (and what decides it):
   non-trivial weight put in place of the module's own for the probe (``torch.func.functional_call``: the
   parameter itself is not touched): a freshly initialised weight of zeros or ones would hide a wrong offset
   or a scale applied before the normalisation. The variant whose output, input gradient and weight gradient
-  are all within tolerance is kept.
+  are all within tolerance is kept. A LayerNorm without bias is tried last (Cohere). A module naming a
+  ``group_size`` is also probed as normalising groups of that many features (Qwen4-Exp), one naming
+  ``num_heads`` with a (..., num_heads, head_dim) input normalised per head (xLSTM): liger's norms with
+  ``group_size``, the weight indexed over the whole row.
 - Gated RMSNorm: the same with ``forward(hidden_states, gate)``; the settings of
   ``liger_core.ops.rms_norm_gated`` (rounding, activation, gate before or after the norm, groups) are probed
   the same way, outputs and the x, gate and weight gradients. Called without a gate, the module runs its
   own forward.
-- LayerNorm: exactly ``torch.nn.LayerNorm`` with weight and bias.
+- LayerNorm: exactly ``torch.nn.LayerNorm`` with a weight (and a bias, or none: DBRX).
 - Gated MLP: ``gate_proj``/``up_proj``/``down_proj`` or ``gate_up_proj``/``down_proj`` submodules and an
   ``act_fn``/``activation_fn`` that computes silu or gelu; then the whole MLP forward and its input gradient
   are probed.
@@ -75,6 +78,16 @@ _NORM_VARIANTS = (
 _MLP_LAYOUTS = (
     dict(gate="gate_proj", up="up_proj", down="down_proj", gate_up=None),
     dict(gate=None, up=None, down="down_proj", gate_up="gate_up_proj"),
+    # Phi-4 audio: LayerNorm first, ``up, gate = gate_up(x).chunk(2)``, dropout after act * up and after down
+    dict(
+        gate=None,
+        up=None,
+        down="down_proj",
+        gate_up="gate_up_proj",
+        gate_second=True,
+        pre_norm="layer_norm",
+        dropout="dropout",
+    ),
 )
 _ACT_NAMES = ("act_fn", "activation_fn", "act")
 
@@ -149,6 +162,20 @@ def _looks_like_rms_norm(m: nn.Module) -> bool:
     return isinstance(eps, float) and getattr(m, "bias", None) is None
 
 
+def _norm_layouts(m: nn.Module, hidden: int) -> list[tuple[tuple[int, ...], int | None, bool]]:
+    """(probe input shape, group size, heads input?) to try on ``m``, from the sizes it names: whole rows,
+    groups of its ``group_size`` features (Qwen4-Exp), or a (..., num_heads, head_dim) input normalised per
+    head (xLSTM's multi-head LayerNorm)."""
+    layouts = [((2, 3, hidden), None, False)]
+    group = getattr(m, "group_size", None)
+    if isinstance(group, int) and 0 < group < hidden and hidden % group == 0:
+        layouts.insert(0, ((2, 3, hidden), group, False))
+    heads = getattr(m, "num_heads", None)
+    if isinstance(heads, int) and heads > 1 and hidden % heads == 0:
+        layouts.append(((2, 3, heads, hidden // heads), hidden // heads, True))
+    return layouts
+
+
 def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
     extra = _extra_forward_params(m)
     if extra:
@@ -158,60 +185,60 @@ def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
         return "weight not materialised"
     # a non-trivial weight (not the zeros/ones a fresh model starts with), so offsets and scales show
     hidden = w.shape[0]
-    group = getattr(m, "group_size", None)
-    if isinstance(group, int) and 0 < group < hidden:
-        return (
-            f"normalises groups of group_size={group} of its {hidden} features separately: liger's rms_norm "
-            "normalises whole rows"
-        )
     w_probe = _leaf(_randn((hidden,), w, gen, scale=0.5) + 0.75)
-    x = _leaf(_randn((2, 3, hidden), w, gen, scale=3.0))
-    with torch.enable_grad():
-        try:
-            ref = functional_call(m, {"weight": w_probe}, (x,))
-        except Exception as e:  # noqa: BLE001 - a per-head norm takes (..., heads, head_dim): named below
-            heads = getattr(m, "num_heads", None)
-            if isinstance(heads, int) and heads > 1 and hidden % heads == 0:
-                return (
-                    f"takes (..., num_heads={heads}, head_dim={hidden // heads}) and normalises each head "
-                    f"separately ({type(e).__name__} on a (batch, seq, {hidden}) input): liger's norms "
-                    "normalise whole rows"
-                )
-            raise
-        if not isinstance(ref, torch.Tensor):
-            return "forward does not return a tensor"
-        dy = _randn(ref.shape, ref, gen)
-        ref_grads = _grads(ref, (x, w_probe), dy)
-        best, best_err = None, float("inf")
-        for spec in _NORM_VARIANTS:
-            y = liger_core.ops.rms_norm(
-                x, w_probe, fw.norm_eps(m), offset=spec.offset, casting_mode=spec.casting_mode
-            )
-            grads = _grads(y, (x, w_probe), dy)
-            err = _max_err([(y, ref), *zip(grads, ref_grads)])
-            if err < best_err:
-                best, best_err = spec, err
-        if best_err > _tolerance(x.dtype):
-            # a LayerNorm without bias in the same shape (Cohere's: mean-centred, fp32 statistics)
-            y = liger_core.ops.layer_norm(x, w_probe, None, fw.norm_eps(m))
-            err = _max_err([(y, ref), *zip(_grads(y, (x, w_probe), dy), ref_grads)])
-            if err <= _tolerance(x.dtype):
-                return BIASLESS_LAYER_NORM
-            best_err = min(best_err, err)
-    if best_err <= _tolerance(x.dtype):
-        return best
+    best_err, failures = float("inf"), []
+    for shape, group, heads_input in _norm_layouts(m, hidden):
+        x = _leaf(_randn(shape, w, gen, scale=3.0))
+        x_in = x.flatten(-2) if heads_input else x
+        with torch.enable_grad():
+            try:
+                ref = functional_call(m, {"weight": w_probe}, (x,))
+            except Exception as e:  # noqa: BLE001 - an input layout the module does not take: the next one
+                failures.append(f"{type(e).__name__} on a {tuple(shape)} input")
+                continue
+            if not isinstance(ref, torch.Tensor) or ref.shape != x_in.shape:
+                failures.append(f"no {tuple(x_in.shape)} tensor from a {tuple(shape)} input")
+                continue
+            dy = _randn(ref.shape, ref, gen)
+            ref_grads = _grads(ref, (x, w_probe), dy)
+            # the RMSNorm variants, then a LayerNorm without bias in the same shape (Cohere's: mean-centred,
+            # fp32 statistics; xLSTM's per head)
+            for spec in (*_NORM_VARIANTS, NormSpec("structural", casting_mode=LAYER_NORM, in_place=False)):
+                y = _liger_norm(spec, x_in, w_probe, fw.norm_eps(m), group)
+                err = _max_err([(y, ref), *zip(_grads(y, (x, w_probe), dy), ref_grads)])
+                if err <= _tolerance(x.dtype):
+                    return NormSpec(
+                        "structural",
+                        spec.offset,
+                        spec.casting_mode,
+                        False,
+                        group_size=group,
+                        heads_input=heads_input,
+                    )
+                best_err = min(best_err, err)
+    if best_err == float("inf"):
+        return f"probe failed ({'; '.join(failures)})"
     return (
-        "output or gradients differ from every RMSNorm variant and from a LayerNorm without bias "
-        f"(best rel. error {best_err:.1e})"
+        "output or gradients differ from every RMSNorm variant and from a LayerNorm without bias, over whole "
+        f"rows and over the groups/heads it names (best rel. error {best_err:.1e})"
     )
 
 
-BIASLESS_LAYER_NORM = "layer_norm without bias"  # the verdict of _probe_norm for Cohere-style norms
+def _liger_norm(spec: NormSpec, x: torch.Tensor, w: torch.Tensor, eps: float, group: int | None):
+    if spec.casting_mode == LAYER_NORM:
+        return liger_core.ops.layer_norm(x, w, None, eps, group_size=group)
+    return liger_core.ops.rms_norm(x, w, eps, spec.offset, spec.casting_mode, group_size=group)
+
+
+LAYER_NORM = "layer_norm"  # a NormSpec's casting_mode for a weight-only LayerNorm (Cohere, xLSTM's per-head)
 
 
 def biasless_layer_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """A weight-only LayerNorm module's forward (``weight``, ``variance_epsilon``/``eps``, no bias)."""
-    return liger_core.ops.layer_norm(hidden_states, self.weight, None, fw.norm_eps(self))
+    """A weight-only LayerNorm module's forward (``weight``, ``variance_epsilon``/``eps``, no bias), over
+    whole rows or the groups/heads of its NormSpec."""
+    spec = self._liger_core_norm_spec
+    x = hidden_states.flatten(-2) if spec.heads_input else hidden_states
+    return liger_core.ops.layer_norm(x, self.weight, None, fw.norm_eps(self), group_size=spec.group_size)
 
 
 def _gated_norm_specs(m: nn.Module) -> list[fw.GatedNormSpec]:
@@ -269,26 +296,36 @@ def _probe_gated_norm(m: nn.Module, gen: torch.Generator) -> fw.GatedNormSpec | 
 
 
 def _probe_layer_norm(m: nn.LayerNorm, gen: torch.Generator) -> bool | str:
-    if m.weight is None or m.bias is None or len(m.normalized_shape) != 1:
-        raise _Skip("not an affine LayerNorm over the last dimension")
+    if m.weight is None or len(m.normalized_shape) != 1:
+        raise _Skip("not a LayerNorm with a weight over the last dimension")
     if not _usable(m.weight):
         return "weight not materialised"
     w = _leaf(_randn(m.weight.shape, m.weight, gen, scale=0.5) + 0.75)
-    b = _leaf(_randn(m.bias.shape, m.bias, gen, scale=0.5))
+    b = None if m.bias is None else _leaf(_randn(m.bias.shape, m.bias, gen, scale=0.5))
     x = _leaf(_randn((2, 3, m.normalized_shape[0]), m.weight, gen, scale=3.0))
+    params = {"weight": w} if b is None else {"weight": w, "bias": b}
     with torch.enable_grad():
-        ref = functional_call(m, {"weight": w, "bias": b}, (x,))
+        ref = functional_call(m, params, (x,))
         dy = _randn(ref.shape, ref, gen)
-        ref_grads = _grads(ref, (x, w, b), dy)
+        leaves = (x, *params.values())
+        ref_grads = _grads(ref, leaves, dy)
         y = liger_core.ops.layer_norm(x, w, b, m.eps)
-        err = _max_err([(y, ref), *zip(_grads(y, (x, w, b), dy), ref_grads)])
+        err = _max_err([(y, ref), *zip(_grads(y, leaves, dy), ref_grads)])
     return True if err <= _tolerance(x.dtype) else f"probe mismatch (rel. error {err:.1e})"
 
 
 def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | None:
-    """None if the module is not a gated MLP at all; a reason if it is one that does not match."""
+    """None if the module is not a gated MLP at all; a reason if it is one that matches no layout.
+
+    Every layout whose submodules ``m`` has is probed, outputs and input gradient, in ``m``'s own mode: the
+    original and the replacement run from the same random state (dropout in training draws its masks in
+    both; the caller's random state is restored afterwards), so a dropout called in another order or on
+    other shapes is a mismatch.
+    """
+    failures = []
     for layout in _MLP_LAYOUTS:
-        if not all(isinstance(getattr(m, n, None), nn.Module) for n in layout.values() if n is not None):
+        names = [n for k, n in layout.items() if k != "gate_second" and isinstance(n, str)]
+        if not all(isinstance(getattr(m, n, None), nn.Module) for n in names):
             continue
         extra = _extra_forward_params(m)
         if extra:
@@ -304,19 +341,29 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
         if not _usable(weight) or weight.dim() != 2:
             return "projection weight not materialised"
         x = _leaf(_randn((2, 3, weight.shape[1]), weight, gen))
-        with torch.enable_grad():
+        seed = int(torch.randint(0, 2**62, (), generator=gen))
+        devices = [weight.device] if weight.device.type == "cuda" else []
+        with torch.enable_grad(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
             ref = type(m).forward(m, x)
             if not isinstance(ref, torch.Tensor):
                 return "forward does not return a tensor"
             dy = _randn(ref.shape, ref, gen)
             (ref_dx,) = _grads(ref, (x,), dy)
+            torch.manual_seed(seed)
             y = fw.gated_mlp(m, resolved, x)
             (dx,) = _grads(y, (x,), dy)
         err = _max_err([(y, ref), (dx, ref_dx)])
         if err <= _tolerance(x.dtype):
             return resolved
-        return f"forward is not down(act(gate(x)) * up(x)) (probe rel. error {err:.1e})"
-    return None
+        failures.append(f"{_layout_name(layout)}: probe rel. error {err:.1e}")
+    if not failures:
+        return None
+    return f"forward is not down(act(gate(x)) * up(x)) in any MLP layout ({'; '.join(failures)})"
+
+
+def _layout_name(layout: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in layout.items() if v)
 
 
 def _rope_global(m: nn.Module) -> tuple[str, types.FunctionType] | None:
@@ -808,14 +855,17 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
             if _looks_like_rms_norm(m):
                 if flags["rms_norm"]:
                     verdict = _verdict(_probe_norm, m, gen)
-                    if isinstance(verdict, NormSpec) and not foreign_forward(m):
+                    is_spec = isinstance(verdict, NormSpec)
+                    if is_spec and verdict.casting_mode != LAYER_NORM and not foreign_forward(m):
                         bind(root, m, fw.rms_norm_forward, "rms_norm", _liger_core_norm_spec=verdict)
                         report.count("rms_norm")
                         report.modules[qualname] = "rms_norm"
-                    elif verdict == BIASLESS_LAYER_NORM and not flags["layer_norm"]:
+                    elif is_spec and verdict.casting_mode == LAYER_NORM and not flags["layer_norm"]:
                         pass  # a LayerNorm, and that kernel is off
-                    elif verdict == BIASLESS_LAYER_NORM and not foreign_forward(m):
-                        bind(root, m, biasless_layer_norm_forward, "layer_norm")
+                    elif is_spec and verdict.casting_mode == LAYER_NORM and not foreign_forward(m):
+                        bind(
+                            root, m, biasless_layer_norm_forward, "layer_norm", _liger_core_norm_spec=verdict
+                        )
                         report.count("layer_norm")
                         report.modules[qualname] = "layer_norm"
                     else:

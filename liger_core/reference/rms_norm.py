@@ -9,7 +9,9 @@
              -> dtype promote(dw, dt)
 
 with ``rstd = rsqrt(mean(x.float()**2, -1) + eps)``. "float()" means "at least fp32", so float64 inputs stay
-float64 (that is the ground truth the tests compare against). ``in_place`` only matters to the kernel's
+float64 (that is the ground truth the tests compare against). ``group_size`` normalises each row in groups
+of that many features (Qwen4-Exp): ``x`` viewed as (..., groups, group_size), ``w`` as (groups, group_size).
+``in_place`` only matters to the kernel's
 backward (it writes dx over dy); it is accepted here so the signature matches ``liger_core.ops.rms_norm``.
 """
 
@@ -27,7 +29,12 @@ def rms_norm(
     offset: float = 0.0,
     casting_mode: str = "llama",
     in_place: bool = False,
+    group_size: int | None = None,
 ) -> torch.Tensor:
+    if group_size is not None and group_size != x.shape[-1]:
+        groups = (x.shape[-1] // group_size, group_size)
+        y = rms_norm(x.unflatten(-1, groups), w.view(groups), eps, offset, casting_mode)
+        return y.flatten(-2)
     if casting_mode == "none":
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + w)
     compute_dtype = torch.promote_types(x.dtype, torch.float32)

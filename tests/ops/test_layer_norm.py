@@ -408,3 +408,51 @@ def test_layer_norm_empty_rows_like_eager(path_device, dtype, param_dtype, shape
     dy = torch.randn(y.shape, device=device).to(y.dtype)
     for g, g_e in zip(torch.autograd.grad(y, ours, dy), torch.autograd.grad(y_e, eager, dy)):
         assert g.dtype == g_e.dtype and torch.equal(g, g_e)
+
+
+# grouped rows (a per-head LayerNorm over the heads' concatenation): (shape, group_size)
+GROUPED_SHAPES = [((3, 7, 96), 32), ((37, 5 * 41), 41), ((23, 3 * 67), 67)]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+@pytest.mark.parametrize("values", [[], [1e4, -1e4, 1e4], [INF], [-INF, NAN]])
+def test_layer_norm_grouped_matches_float64(path_device, dtype, bias, layout, values):
+    """Each group of ``group_size`` features has its own mean and rstd, w and b indexed by the feature's
+    position in the row: y, dx, dw and db match the float64 grouped reference no worse than the reference
+    in the inputs' dtypes, non-finite values (confined to their group) where it has them."""
+    for shape, group_size in GROUPED_SHAPES:
+        x = _with_values_at_random(_make_x(shape, dtype, path_device, constant_rows=not values), values)
+        x = noncontiguous(x) if layout == "noncontiguous" else x
+        w, b = _make_params(shape[-1], dtype, path_device, bias)
+        tensors = [x, w] + ([b] if bias else [])
+        ours, eager = [leaf(t) for t in tensors], [leaf(t) for t in tensors]
+        ref = [leaf(t, torch.float64) for t in tensors]
+
+        def run(fn, ts, group_size=group_size):
+            return fn(ts[0], ts[1], ts[2] if bias else None, EPS, group_size=group_size)
+
+        y, y_e, y_r = run(layer_norm, ours), run(reference.layer_norm, eager), run(reference.layer_norm, ref)
+        assert y.dtype == y_e.dtype == x.dtype and y.shape == x.shape
+        _assert_same_nonfinite("y", y, y_e, y_r)
+        if values and not all(abs(v) == 1e4 for v in values):
+            assert not torch.isfinite(y).all() and torch.isfinite(y).view(-1, group_size).all(-1).any()
+        dy = torch.randn(y.shape, dtype=torch.float64, device=path_device).to(dtype)
+        grads = torch.autograd.grad(y, ours, dy)
+        grads_e = torch.autograd.grad(y_e, eager, dy)
+        grads_r = torch.autograd.grad(y_r, ref, dy.double())
+        for name, g, g_e, g_r in zip(("dx", "dw", "db"), grads, grads_e, grads_r):
+            _assert_same_nonfinite(name, g, g_e, g_r)
+
+
+def test_layer_norm_grouped_is_per_group_layer_norm():
+    x = _make_x((5, 3 * 19), torch.float32, "cpu")
+    w, b = _make_params(3 * 19, torch.float32, "cpu")
+    y = layer_norm(x, w, b, EPS, group_size=19)
+    for s in range(0, 57, 19):
+        assert torch.equal(y[:, s : s + 19], layer_norm(x[:, s : s + 19], w[s : s + 19], b[s : s + 19], EPS))
+    assert torch.equal(layer_norm(x, w, b, group_size=57), layer_norm(x, w, b))
+    with pytest.raises(ValueError, match="group_size"):
+        layer_norm(x, w, b, group_size=5)

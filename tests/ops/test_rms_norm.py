@@ -409,3 +409,63 @@ def test_rms_norm_empty_rows_like_eager(path_device, x_dtype, w_dtype, shape, mo
     for g, g_e in ((dx, dx_e), (dw, dw_e)):
         assert g.dtype == g_e.dtype and torch.equal(g, g_e)
     assert dw.shape == w.shape and not dw.any()
+
+
+# grouped rows (Qwen4-Exp's RMSNorm): (shape, group_size); odd group sizes and group counts
+GROUPED_SHAPES = [((3, 7, 96), 32), ((37, 5 * 41), 41), ((23, 3 * 67), 67)]
+
+
+def _grouped_check(x, w, mode, offset, group_size):
+    """y, dx, dw of the grouped op vs the float64 grouped reference (x as (..., groups, group_size)), no
+    worse than the reference in the inputs' dtypes."""
+    x, w = leaf(x), leaf(w)
+    x_e, w_e = leaf(x), leaf(w)
+    x_r, w_r = leaf(x, torch.float64), leaf(w, torch.float64)
+    y = rms_norm(x, w, EPS, offset, mode, group_size=group_size)
+    y_e = reference.rms_norm(x_e, w_e, EPS, offset, mode, group_size=group_size)
+    y_r = reference.rms_norm(x_r, w_r, EPS, offset, mode, group_size=group_size)
+    assert y.dtype == y_e.dtype and y.shape == x.shape
+    dy = torch.randn(y.shape, dtype=torch.float64, device=y.device).to(y.dtype)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy)
+    dx_r, dw_r = torch.autograd.grad(y_r, (x_r, w_r), dy.double())
+    for name, ours, eager, ref in (("y", y, y_e, y_r), ("dx", dx, dx_e, dx_r), ("dw", dw, dw_e, dw_r)):
+        _assert_same_nonfinite(name, ours, eager, ref)
+    return y, dx, dw
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode,offset", MODES[:3])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+@pytest.mark.parametrize("values", [[], [1e4, -1e4, 1e4], [INF], [-INF, NAN]])
+def test_rms_norm_grouped_matches_float64(path_device, dtype, mode, offset, layout, values):
+    """Each group of ``group_size`` features has its own rstd and the weight is indexed by the feature's
+    position in the row: y, dx and dw match the float64 reference no worse than eager, non-finite values
+    (confined to their group) where eager has them."""
+    for shape, group_size in GROUPED_SHAPES:
+        x = _with_values_at_random(_make_x(shape, dtype, path_device), values)
+        x = noncontiguous(x) if layout == "noncontiguous" else x
+        y, _, _ = _grouped_check(x, _make_w(shape[-1], dtype, path_device, offset), mode, offset, group_size)
+        if values and not all(abs(v) == 1e4 for v in values):
+            # one non-finite element spoils its group, not the whole row
+            assert not torch.isfinite(y).all() and torch.isfinite(y).view(-1, group_size).all(-1).any()
+
+
+def test_rms_norm_grouped_is_per_group_rms_norm():
+    """The grouped op is the plain op on each group with the weight's slice; group_size = row is plain."""
+    x, w = _make_x((5, 3 * 19), torch.float32, "cpu"), _make_w(3 * 19, torch.float32, "cpu", 1.0)
+    y = rms_norm(x, w, EPS, 1.0, "gemma", group_size=19)
+    for s in range(0, 57, 19):
+        assert torch.equal(y[:, s : s + 19], rms_norm(x[:, s : s + 19], w[s : s + 19], EPS, 1.0, "gemma"))
+    assert torch.equal(rms_norm(x, w, group_size=57), rms_norm(x, w))
+
+
+def test_rms_norm_grouped_empty_rows_and_bad_group_size():
+    x, w = leaf(torch.randn(0, 5, 48)), leaf(_make_w(48, torch.float32, "cpu", 0.0))
+    y = rms_norm(x, w, group_size=16)
+    dx, dw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+    assert y.shape == x.shape and dx.shape == x.shape and torch.equal(dw, torch.zeros_like(dw))
+    for bad in (5, 0, -16, 96):
+        with pytest.raises(ValueError, match="group_size"):
+            rms_norm(x, w, group_size=bad)

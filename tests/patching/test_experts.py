@@ -84,3 +84,84 @@ def test_strict_class_level_patching_leaves_experts_to_the_built_model():
         assert liger_core.apply_liger_kernel(model, strict=True).swapped.get("moe_experts") == 2
     finally:
         revert_model_type("mixtral")
+
+
+def _longcat_experts(zero_experts):
+    from transformers.models.longcat_flash import modeling_longcat_flash as lc
+
+    config = build_tiny("longcat_flash").config
+    config.zero_expert_num = zero_experts
+    experts = lc.LongcatFlashExperts(config)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
+    return torch.nn.ModuleDict({"experts": experts})
+
+
+def test_identity_experts_patched_and_exact():
+    """LongCat-Flash's zero-computation experts (indices from down_proj's expert count on: the token times
+    its routing weight): swapped, and exact on a routing that sends tokens to routed and identity experts."""
+    root = _longcat_experts(zero_experts=2)
+    experts = root["experts"]
+    assert experts.gate_up_proj.shape[0] == experts.down_proj.shape[0] + 2
+    x = torch.randn(9, experts.hidden_size)
+    index = torch.arange(18).remainder(experts.total_experts).view(9, 2)  # every expert, identity ones too
+    weights = torch.rand(9, 2)
+
+    def run():
+        leaves = [x.clone().requires_grad_(True), weights.clone().requires_grad_(True)]
+        y = experts(leaves[0], index, leaves[1])
+        return (y, *torch.autograd.grad(y, (*leaves, *experts.parameters()), torch.ones_like(y)))
+
+    ref = run()
+    report = liger_core.apply_liger_kernel(root)
+    assert report.swapped.get("moe_experts") == 1, str(report)
+    assert experts.__dict__[SPEC_ATTR].layout.identity_experts
+    for got, want in zip(run(), ref):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _Doubling(torch.nn.Module):
+    def forward(self, t):
+        return 2 * t
+
+
+def test_identity_experts_of_other_semantics_are_a_named_miss():
+    """An identity expert that is not the token times its weight (here: twice that) fails the probe: a miss
+    with its reason (nothing else in this model to patch, so the call raises with it)."""
+    from liger_core.patching.report import UnsupportedModelError
+
+    root = _longcat_experts(zero_experts=2)
+    root["experts"].identity_expert = _Doubling()
+    with pytest.raises(UnsupportedModelError, match="LongcatFlashExperts: forward differs"):
+        liger_core.apply_liger_kernel(root)
+
+
+def test_dbrx_expert_glu_patched_and_exact():
+    """DBRX's experts call ``DbrxExpertGLU(x, w1[e], v1[e], w2[e])`` on flattened [E * I, H] weights: that
+    module's forward is swapped (EXPERT_GLU_LAYOUTS) and the model's loss and gradients are unchanged."""
+    from liger_core.patching.experts import GLU_SPEC_ATTR
+
+    ref, model = build_tiny("dbrx"), build_tiny("dbrx")
+    report = liger_core.apply_liger_kernel(model)
+    assert report.swapped.get("moe_experts") == 2 and "moe_experts" not in report.missing, str(report)
+    assert all(type(m).__name__ == "DbrxExpertGLU" for m in model.modules() if GLU_SPEC_ATTR in m.__dict__)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss_r, grads_r = _loss_and_grads(ref, ids)
+    loss, grads = _loss_and_grads(model, ids)
+    torch.testing.assert_close(loss, loss_r, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == grads_r.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_r[name], rtol=1e-4, atol=1e-5, msg=name)
+    liger_core.revert(model)
+    assert not any(GLU_SPEC_ATTR in m.__dict__ for m in model.modules())
+
+
+def test_dbrx_expert_glu_of_another_activation_is_a_named_miss():
+    model = build_tiny("dbrx")
+    for m in model.modules():
+        if type(m).__name__ == "DbrxExpertGLU":
+            m.activation_fn = torch.nn.Tanh()
+    report = liger_core.apply_liger_kernel(model)
+    assert "moe_experts" not in report.swapped
+    assert any("DbrxExpertGLU" in r for r in report.missing["moe_experts"]), str(report)
