@@ -102,7 +102,9 @@ class ResolvedMLP:
     kind: str  # "swiglu" | "geglu"
     approximate: str = "none"  # geglu only: "tanh" or "none"
     gate_second: bool = False  # gate_up's output is (up, gate), not (gate, up) (Phi-4 audio)
-    pre_norm: str | None = None  # a submodule applied to the input first (Phi-4 audio's LayerNorm)
+    # submodules applied to the input first, in order (Phi-4 audio's LayerNorm; GLM-4V's patch merger:
+    # projection, LayerNorm, GELU)
+    pre: tuple[str, ...] = ()
     dropout: str | None = None  # a dropout module applied to act(gate) * up and to the output
 
 
@@ -118,8 +120,8 @@ def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def gated_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Tensor:
     self = module
-    if spec.pre_norm is not None:
-        x = getattr(self, spec.pre_norm)(x)
+    for name in spec.pre:
+        x = getattr(self, name)(x)
     if spec.gate_up is not None:
         gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
         if spec.gate_second:
@@ -199,9 +201,9 @@ def resolve_mlp(module: nn.Module, spec: Any) -> ResolvedMLP | str:
     if found is None:
         return f"activation {type(act).__name__} is neither silu nor gelu"
     kind, approximate = found
-    optional = {n: getattr(spec, n, None) for n in ("pre_norm", "dropout")}
+    pre, dropout = tuple(getattr(spec, "pre", ())), getattr(spec, "dropout", None)
     missing = [
-        n for n in optional.values() if n is not None and not isinstance(getattr(module, n, None), nn.Module)
+        n for n in (*pre, dropout) if n is not None and not isinstance(getattr(module, n, None), nn.Module)
     ]
     if missing:
         return f"has no submodule {missing[0]!r}"
@@ -213,7 +215,8 @@ def resolve_mlp(module: nn.Module, spec: Any) -> ResolvedMLP | str:
         kind,
         approximate,
         getattr(spec, "gate_second", False),
-        **optional,
+        pre=pre,
+        dropout=dropout,
     )
 
 

@@ -85,8 +85,16 @@ _MLP_LAYOUTS = (
         down="down_proj",
         gate_up="gate_up_proj",
         gate_second=True,
-        pre_norm="layer_norm",
+        pre=("layer_norm",),
         dropout="dropout",
+    ),
+    # GLM-4V's vision patch merger: proj, LayerNorm and GELU first, then the gated MLP
+    dict(
+        gate="gate_proj",
+        up="up_proj",
+        down="down_proj",
+        gate_up=None,
+        pre=("proj", "post_projection_norm", "act1"),
     ),
 )
 _ACT_NAMES = ("act_fn", "activation_fn", "act")
@@ -324,7 +332,7 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
     """
     failures = []
     for layout in _MLP_LAYOUTS:
-        names = [n for k, n in layout.items() if k != "gate_second" and isinstance(n, str)]
+        names = [n for k, n in layout.items() if isinstance(n, str)] + list(layout.get("pre", ()))
         if not all(isinstance(getattr(m, n, None), nn.Module) for n in names):
             continue
         extra = _extra_forward_params(m)
@@ -340,7 +348,10 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
         weight = getattr(first, "weight", None)
         if not _usable(weight) or weight.dim() != 2:
             return "projection weight not materialised"
-        x = _leaf(_randn((2, 3, weight.shape[1]), weight, gen))
+        # the input's width: that of the first pre-module with a weight matrix, else the projection's
+        pre_weights = [getattr(getattr(m, n), "weight", None) for n in layout.get("pre", ())]
+        width = next((w.shape[1] for w in pre_weights if _usable(w) and w.dim() == 2), weight.shape[1])
+        x = _leaf(_randn((2, 3, width), weight, gen))
         seed = int(torch.randint(0, 2**62, (), generator=gen))
         devices = [weight.device] if weight.device.type == "cuda" else []
         with torch.enable_grad(), torch.random.fork_rng(devices=devices):

@@ -132,7 +132,7 @@ def test_pre_norm_gate_second_mlp_with_dropout_is_patched_exactly():
     report = liger_core.apply_liger_kernel(root)
     assert root["mlp"].__dict__.get("_liger_core_kind") == "swiglu", str(report)
     spec = root["mlp"]._liger_core_mlp_spec
-    assert spec.gate_second and spec.pre_norm == "layer_norm" and spec.dropout == "dropout"
+    assert spec.gate_second and spec.pre == ("layer_norm",) and spec.dropout == "dropout"
     got = run()
     assert (got[0] == 0).any()  # dropout was active
     for a, b in zip(got, ref):
