@@ -2,11 +2,11 @@
 cut-cross-entropy. The logic lives in ``liger_core.bench`` (shared with ``liger-core bench`` and
 ``liger-core check``); this script only makes the checkout importable without installing it.
 
-    python benchmarks/bench_ops.py                      # default set (issues 2, 3) -> benchmarks/results/
+    python benchmarks/bench_ops.py                      # default set -> benchmarks/results/
     python benchmarks/bench_ops.py --ops rms_norm rope --quick
-    python benchmarks/bench_ops.py --sweep --ops swiglu  # shape sweep (issue 7)
+    python benchmarks/bench_ops.py --sweep --ops swiglu  # shape sweep
     python benchmarks/bench_ops.py --dry-run             # CPU: every provider once at tiny shapes, untimed
-    python benchmarks/bench_ops.py --plot-from benchmarks/results/ops_h100_80gb_hbm3.csv
+    python benchmarks/bench_ops.py --plot-from benchmarks/results/h100/ops.csv
 
 On the GPU machine use benchmarks/run_gpu.sh (peer wheels, GPU tests, then this suite).
 """

@@ -1,8 +1,8 @@
-"""Post-training losses on a Llama-3-8B-shaped lm_head (issue 8): DPO and GRPO, fwd+bwd time and peak memory
+"""Post-training losses on a Llama-3-8B-shaped lm_head: DPO and GRPO, fwd+bwd time and peak memory
 of TRL's unfused formula (materialised logits), its torch.compile, liger_core's fused losses and
 liger-kernel's chunked losses, in one run, each checked against a float64 reference first.
 
-    python benchmarks/bench_post_training.py            # GPU: the issue's shapes -> benchmarks/results/
+    python benchmarks/bench_post_training.py            # GPU: the default shapes -> benchmarks/results/
     python benchmarks/bench_post_training.py --tiny     # CPU smoke test (Triton interpreter), tiny shapes
     python benchmarks/bench_post_training.py --scenarios grpo --providers torch liger_core --no-compile
 
@@ -85,7 +85,7 @@ TOL = 3e-2
 PROVIDERS = ("torch", "liger_core", "liger_core_loss", "liger_core_chunk", "liger_kernel", "torch_compile")
 SCENARIOS = ("dpo", "grpo", "dpo_ref_head")
 GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo")
-H100_BF16_TFLOPS = 800.0  # dense bf16 GEMM, what the other notes in benchmarks/NOTES.md use
+H100_BF16_TFLOPS = 800.0  # dense bf16 GEMM rate, the FLOP floor of the op suite (docs/performance.md)
 H100_HBM_TBS = 3.0
 
 

@@ -7,14 +7,13 @@
 #   hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions (pydantic needs
 #                      >= 4.16; the image's may be older)   Python 3.12 manylinux x86_64 wheels
 #
-#   bash benchmarks/fill_wheelhouse.sh      (BUILD_PYTHON: a python with torch; default /work/venv/bin/python,
-#                                            else python3)
-# Then carry it: device run with carry ["benchmarks/wheelhouse"].
+#   bash benchmarks/fill_wheelhouse.sh      (BUILD_PYTHON: a python with torch; default python3)
+# Then copy benchmarks/wheelhouse/ to the GPU machine with the checkout.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 house="$root/benchmarks/wheelhouse"
 DEEPSPEED_VERSION=${DEEPSPEED_VERSION:-0.19.8}
-BUILD_PYTHON=${BUILD_PYTHON:-$( [ -x /work/venv/bin/python ] && echo /work/venv/bin/python || echo python3 )}
+BUILD_PYTHON=${BUILD_PYTHON:-python3}
 mkdir -p "$house"
 rm -f "$house"/*.whl
 

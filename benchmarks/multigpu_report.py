@@ -1,7 +1,7 @@
 """Collect the per-rank results of benchmarks/multigpu_sft.py runs, check them, write CSV/JSON + a plot, print
 a table.
 
-    python benchmarks/multigpu_report.py benchmarks/results/multigpu \\
+    python benchmarks/multigpu_report.py benchmarks/results/run/multigpu \\
         --runs fsdp2_base fsdp2_liger zero3_base zero3_liger --world-size 2
 
 Checks (exit status 1 when one fails, after writing everything):

@@ -10,7 +10,7 @@ so the loss falls and two loss curves can be compared meaningfully).
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m liger_core_hf.launch \\
         benchmarks/multigpu_sft.py --output_dir /tmp/mg --bf16 --max_steps 30 \\
         --per_device_train_batch_size 4 --deepspeed benchmarks/configs/zero3.json --use_liger_kernel \\
-        --results_dir benchmarks/results/multigpu --run_name zero3_liger
+        --results_dir benchmarks/results/run/multigpu --run_name zero3_liger
 
 Every rank writes `<results_dir>/<run_name>.rank<R>.json`: peak GPU memory of the training loop on that GPU,
 per-step wall times, global tokens/s, the logged (all-rank mean) losses, and the liger_core kinds found in
@@ -54,7 +54,7 @@ class RunArguments:
     vocab_size: int = 128256
     seq_len: int = 2048
     num_examples: int = 4096
-    results_dir: str = "benchmarks/results/multigpu"
+    results_dir: str = "benchmarks/results/run/multigpu"
     expect_kinds: str = field(
         default="fused_linear_cross_entropy,rms_norm,rope,swiglu",
         metadata={"help": "liger_core kinds a --use_liger_kernel run must have patched (comma-separated)"},

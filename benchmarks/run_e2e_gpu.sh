@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# End-to-end GPU runs in one call (the device tool's working directory is the repo root), carry [".whl"]:
+# End-to-end GPU runs, from the repository root, with the peer wheels in .whl/ (see run_gpu.sh):
 #   1. benchmarks/e2e_llama1b.py   Llama-3.2-1B shape: HF vs liger-kernel vs liger_core (tokens/s, peak memory)
 #   2. benchmarks/convergence.py   bf16 100-step loss curves, patched vs unpatched (Llama- and Qwen2-shaped)
 #   3. HF Trainer SFT run with and without --use_liger_kernel (integrations/hf_trainer/examples/sft_gpu.py)
-# Results land in benchmarks/results/ and are packed into $OUT/e2e_results.tar.gz.
+# Results land in benchmarks/results/ and $OUT (the SFT log) and are packed into $OUT/e2e_results.tar.gz.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 OUT=${OUT:-$root/benchmarks/results/run}
-mkdir -p "$OUT" benchmarks/results/sft
+mkdir -p "$OUT"
 SITE=/tmp/liger_peer_site
 compgen -G ".whl/*.whl" >/dev/null &&
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
@@ -25,7 +25,7 @@ for flag in "" "--use_liger_kernel"; do
   echo "== sft ${flag:-(no flag)}"
   # shellcheck disable=SC2086
   timeout -k 10 120 python3 -m liger_core_hf.launch integrations/hf_trainer/examples/sft_gpu.py $ARGS $flag |
-    tee -a benchmarks/results/sft/sft_gpu_runs.log | grep -E "^RESULT|Error|liger_core" | tail -5
+    tee -a "$OUT/sft_gpu_runs.log" | grep -E "^RESULT|Error|liger_core" | tail -5
 done
-tar czf "$OUT/e2e_results.tar.gz" benchmarks/results/e2e_* benchmarks/results/convergence_* benchmarks/results/sft 2>/dev/null
+tar czf "$OUT/e2e_results.tar.gz" benchmarks/results/e2e_* benchmarks/results/convergence_* "$OUT/sft_gpu_runs.log" 2>/dev/null
 ls -la "$OUT"

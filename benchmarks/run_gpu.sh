@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The one command to run on the GPU machine, from the repo root (the device tool's working directory):
+# The one command to run on the GPU machine, from the repository root:
 #
 #     bash benchmarks/run_gpu.sh [extra arguments for benchmarks/bench_ops.py, e.g. --quick or --ops rope]
 #
-# with carry [".whl"] (the peer wheels that ../shared/tools/fetch-peer-wheels puts in .whl/). Stages, each one's
+# with the peer wheels in .whl/ (on a machine with an index: pip download --no-deps -d .whl liger-kernel==0.8.5 cut-cross-entropy==25.1.1). Stages, each one's
 # failure reported while the later stages still run:
 #   1. wheels  : .whl/*.whl -> a scratch --target dir (no index, no deps); PYTHONPATH = repo + that dir
 #   2. env     : liger-core env
@@ -56,8 +56,8 @@ if want wheels; then
     fi
     record wheels $?
   else
-    echo "no .whl/*.whl: liger-kernel and cut-cross-entropy will be skipped (run ../shared/tools/fetch-peer-wheels"
-    echo "here and name .whl in the device call's carry)"
+    echo "no .whl/*.whl: liger-kernel and cut-cross-entropy will be skipped (fill .whl/ with"
+    echo "pip download --no-deps -d .whl liger-kernel==0.8.5 cut-cross-entropy==25.1.1)"
     results+=("wheels: none carried")
   fi
 fi

@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
-# Multi-GPU fine-tunes through the HF Trainer, in one call on the GPU machine (repo root = working directory):
+# Multi-GPU fine-tunes through the HF Trainer, on one GPU machine, from the repository root:
 #   FSDP2 (--fsdp full_shard --fsdp_config benchmarks/configs/fsdp2.json) and DeepSpeed ZeRO-3
 #   (--deepspeed benchmarks/configs/zero3.json), each without and with --use_liger_kernel (liger_core_hf
 #   launcher), a random-init Llama-3.2-1B-shaped model, 30 steps. Then benchmarks/multigpu_report.py checks
 #   the runs (all ranks finished, loss curves agree) and writes summary.csv/json + loss_curves.png.
 #
-#   bash benchmarks/run_multigpu.sh                # GPU machine; carry ["benchmarks/wheelhouse"] for deepspeed
+#   bash benchmarks/run_multigpu.sh                # GPU machine; deepspeed from benchmarks/wheelhouse/
 #   DEVICE=cpu bash benchmarks/run_multigpu.sh     # CPU rehearsal: tiny model, gloo, 3 steps (minutes);
 #                                                  # python3 must import deepspeed there (no wheelhouse)
 #
 # Knobs (environment): NPROC (GPUs; default: all), STEPS (30), SEQ (2048), BATCH (4 per GPU), MODEL_SIZE (1b),
 # RUNS ("fsdp2_base fsdp2_liger zero3_base zero3_liger"), RUN_TIMEOUT_S (200 per run), TOTAL_BUDGET_S (all
-# runs, 540: the device tool allows 600 s per command), RESULTS
-# (benchmarks/results/multigpu). The deepspeed wheels come from benchmarks/wheelhouse/ (fill it here with
+# runs, 540), RESULTS
+# (benchmarks/results/run/multigpu). The deepspeed wheels come from benchmarks/wheelhouse/ (fill it here with
 # benchmarks/fill_wheelhouse.sh; the GPU machine has no package index). Exit status 1 if any run failed or a
 # check failed; the log and the results are also copied to $OUT when it is set.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled HF_HUB_OFFLINE=1
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off on the lent machines
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off: not every host's driver supports it
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 DEVICE=${DEVICE:-gpu}
-RESULTS=${RESULTS:-$root/benchmarks/results/multigpu}
+RESULTS=${RESULTS:-$root/benchmarks/results/run/multigpu}
 RUNS=${RUNS:-fsdp2_base fsdp2_liger zero3_base zero3_liger}
 if [ "$DEVICE" = cpu ]; then
   export TRITON_INTERPRET=1 DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES=""
