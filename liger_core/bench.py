@@ -22,7 +22,7 @@ torch.compile of that eager code, liger-kernel, cut-cross-entropy):
 
 Each row also carries the floor: the fewest HBM bytes the op must move divided by 3.0 TB/s (H100), or for
 the matmul losses the FLOPs divided by 800 TFLOP/s (measured bf16 GEMM rate), and ``pct_of_floor`` =
-floor / time. The byte and FLOP counts are written next to each op below and in benchmarks/NOTES.md.
+floor / time. The byte and FLOP counts are written next to each op below and in docs/performance.md.
 
 A provider that fails (missing package, exception, OOM) gets a row with its error; the run goes on.
 """
@@ -472,7 +472,7 @@ OPS: dict[str, OpSpec] = {
             liger_kernel=_liger_kernel("liger_cross_entropy"),  # writes the gradient over the logits
             eager=_hf_cross_entropy,
             # the same memory-saving setting as liger-kernel (always in place); the default (a new gradient
-            # buffer, logits untouched) is timed beside it in benchmarks/variants_ce.py
+            # buffer, logits untouched) costs one more logits-sized buffer
             ours_kwargs={"inplace_backward": True},
         ),
         OpSpec(
@@ -846,7 +846,7 @@ def _bench_restoring(run: ProviderRun, mode: str, warmup_ms, rep_ms, max_reps, e
         for (step, _, diff), (start, end) in zip(replicas, events):
             # as do_bench's grad_to_none before every run: the replicas share the inputs they do not write,
             # so a gradient left by the previous run would make this run add into it (a full-size add that
-            # the runs of sessions 8-14 charged to the in-place RMSNorms, whose x is shared)
+            # would be charged to the in-place RMSNorms, whose x is shared)
             for t in diff:
                 t.grad = None
             cache.zero_()
@@ -921,7 +921,7 @@ def time_graph(
     """(median ms, timer) of the same step captured once in a CUDA graph and replayed by
     ``triton.testing.do_bench`` (L2 flushed between replays): the GPU's time alone, without the host's.
     Where the host needs longer per step than the GPU (small ops: Python, autograd and launches take
-    0.2-0.7 ms per fwd+bwd on the lent machine, and that speed drifts by 2x between calls), ``ms``
+    0.2-0.7 ms per fwd+bwd on an H100 host, and that speed varies by 2x between hosts and processes), ``ms``
     measures the host; this column measures the kernels. Replays run on the same buffers: a provider that
     writes into its inputs sees its own previous outputs there (its time does not depend on the values);
     the inputs are restored afterwards. (nan, reason) where the step cannot be captured: found first by
@@ -1023,8 +1023,8 @@ def _provider_fn(spec: OpSpec, provider: str, compile_backend: str) -> tuple[Cal
         if spec.name == "fused_linear_cross_entropy":
             # The op alone at its default loop and memory: no loop or chunk from memory headroom, which the
             # harness's own allocations (do_bench's estimate loop keeps a second set of gradients) would give
-            # the timed runs but not the one-shot memory measurement (session 13: the one-chunk loop's 18.6
-            # ms timed beside the two-pass loop's 1.04 GiB at 4096 x 128256). benchmarks/e2e_llama1b.py
+            # the timed runs but not the one-shot memory measurement (a row would pair the one-chunk loop's
+            # time with the two-pass loop's memory). benchmarks/e2e_llama1b.py
             # shows the headroom loops inside a training step.
             # (the module by name: liger_core.ops binds the function over the submodule's attribute)
             sys.modules["liger_core.ops.fused_linear_cross_entropy"].USE_HEADROOM = False

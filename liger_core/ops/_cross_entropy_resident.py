@@ -3,7 +3,8 @@
 Why: ``_cross_entropy_kernel`` streams each row twice (pass 1: max and sum; pass 2: gradient) and relies on L2
 for the second read. With one 32-warp program per SM, ~132 rows of 256 KB (V = 128256, bf16) are live in a
 50 MB L2 that the gradient stores also pass through, so a part of the second read goes to HBM again: 82 % of
-the floor (one read + one write) at 8192 x 128256 (``benchmarks/NOTES.md``, session 5).
+the floor (one read + one write) at 8192 x 128256 on the H100 (``python benchmarks/ce_kernel_study.py``,
+script at 0aa2349); this kernel reaches 90 % (``benchmarks/results/h100/ops.csv``, 2026-11-24).
 
 Here the row never leaves the SM between the passes: the first ``NUM_SLOTS * SLOT`` columns are copied into
 shared memory (``cp.async``, all slots in flight at once), the rest (at most ``REG_COLS``) into registers.
@@ -46,8 +47,8 @@ except Exception:  # noqa: BLE001 - any failure (missing module, renamed API) me
 SLOT = 4096
 MAX_SLOTS = 28
 MAX_REG_COLS = 16384
-# H100 (benchmarks/ce_resident_study.py, call 1): 16 warps 1-1.5 % faster at 65536-131072 columns, 8 warps at
-# 32000; None: that rule, an int: always that many (the study compares)
+# H100 (`python benchmarks/ce_resident_study.py`, script at 0aa2349): 16 warps 1-1.5 % faster at 65536-131072
+# columns, 8 warps at 32000; None: that rule, an int: always that many
 NUM_WARPS: int | None = None
 RESIDENT_MAX_COLS = MAX_SLOTS * SLOT + MAX_REG_COLS
 

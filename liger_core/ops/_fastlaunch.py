@@ -2,8 +2,8 @@
 
 Why: at real training shapes the norm, RoPE and GLU kernels take 0.1-0.3 ms, and Triton's generic launch
 (``JITFunction.run``: bind and specialise every argument, build and hash a string cache key, check globals,
-then launch) costs tens of microseconds of host time per launch on a busy host (measured ~55 µs for a bare
-launch on the H100 machine, benchmarks/NOTES.md). A forward + backward issues 2-6 launches, so the GPU waits
+then launch) costs tens of microseconds of host time per launch on a busy host (~55 µs for a bare launch
+measured on an H100 host). A forward + backward issues 2-6 launches, so the GPU waits
 for the host. ``FastKernel`` keeps Triton's own first call (which compiles and returns the compiled kernel)
 and afterwards launches that compiled kernel directly, keyed by exactly what Triton specialises on:
 

@@ -75,9 +75,9 @@ from liger_core.ops._launch import cdiv, next_power_of_2, num_sms
 
 REDUCTIONS = ("mean", "sum", "none")
 
-# Launch knobs of the cross-entropy kernel on a GPU (module globals so that benchmarks/variants_ce.py can
-# compare settings in one GPU call). Columns per block and warps: see ``looped_row_settings``.
-# 16384 with the pass-1 prefetch (H100, 8192 x 128256 bf16, benchmarks/ce_kernel_study.py: 1.710 ms, 53
+# Launch knobs of the cross-entropy kernel on a GPU (module globals so that a benchmark can compare settings
+# in one process). Columns per block and warps: see ``looped_row_settings``. 16384 with the pass-1 prefetch
+# (H100, 8192 x 128256 bf16, `python benchmarks/ce_kernel_study.py`, script at 0aa2349: 1.710 ms, 53
 # registers; 32768 columns with the prefetch spill: 1.914; 32768 without it 1.751)
 CE_MAX_BLOCK = 16384
 # fp32 logits (fp64 math, twice the registers): 16384 columns with 16 warps 6.2 ms, 8192 columns 7.4 ms
@@ -995,10 +995,11 @@ class CrossEntropyFunction(torch.autograd.Function):
         ctx.grad_consumed = False
         if logits.dtype == torch.float16:
             # fp16: most gradient entries of a reduced loss (p / N) are subnormal, and scaling a stored
-            # gradient by grad_output in backward would round them twice (a loss scaler's 2^16 then
-            # multiplies what the first rounding lost; benchmarks/NOTES.md, session 10). So the forward
-            # pass computes the losses only, and backward runs the kernel with grad_output folded in: one
-            # more read of the logits, eager's single rounding.
+            # gradient by grad_output in backward would round them twice (a loss scaler's 2^16 then multiplies
+            # what the first rounding lost: 1.9x eager's error on the H100 at 1031 x 32000, the case
+            # tests/ops/test_cross_entropy.py checks). So the forward pass computes the losses only, and
+            # backward runs the kernel with grad_output folded in: one more read of the logits, eager's single
+            # rounding.
             loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
                 logits, *args, False, check_targets, denominator
             )

@@ -26,10 +26,10 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
    FLOPs: 6 BT H V where every token is kept (BT <= H), 8 BT H V at most (the other tokens' logits computed
    twice). Peak extra memory: dW + dh + one slice (default: half the hidden-state gradient's size, >= 32 MiB
    on a GPU; ``max_chunk_bytes``). Rows s of dW are written over storage whose kept slice was just copied out;
-   with the last slice first, every lower slice's kept gradient lies below them. H100, bf16, H 4096, V 128256
-   (session 13, kernels of one fwd+bwd): 8192 tokens 41.9 ms at 1.073 GiB (4096 kept), 4096 tokens 18.6 ms
-   (all kept; torch.compile 19.1 ms at 1.99 GiB); before the kept chunk 52.6 ms at 8192 tokens, and the
-   vocabulary-major loop before that (fp32 dh across slices) 53.7 ms at 1.167 GiB (session 5).
+   with the last slice first, every lower slice's kept gradient lies below them. H100, bf16, H 4096, V 128256,
+   fwd+bwd, 8192 tokens: 45.2 ms GPU time at 1.07 GiB, 4096 tokens kept (``benchmarks/results/h100/ops.csv``,
+   2026-11-24); a vocabulary-major loop without a kept chunk (fp32 dh across slices) takes 51.1 ms at 1.167
+   GiB (``benchmarks/results/h100/flce_order_interleaved.log``, default budget).
 2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
    fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
    iterations), or where ``max_chunk_bytes`` grants that much (4 bytes per element of W and h plus >= 512
@@ -37,7 +37,7 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
    ``dh_c = dlogits_c @ W``, ``dW += dlogits_c.T @ h_c`` into fp32, rounded once at the end. Exact, and
    faster there (no recomputed logits; Llama-1B shape, H100: 56.4k tokens/s vs 53.6k with the vocabulary
    order), at no new peak. H100, 8192 tokens, H 4096, V 128256 bf16: 36.6 ms of GPU kernels in one profiled
-   fwd+bwd (session 11, ``benchmarks/variants_ce.py --only profile``), at ~3.1 GiB extra.
+   fwd+bwd (``python benchmarks/variants_ce.py --only profile``, script at 0aa2349), at ~3.1 GiB extra.
    With every logit in the budget (``max_chunk_bytes`` >= tokens x V x 2 bytes, or that much headroom):
    one chunk, nothing accumulated.
 3. Token-major in ``accum_dtype`` (default W's dtype) when ``chunk_size`` is given: a bf16 dW rounds once per
@@ -264,7 +264,7 @@ def linear_into(logits, hidden_c, weight, bias, logit_scale=1.0) -> None:
     """``logits = logit_scale * (hidden_c @ weight.T + bias)`` into the given buffer (one GEMM, the factor in
     its epilogue). Rounded once, except a bias with a factor: cuBLAS's beta path then rounds 0.09 % of the
     logits differently (H100, factor 1/0.7: error 1.662e-3 against 1.661e-3 for one rounding and eager's
-    2.338e-3, which rounds the logits before scaling them; session 14)."""
+    2.338e-3, which rounds the logits before scaling them)."""
     weight_t = weight.t()
     if logit_scale != 1.0:
         if bias is None:  # beta=0: the (uninitialised) buffer is ignored, not read
@@ -618,9 +618,9 @@ def _slice_grad_kernel(
 # Kernels on vocabulary-major logits (classes x tokens: the two-pass loop's kept chunk), in (classes, tokens)
 # tiles (BLOCK_V, BLOCK_T, num_warps). The statistics pass splits the classes among programs (COLUMNS_SPLIT
 # classes each) so that a few thousand tokens still fill the GPU; a second kernel merges the splits. Tiles
-# from a sweep (H100 session 14, `call7_columns_tiles.log`, bf16 V 128256 x 4096 tokens, 0.98 GiB): stats
-# 128 x 64, 4 warps 0.505 ms (64 x 64: 0.72; floor 0.35), gradient 64 x 128 (256 contiguous bytes per class
-# row), 4 warps 0.732 ms (64 x 64: 1.26; floor 0.70).
+# from a sweep (H100, `benchmarks/results/h100/flce_columns_tiles.log`, bf16 V 128256 x 4096 tokens, 0.98
+# GiB): stats 128 x 64, 4 warps 0.505 ms (64 x 64: 0.72; floor 0.35), gradient 64 x 128 (256 contiguous bytes
+# per class row), 4 warps 0.732 ms (64 x 64: 1.26; floor 0.70).
 COLUMNS_STATS_TILE = (128, 64, 4)
 COLUMNS_GRAD_TILE = (64, 128, 4)
 COLUMNS_SPLIT = 2048
@@ -649,7 +649,7 @@ def _columns_stats_kernel(
     shifted by each token's first logit as in ``_row_stats_kernel``."""
     split = tl.program_id(1)
     # tokens stay an unclamped arange (masked instead): Triton then proves each class row's run contiguous
-    # and vectorises the loads (a clamp made them 2-byte loads: 10x slower, H100 session 13)
+    # and vectorises the loads (a clamp made them 2-byte loads: 10x slower on the H100)
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = tokens < n_tokens
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
@@ -806,7 +806,7 @@ def _transpose_kernel(
 ):
     """dst = src.T by (BLOCK_R, BLOCK_C) tiles: both sides read and written along their contiguous rows
     (Triton reorders the tile through shared memory between the two); torch's strided copy reads one side
-    element by element (4.1 ms vs a 0.7 ms floor for pass 2's kept slices, H100 session 13)."""
+    element by element (4.1 ms vs a 0.7 ms floor for pass 2's kept slices on the H100)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -996,7 +996,7 @@ def _two_pass_loop(
         logits_store = storage.view(hidden.dtype)
         capacity = logits_store.numel() // vocab  # tokens per chunk; H for equal dtypes
         # no kept chunk with a bias: a vocabulary-major GEMM adds a per-class bias only through cuBLAS's beta
-        # path, which rounds twice (7 % of the logits one ulp off, H100 session 14); the token-major GEMM adds
+        # path, which rounds twice (7 % of the logits one ulp off on the H100); the token-major GEMM adds
         # it in its epilogue, rounded once, as eager's
         kept_tokens = min(n_tokens, capacity) if bias is None else 0
         if on_gpu:  # a multiple of 8: the kept chunk's GEMMs run over it contiguously (odd counts: slow
@@ -1148,7 +1148,7 @@ def _allocator_bytes(device: torch.device) -> dict:
     """The caching allocator's statistics as nested dicts. Not ``torch.cuda.memory_allocated`` and friends:
     each of those flattens every statistic through a self-referencing closure, a reference cycle of thousands
     of tuples per call that only the garbage collector frees; a training step's worth of them made Python run
-    a full collection every few dozen steps (a 285 ms pause, Llama-1B shape on the H100, session 12)."""
+    a full collection every few dozen steps (a 285 ms pause, Llama-1B shape on the H100)."""
     return torch.cuda.memory_stats_as_nested_dict(device)
 
 

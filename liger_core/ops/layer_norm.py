@@ -18,7 +18,8 @@ writes dx and one partial row of dw and db per program of a persistent grid (sum
 fp64 partials for fp32 data, fp32 otherwise).
 Rows longer than ``NORM_FUSED_MAX_COLS`` loop over column chunks (``SINGLE_PASS=False``), as in RMSNorm.
 16-bit rows of the widths in ``NORM_BWD_ROWWISE_LAYER_NORM`` (8192) take ``_layer_norm_bwd_row_kernel``: the
-same math one row at a time in 1-D tiles (H100, kernel alone, 65536 x 8192: 1.270 vs 1.393 ms; session 11).
+same math one row at a time in 1-D tiles (H100, kernel alone, 65536 x 8192: 1.270 vs 1.393 ms;
+``benchmarks/results/h100/layer_norm_rowwise.log``).
 """
 
 from __future__ import annotations
@@ -308,7 +309,7 @@ def _layer_norm_bwd_row_kernel(
     """``_layer_norm_bwd_kernel``'s single-pass math for one row per step in 1-D tiles (16-bit data; a
     contiguous block of rows per program, dW and dB accumulated across them in fp32 and written as one
     partial row each). At 8192 columns this form runs 9 % faster than the 2-D tile kernel with one row per
-    tile (H100, ``benchmarks/results/run_2026-11-23-s11/call10_ln_rowwise.log``)."""
+    tile (H100, ``benchmarks/results/h100/layer_norm_rowwise.log``, 2026-11-24)."""
     pid = tl.program_id(0).to(tl.int64)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)

@@ -548,7 +548,7 @@ def test_fused_matches_float64(loss_type, level, beta, with_bias, off_policy, dt
     Eight completions, not three: the per-token gradient is nearly one factor per completion, so dW and db
     are sums of a few large terms (more completions: more independent draws, a shorter tail of the ratio of
     two fp32 errors); the fp32 rule is ``assert_grad_no_worse``'s (distributions of both rules at 3 and 8
-    completions: benchmarks/results/run_2026-11-23-s8/grpo_ratio_tail.txt).
+    completions: benchmarks/results/cpu/grpo_ratio_tail.txt, command in its .meta.json).
 
     Temperature 1: the op and eager then round the same logits of the same GEMM, so their errors compare
     draw for draw (the temperature is checked by the exact composition test below and by layer 1's tests).

@@ -558,7 +558,8 @@ def test_cross_entropy_resident_kernel_used_only_where_supported_cuda():
 def test_cross_entropy_fp16_grad_output_folded_before_rounding(reduction, grad_scale, inplace, poison_empty):
     """fp16: the gradient is computed in backward with grad_output inside its one rounding. Stored in the
     forward pass and scaled afterwards, its subnormal entries (p / N of a mean) would round twice: on the
-    H100 at 1031 x 32000 that was 1.9x eager's error with grad_output 2.5 (benchmarks/ce_fp16_rounding.py)."""
+    H100 at 1031 x 32000 that was 1.9x eager's error with grad_output 2.5
+    (`python benchmarks/ce_fp16_rounding.py`, script at commit 0aa2349)."""
     n, vocab = 129, 1031
     logits, target, _ = _inputs("cpu", torch.float16, n, vocab)
     grad_out = (torch.rand(n) * grad_scale if reduction == "none" else torch.tensor(grad_scale)).to(

@@ -152,7 +152,7 @@ def test_flce_matches_float64(device, dtype, reduction, order, poison_empty):
     assert_loss_no_worse("z_loss", ours[1], eager[1], ref[1])
     # The logits are exact before their one rounding (dyadic inputs), so the loss arithmetic alone is
     # compared too, against float64 on those rounded logits. Against float64 logits the logits' own rounding
-    # dominates both errors, and a GEMM that rounds twice only sometimes shows there (H100 session 14:
+    # dominates both errors, and a GEMM that rounds twice only sometimes shows there (H100:
     # cuBLAS's beta path for a per-class bias, 7 % of the logits one ulp off: 50-175x eager's error here).
     # Here the two sums' own final roundings may land one fp32 ulp apart (H100: a sum of 40000 one ulp off
     # where eager's was correctly rounded): two half ulps.

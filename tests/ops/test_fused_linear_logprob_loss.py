@@ -76,7 +76,7 @@ def test_matches_float64(device, dtype, case, poison_empty):
     # 64 sequences of 128 tokens on the GPU, not 8 of 1024: at vocab 32000, p_y is far below bf16's last
     # place, so every token of a sequence rounds the same bf16(g (1 - p_y)) and dh's error is a handful of
     # per-sequence draws (simulated: ours / eager's 0.79-1.15 over 12 draws with 8 rows, 0.88-1.00 with 64; a
-    # GPU run drew 1.36 at 8 x 1024, session 11). More sequences measure the op, not the luck of 7 roundings.
+    # GPU run drew 1.36 at 8 x 1024). More sequences measure the op, not the luck of 7 roundings.
     rows, t, h, v = case["shape"] if device == "cpu" else (64, 128, 4096, 32000)
     hidden, weight, bias, target = _batch(device, dtype, rows, t, h, v, case["bias"])
     groups = GROUPINGS[case["grouping"]](rows)
