@@ -44,7 +44,7 @@ def test_editable_install_has_the_pth_and_it_is_lazy():
     )
     assert _python(probe) == "True True"
     probe = (  # without the hook, torchaudio needs liger-lmf's stub here (see run_tests.sh)
-        "from liger_core_llamafactory.compat import ensure_torchaudio_importable; ensure_torchaudio_importable(); "
+        "from liger_core_llamafactory.compat import ensure_torchaudio_importable as stub; stub(); "
         "import llamafactory.hparams.parser as p; print(hasattr(p._parse_args, '__wrapped__'))"
     )
     assert _python(probe, LIGER_CORE_DISABLE_HOOK="1") == "False"
