@@ -166,8 +166,8 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
 def _train(config: dict, workdir) -> tuple[int, str]:
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [sys.executable, "-m", "axolotl.cli.train", str(path)],
+    proc = subprocess.run(  # Axolotl's own CLI, as users run it (default launcher: accelerate)
+        [os.path.join(os.path.dirname(sys.executable), "axolotl"), "train", str(path)],
         cwd=workdir,
         env=subprocess_env(),
         capture_output=True,
