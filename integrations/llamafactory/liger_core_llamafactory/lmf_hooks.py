@@ -7,8 +7,8 @@ does, and on a copy (``run_exp`` hands the same dict to several parsers):
 - stops on an argument that looks like a misspelled liger key (``enable_liger_kernal``), with the key meant;
 - removes ``enable_liger_kernel`` / ``use_liger_kernel`` / ``liger_kernel_config`` (``options``), so
   LLaMA-Factory never asks for the liger-kernel package and transformers' Trainer never patches with it;
-- when one of them is true (or ``LIGER_CORE_LMF=1``): installs ``model_hooks`` with the toggles, and logs on
-  rank 0 which library serves the flag, with its version.
+- when one of them is true (or ``LIGER_CORE_LMF=1``): installs ``model_hooks`` with the toggles; when they
+  patch the model, rank 0 logs which library serves the flag, with its version (``announce``).
 torchrun workers of ``llamafactory-cli train`` read the same YAML, so each does the same.
 """
 
@@ -33,6 +33,7 @@ from liger_core_llamafactory.options import (
 logger = logging.getLogger("llamafactory.liger_core")
 INSTALL_HINT = "from a clone of liger_core: `pip install -e . && pip install -e integrations/llamafactory`"
 _announced = False
+_flag: str | None = None  # the setting that turned liger_core on in this process (for ``announce``)
 
 
 def installed_version(dist: str) -> str | None:
@@ -57,10 +58,12 @@ def served_by_line(flag: str) -> str:
     return line
 
 
-def announce(flag: str) -> None:
-    """Log ``served_by_line`` once per process, on rank 0 only."""
+def announce(flag: str | None = None) -> None:
+    """Log ``served_by_line`` once per process, on rank 0 only (``model_hooks`` calls it when it patches the
+    model: by then LLaMA-Factory's handlers, LLaMA Board's running log among them, are in place)."""
     global _announced
-    if _announced:
+    flag = flag or _flag
+    if _announced or flag is None:
         return
     _announced = True
     if os.getenv("RANK", "0") == "0" and os.getenv("LOCAL_RANK", "0") == "0":
@@ -83,8 +86,9 @@ def activate(flag: str, kernel_config: Mapping[str, bool]) -> None:
     import_liger_core()
     from liger_core_llamafactory import model_hooks
 
+    global _flag
+    _flag = flag
     model_hooks.install(kernel_config)
-    announce(flag)
 
 
 def known_arguments(parser: Any) -> set[str]:

@@ -107,7 +107,10 @@ def refuse_liger_kernel(model: Any) -> None:
 
 def patch_trainable_model(model: Any, require_logits: bool) -> PatchReport | None:
     """Patch the model LLaMA-Factory is about to train; its report (None: liger_core could not patch it)."""
+    from liger_core_llamafactory.lmf_hooks import announce
+
     rank = os.getenv("RANK", "0")
+    announce()
     refuse_liger_kernel(model)
     flags = kernel_flags(require_logits, _kernel_config)
     try:
