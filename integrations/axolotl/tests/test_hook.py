@@ -149,3 +149,32 @@ def test_our_keys_without_the_plugin_stop_axolotl_load_cfg(
         ValueError, match=r"use_liger_kernel set, but liger_core_axolotl.LigerCorePlugin is not"
     ):
         load_cfg(str(path))
+
+
+def test_liger_kernel_patches_are_refused(tiny_llama, tiny_dataset, tmp_path):
+    """Axolotl installs liger-kernel; a model its class-level patch reached (here called directly, as
+    Axolotl's LigerPlugin would) is not patched again by liger_core: ``post_model_build`` stops and names what
+    liger-kernel replaced. In a subprocess: the patch changes transformers' Llama classes for the process."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(axolotl_config(tiny_llama, tiny_dataset, tmp_path)))
+    code = f"""
+import torch
+from axolotl.cli.config import load_cfg
+from liger_kernel.transformers import apply_liger_kernel_to_llama
+from transformers import AutoModelForCausalLM
+from liger_core_axolotl.plugin import LigerCorePlugin, liger_kernel_parts
+cfg = load_cfg({str(config)!r})
+plain = AutoModelForCausalLM.from_pretrained({str(tiny_llama)!r}, dtype=torch.float32)
+LigerCorePlugin().post_model_build(cfg, plain)
+print(liger_kernel_parts(plain))
+apply_liger_kernel_to_llama()
+model = AutoModelForCausalLM.from_pretrained({str(tiny_llama)!r}, dtype=torch.float32)
+try:
+    LigerCorePlugin().post_model_build(cfg, model)
+except RuntimeError as e:
+    print(e)
+"""
+    lines = _python(code).splitlines()
+    assert lines[-2] == "[]", lines  # the model liger_core patched has no part of liger-kernel
+    assert lines[-1].startswith("liger_core: LlamaForCausalLM already runs liger-kernel's patches"), lines
+    assert "LigerRMSNorm" in lines[-1], lines
