@@ -44,6 +44,53 @@ SFT_LOSS_KEYS = ("liger_core_fused_linear_cross_entropy", "liger_core_cross_entr
 RL_FUSED_LOGPROBS = ("dpo", "ipo", "kto", "grpo", "gdpo")
 
 
+INSTALL_HINT = "from a clone of liger_core: `pip install -e . && pip install -e integrations/axolotl`"
+
+
+def axolotl_keys() -> set[str]:
+    """The config keys Axolotl itself knows (its config class and its liger-kernel plugin's keys); empty
+    when Axolotl's schema cannot be imported."""
+    keys: set[str] = set()
+    for module, name in (
+        ("axolotl.utils.schemas.config", "AxolotlInputConfig"),
+        ("axolotl.integrations.liger.args", "LigerArgs"),
+    ):
+        try:
+            import importlib
+
+            model = getattr(importlib.import_module(module), name)
+        except Exception:  # noqa: BLE001 - a schema that fails to import only narrows the check
+            continue
+        for field_name, field in model.model_fields.items():
+            keys.add(field_name)
+            if field.alias:
+                keys.add(field.alias)
+    return keys
+
+
+def misspelled_keys(data: Any, known: set[str] | None = None) -> list[str]:
+    """One message per top-level key that looks like a misspelling of this plugin's keys: any unknown
+    ``liger_core*`` key (the prefix is ours), and keys Axolotl does not know that are close to ours
+    (``use_liger_kernal``, ``enable_liger_kernel``). Axolotl drops unknown keys without a word."""
+    import difflib
+
+    known = axolotl_keys() if known is None else known
+    problems = []
+    for key in [str(k) for k in data]:
+        if key in OUR_KEYS or key in known:
+            continue
+        cutoff = 0.0 if key.startswith("liger_core") else 0.8  # the liger_core prefix is ours
+        match = difflib.get_close_matches(key, OUR_KEYS, n=1, cutoff=cutoff)
+        if not match:
+            continue
+        problems.append(
+            f"unknown key `{key}` (did you mean `{match[0]}`?); Axolotl would drop it and "
+            f"{'train without liger_core' if match[0] == 'use_liger_kernel' else 'use the default'}. "
+            f"Keys of {PLUGIN_NAME}: {', '.join(OUR_KEYS)}"
+        )
+    return problems
+
+
 def truthy(value: Any) -> bool:
     """A YAML/CLI value as a bool ("false" from a command-line override is False)."""
     if isinstance(value, str):

@@ -15,7 +15,6 @@ stops (exit status 2) if:
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import sys
 from pathlib import Path
@@ -46,21 +45,25 @@ def resolve_plugin(name: str) -> type:
 
 def check_config(data: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a raw Axolotl config dict."""
+    from liger_core_axolotl.args import misspelled_keys
     from liger_core_axolotl.plugin import LigerCorePlugin
 
-    errors: list[str] = []
+    errors: list[str] = list(misspelled_keys(data))
     warnings: list[str] = []
     ours_listed = False
     for name in [str(p) for p in data.get("plugins") or []]:
         try:
             cls = resolve_plugin(name)
         except Exception as e:  # ImportError and whatever the plugin's module raises at import
-            hint = difflib.get_close_matches(name, [PLUGIN_NAME], n=1, cutoff=0.6)
-            did_you_mean = f" Did you mean {hint[0]}?" if hint and hint[0] != name else ""
-            errors.append(
-                f"plugin {name!r} cannot be imported ({type(e).__name__}: {e}); Axolotl would skip it and "
-                f"ignore its config keys.{did_you_mean}"
-            )
+            from liger_core_axolotl.preflight import failed_plugin_message, looks_like_ours
+
+            if looks_like_ours(name):
+                errors.append(failed_plugin_message(name).removeprefix("liger_core_axolotl: "))
+            else:
+                errors.append(
+                    f"plugin {name!r} cannot be imported ({type(e).__name__}: {e}); Axolotl would skip it "
+                    "and ignore its config keys."
+                )
             continue
         ours_listed |= isinstance(cls, type) and issubclass(cls, LigerCorePlugin)
     our_keys = [k for k in OUR_KEYS if data.get(k) is not None]

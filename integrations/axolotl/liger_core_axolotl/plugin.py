@@ -38,10 +38,12 @@ from typing import Any
 from axolotl.integrations.base import BasePlugin
 
 from liger_core_axolotl.args import (
+    INSTALL_HINT,
     PLUGIN_NAME,
     RL_FUSED_LOGPROBS,
     STRICT_KEY,
     liger_core_flags,
+    misspelled_keys,
     rl_type,
     strict,
     truthy,
@@ -56,6 +58,74 @@ def active_kernels(report: Any) -> str:
     kinds = Counter(report.already)
     kinds.update(report.swapped)
     return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
+
+
+def installed_version(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def served_by_line() -> str:
+    """Which library serves ``use_liger_kernel``, and whether liger-kernel is installed beside it (unused)."""
+    try:
+        import liger_core
+    except ImportError as err:
+        raise ImportError(
+            f"use_liger_kernel is served by liger_core, which cannot be imported ({err}); install it "
+            f"{INSTALL_HINT}"
+        ) from err
+    line = (
+        f"liger_core_axolotl: use_liger_kernel is served by liger_core {liger_core.__version__} "
+        f"(liger-core-axolotl {installed_version('liger-core-axolotl') or '?'}), not by liger-kernel"
+    )
+    other = installed_version("liger-kernel")
+    if other is not None:
+        line += f"; liger-kernel {other} is installed and is not applied"
+    return line
+
+
+def liger_kernel_parts(model: Any) -> list[str]:
+    """What of ``model`` comes from the liger-kernel package: module classes, class or instance forwards, and
+    functions of the models' modeling modules (its class-level patches replace ``apply_rotary_pos_emb``)."""
+    import sys
+
+    def foreign(obj: Any) -> bool:
+        return str(getattr(obj, "__module__", None) or "").split(".")[0] == "liger_kernel"
+
+    found: list[str] = []
+    modeling_modules = set()
+    for name, module in model.named_modules():
+        cls = type(module)
+        modeling_modules.add(cls.__module__)
+        where = name or cls.__name__
+        if foreign(cls):
+            found.append(f"{where}: class {cls.__module__}.{cls.__name__}")
+        elif foreign(getattr(cls, "forward", None)):
+            found.append(f"{where}: {cls.__name__}.forward from {cls.forward.__module__}")
+        elif foreign(module.__dict__.get("forward")):
+            found.append(f"{where}: forward from {module.__dict__['forward'].__module__}")
+    for module_name in sorted(modeling_modules):
+        namespace = getattr(sys.modules.get(module_name), "__dict__", {})
+        for attr, value in namespace.items():
+            if callable(value) and not isinstance(value, type) and foreign(value):
+                found.append(f"{module_name}.{attr} from {value.__module__}")
+    return found
+
+
+def refuse_liger_kernel(model: Any) -> None:
+    """liger_core and liger-kernel never patch the same model: stop when liger-kernel's patches are in it."""
+    parts = liger_kernel_parts(model)
+    if parts:
+        raise RuntimeError(
+            f"liger_core: {type(model).__name__} already runs liger-kernel's patches ({'; '.join(parts[:6])}"
+            f"{'; ...' if len(parts) > 6 else ''}); something applied liger-kernel to this model (Axolotl's "
+            "LigerPlugin, TRL's or transformers' use_liger_kernel, a liger_kernel.transformers call). Remove "
+            "it: use_liger_kernel is served by liger_core, and the two must not patch the same model."
+        )
 
 
 def log_report(report: Any) -> None:
@@ -158,6 +228,10 @@ class LigerCorePlugin(BasePlugin):
     def register(self, cfg: dict) -> None:
         from axolotl.integrations.base import PluginManager
 
+        typos = misspelled_keys(cfg)
+        if typos:  # also checked by the start-up hook; here for runs without it
+            raise ValueError("liger_core_axolotl: " + "; ".join(typos))
+
         loaded = set(PluginManager.get_instance().plugins)
         missing = [str(p) for p in cfg.get("plugins") or [] if str(p) not in loaded]
         if missing:
@@ -170,6 +244,8 @@ class LigerCorePlugin(BasePlugin):
             "on" if truthy(cfg.get("use_liger_kernel")) else "loaded, but off (set use_liger_kernel: true)"
         )
         LOG.info("liger_core_axolotl: %s is %s", PLUGIN_NAME, state)
+        if truthy(cfg.get("use_liger_kernel")) and os.getenv("RANK", "0") == "0":
+            LOG.info("%s", served_by_line())
         if truthy(cfg.get("use_liger_kernel")) and rl_type(cfg) is not None:
             LOG.info("liger_core_axolotl: %s", rl_wiring(cfg)[1])
 
@@ -237,6 +313,7 @@ class LigerCorePlugin(BasePlugin):
             return
         import liger_core
 
+        refuse_liger_kernel(model)
         # Idempotent: after the class-level patch it only adds what is bound per instance (rope in attention)
         # and reports the rest as already patched; without it (fallback) it patches everything.
         report = liger_core.apply_liger_kernel(model, strict=strict(cfg), **liger_core_flags(cfg))

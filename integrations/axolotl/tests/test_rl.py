@@ -19,6 +19,7 @@ import yaml
 from conftest import PLUGIN, axolotl_config, liger_core_messages, subprocess_env
 from liger_core_axolotl.args import config_conflicts, liger_core_flags
 
+LAYERS = 2  # conftest.build_tiny_llama
 PAIRS = [
     ("red fox", " runs", " sleeps"),
     ("blue sky", " glows", " falls"),
@@ -166,8 +167,8 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
 def _train(config: dict, workdir) -> tuple[int, str]:
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [sys.executable, "-m", "axolotl.cli.train", str(path)],
+    proc = subprocess.run(  # Axolotl's own CLI, as users run it (default launcher: accelerate)
+        [os.path.join(os.path.dirname(sys.executable), "axolotl"), "train", str(path)],
         cwd=workdir,
         env=subprocess_env(),
         capture_output=True,
@@ -224,8 +225,17 @@ def test_dpo_two_steps_with_and_without_liger_core(tiny_llama, preference_data, 
         code, output = _train(config, workdir)
         assert code == 0, output[-6000:]
         runs[name] = output
-    active = [line for line in runs["on"].splitlines() if "kernels active on LlamaForCausalLM" in line]
-    assert active and "rms_norm" in active[0] and "fused_linear_cross_entropy" not in active[0], active
+    # the policy's (and the reference model's) layer kernels, no SFT loss kernel: on a 2-layer Llama two
+    # RMSNorms per layer and the final one, RoPE and SwiGLU once per layer
+    active = re.findall(r"kernels active on LlamaForCausalLM \(rank 0\): (.*)", runs["on"])
+    assert active, runs["on"][-4000:]
+    for listed in active:
+        assert dict((k, int(n)) for k, n in re.findall(r"(\w+) x(\d+)", listed)) == {
+            "rms_norm": 2 * LAYERS + 1,
+            "rope": LAYERS,
+            "swiglu": LAYERS,
+        }, listed
+    assert "use_liger_kernel is served by liger_core" in runs["on"]
     assert "rl: dpo: liger_core runs its layer kernels" in runs["on"]
     assert liger_core_messages(runs["off"]) == []
     import trl.trainer.utils as trl_utils

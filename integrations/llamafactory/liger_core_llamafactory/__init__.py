@@ -1,14 +1,13 @@
 """LLaMA-Factory with liger_core's kernels (wiring only; the kernels and patching live in ``liger_core``).
 
-- ``liger-lmf train config.yaml [key=value ...]``: LLaMA-Factory's training; ``enable_liger_kernel: true``
-  (or ``use_liger_kernel: true``) means liger_core instead of the liger-kernel package;
-  ``liger_kernel_config`` holds per-kernel toggles and ``strict`` (``options``, ``model_hooks``). Multi-GPU
-  launches re-run this package's own worker module under torchrun, so every worker patches too.
-- ``liger-lmf webui``: LLaMA Board with a "liger_core kernels" checkbox; runs started from it use liger_core.
-- ``liger-lmf <other command>``: passed to ``llamafactory-cli`` unchanged.
-
-The environment variable ``LIGER_CORE_LMF=1`` also turns liger_core on for ``liger-lmf train`` (it is how the
-setting reaches torchrun workers).
+- Plain ``llamafactory-cli train config.yaml`` (and its torchrun workers): ``enable_liger_kernel: true`` (or
+  ``use_liger_kernel: true``) means liger_core instead of the liger-kernel package, through the start-up hook
+  the wheel installs (``import_hook``, ``lmf_hooks``); ``liger_kernel_config`` holds per-kernel toggles and
+  ``strict`` (``options``, ``model_hooks``).
+- Plain ``llamafactory-cli webui``: LLaMA Board with a "liger_core kernels" checkbox (``webui``).
+- ``liger-lmf <command>``: an alias of ``llamafactory-cli`` that works with the hook off
+  (``LIGER_CORE_DISABLE_HOOK=1``); ``LIGER_CORE_LMF=1`` also turns liger_core on for ``liger-lmf train`` (it
+  is how the setting reaches its own torchrun workers).
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ def _stub_module(reason: str) -> types.ModuleType:
 
     def __getattr__(name: str):
         raise AttributeError(
-            f"torchaudio.{name} is unavailable: torchaudio failed to import ({reason}), and liger-lmf put a "
-            "stub in its place so that text training works. For audio datasets install a torchaudio build "
-            "matching your torch."
+            f"torchaudio.{name} is unavailable: torchaudio failed to import ({reason}), and "
+            "liger-core-llamafactory put a stub in its place so that text training works. For audio datasets "
+            "install a torchaudio build matching your torch."
         )
 
     stub.__getattr__ = __getattr__
@@ -46,7 +46,8 @@ def ensure_torchaudio_importable() -> str | None:
             del sys.modules[name]
         sys.modules["torchaudio"] = _stub_module(reason)
         logger.warning(
-            "liger-lmf: torchaudio failed to import (%s); using a stub so LLaMA-Factory loads. Text training "
+            "liger_core_llamafactory: torchaudio failed to import (%s); using a stub so LLaMA-Factory loads. "
+            "Text training "
             "is unaffected; audio datasets need a torchaudio matching this torch.",
             reason,
         )

@@ -20,13 +20,14 @@ from liger_core_llamafactory.options import env_enabled, pop_kernel_config, pop_
 def run_training(argv: list[str]) -> None:
     """Train in this process (also the body of every torchrun worker)."""
     args = read_train_args(argv)
-    enabled = pop_liger_flag(args) or env_enabled()
+    flagged = pop_liger_flag(args)
+    enabled = flagged or env_enabled()
     kernel_config = pop_kernel_config(args)
     if enabled:
         os.environ[ENV_FLAG] = "1"  # for anything this process starts
-        from liger_core_llamafactory import model_hooks
+        from liger_core_llamafactory.lmf_hooks import activate
 
-        model_hooks.install(kernel_config)
+        activate("enable_liger_kernel" if flagged else f"{ENV_FLAG}=1", kernel_config)
     else:
         import logging
 

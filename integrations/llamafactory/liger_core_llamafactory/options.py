@@ -3,6 +3,7 @@ liger-kernel."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -86,8 +87,37 @@ def kernel_config(value: Any) -> dict[str, bool]:
         raise ValueError(f"{CONFIG_KEY} must be a mapping of booleans, got {type(value).__name__}")
     unknown = sorted(str(k) for k in value if k not in CONFIG_KEYS)
     if unknown:
-        raise ValueError(f"{CONFIG_KEY} has unknown key(s) {unknown}; liger_core accepts {list(CONFIG_KEYS)}")
+        named = ", ".join(f"{key!r}{did_you_mean(key, CONFIG_KEYS, 0.6)}" for key in unknown)
+        raise ValueError(f"{CONFIG_KEY} has unknown key(s) {named}; liger_core accepts {list(CONFIG_KEYS)}")
     return {key: _as_bool(f"{CONFIG_KEY}.{key}", v) for key, v in value.items()}
+
+
+def did_you_mean(name: str, candidates, cutoff: float) -> str:
+    """`` (did you mean X?)`` for the candidate closest to ``name``, empty when none is close enough."""
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=cutoff)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def arg_names(args: dict[str, Any] | list[str]) -> list[str]:
+    """The argument names of parsed LLaMA-Factory args (dict keys, or the names of ``--key[=value]``)."""
+    if isinstance(args, dict):
+        return [str(k) for k in args]
+    return [a.partition("=")[0][2:] for a in args if a.startswith("--")]
+
+
+def misspelled_keys(args: dict[str, Any] | list[str], known: set[str]) -> list[str]:
+    """One message per argument that is not an argument of LLaMA-Factory (``known``) and looks like one of
+    the liger keys (``enable_liger_kernal``, ``liger_kernel_confg``): LLaMA-Factory would reject it without a
+    hint, or drop it under ``ALLOW_EXTRA_ARGS=1`` and train without liger_core."""
+    ours = (*LIGER_KEYS, CONFIG_KEY)
+    problems = []
+    for name in arg_names(args):
+        if name in known or name in ours:
+            continue
+        hint = did_you_mean(name, ours, 0.8)
+        if hint:
+            problems.append(f"unknown key {name!r}{hint}")
+    return problems
 
 
 def pop_kernel_config(args: dict[str, Any] | list[str]) -> dict[str, bool]:

@@ -1,12 +1,14 @@
-"""``liger-lmf webui``: LLaMA Board with a "liger_core kernels" checkbox.
+"""LLaMA Board (``llamafactory-cli webui``, or ``liger-lmf webui``) with a "liger_core kernels" checkbox.
 
-LLaMA-Factory has no UI plugin API, so four module attributes of its web UI are wrapped in this process only:
+LLaMA-Factory has no UI plugin API, so module attributes of its web UI are wrapped in this process only
+(``import_hook`` does it when ``llamafactory.webui.interface`` is imported):
 - ``webui.interface.create_top``: the top panel plus a checkbox row (element id ``top.liger_core``);
 - ``webui.manager.Manager.get_base_elems``: the checkbox joins the inputs every train/eval button sends;
-- ``webui.runner.Runner._parse_train_args``: ticked -> ``enable_liger_kernel: true`` in the run's YAML;
-- ``webui.runner.Popen`` / ``gen_cmd``: runs (and previews) start ``liger-lmf train`` instead of
-  ``llamafactory-cli train``, so the subprocess honours that key with liger_core.
-Under liger-lmf, the Booster choice "liger_kernel" sets the same key, so it also selects liger_core.
+- ``webui.runner.Runner._parse_train_args``: ticked -> ``enable_liger_kernel: true`` in the run's YAML.
+The UI starts each run as ``llamafactory-cli train <its YAML>`` in a subprocess, where the start-up hook
+serves ``enable_liger_kernel`` with liger_core; the Booster choice "liger_kernel" sets the same key, so it
+selects liger_core too. Only where the hook is off in that subprocess (``LIGER_CORE_DISABLE_HOOK=1`` with
+``liger-lmf webui``) ``install_command_rewrite`` makes runs (and "Preview command") use ``liger-lmf train``.
 """
 
 from __future__ import annotations
@@ -86,12 +88,24 @@ def install() -> None:
     interface.create_top = _wrap_create_top(interface.create_top)
     manager.Manager.get_base_elems = _wrap_get_base_elems(manager.Manager.get_base_elems)
     runner.Runner._parse_train_args = _wrap_parse_train_args(runner.Runner._parse_train_args)
+
+
+def install_command_rewrite() -> None:
+    """Runs started from the UI (and their preview) use ``liger-lmf train`` (idempotent)."""
+    from llamafactory.webui import runner
+
+    if getattr(runner.Popen, "__wrapped__", None) is not None:
+        return
     runner.Popen = _wrap_popen(runner.Popen)
     runner.gen_cmd = _wrap_gen_cmd(runner.gen_cmd)
 
 
 def run_web_ui() -> None:
+    from liger_core_llamafactory import import_hook
+
     install()
+    if not import_hook.enabled_by_environment():  # the UI's `llamafactory-cli train` runs would lack it
+        install_command_rewrite()
     from llamafactory.webui.interface import run_web_ui as run
 
     run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         GRADIO_ANALYTICS_ENABLED="False",
         WANDB_MODE="disabled",
+        # as in an activated venv: LLaMA-Factory's launcher runs `torchrun` from PATH
+        PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]),
     )
     env.pop("FORCE_TORCHRUN", None)
     env.pop("LIGER_CORE_LMF", None)

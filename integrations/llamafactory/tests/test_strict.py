@@ -87,7 +87,11 @@ def test_pop_kernel_config_yaml_and_override(tmp_path):
 
 @pytest.mark.parametrize(
     "value, message",
-    [({"stric": True}, r"unknown key\(s\) \['stric'\]"), ({"strict": "maybe"}, "strict"), ("{x", "JSON")],
+    [
+        ({"stric": True}, r"unknown key\(s\) 'stric' \(did you mean 'strict'\?\)"),
+        ({"strict": "maybe"}, "strict"),
+        ("{x", "JSON"),
+    ],
 )
 def test_pop_kernel_config_says_what_is_wrong(value, message):
     with pytest.raises(ValueError, match=message):

@@ -1,6 +1,7 @@
-"""``liger-lmf webui`` in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright; no
-browser download): tick "liger_core kernels", start a tiny CPU training run from the UI, and check that the
-run it started used liger_core."""
+"""LLaMA-Factory's own, unmodified ``llamafactory-cli webui`` (the plugin's start-up hook adds the checkbox)
+in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright; no browser download): tick
+"liger_core kernels", start a tiny CPU training run from the UI, and check that the run it started (the UI's
+own ``llamafactory-cli train`` subprocess) used liger_core."""
 
 from __future__ import annotations
 
@@ -49,13 +50,13 @@ EXTRA_ARGS = {
 
 @pytest.fixture
 def webui(tmp_path):
-    """A ``liger-lmf webui`` server on 127.0.0.1 (its own working directory: it writes saves/ there)."""
+    """A ``llamafactory-cli webui`` server on 127.0.0.1 (own working directory: it writes saves/ there)."""
     port = free_port()
     log_path = tmp_path / "webui.log"
     env = subprocess_env(GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port), BROWSER="true")
     with open(log_path, "w") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "liger_core_llamafactory", "webui"],
+            [str(Path(sys.executable).parent / "llamafactory-cli"), "webui"],
             cwd=tmp_path,
             env=env,
             stdout=log,
@@ -157,9 +158,10 @@ def test_checkbox_starts_training_with_liger_core(webui, tiny_llama, tiny_datase
     run_args = yaml.safe_load(args_file.read_text())
     assert run_args["enable_liger_kernel"] is True
     run_log = (args_file.parent / "running_log.txt").read_text()
-    active = next(line for line in run_log.splitlines() if "liger_core kernels active" in line)
-    for kind in ("fused_linear_cross_entropy", "rms_norm", "rope", "swiglu"):
-        assert kind in active, active
+    from test_train_cli import LAYERS, active_kernels, expected_sft_kernels
+
+    assert active_kernels(run_log) == expected_sft_kernels(LAYERS), run_log[-4000:]
+    assert "enable_liger_kernel is served by liger_core" in run_log, run_log[-4000:]
     with open(args_file.parent / "trainer_log.jsonl", encoding="utf-8") as f:
         losses = [row["loss"] for row in map(json.loads, f) if "loss" in row]
     assert len(losses) == 2 and all(0 < loss < 20 for loss in losses), losses

@@ -138,8 +138,15 @@ def test_webui_checkbox_reaches_training_args():
     popen = webui._wrap_popen(lambda cmd, *a, **k: calls.append(cmd))
     popen(["llamafactory-cli", "train", "x.yaml"])
     assert calls[-1] == [sys.executable, "-m", "liger_core_llamafactory", "train", "x.yaml"]
-    assert runner.Popen.__wrapped__ is not None
-    assert "liger-lmf train" in runner.gen_cmd({"stage": "sft", "output_dir": "o"})
+    # with the start-up hook (this process has it) the UI's own `llamafactory-cli train` runs stay as they are
+    assert getattr(runner.Popen, "__wrapped__", None) is None
+    assert "llamafactory-cli train" in runner.gen_cmd({"stage": "sft", "output_dir": "o"})
+    webui.install_command_rewrite()  # liger-lmf webui with the hook off
+    try:
+        assert runner.Popen.__wrapped__ is not None
+        assert "liger-lmf train" in runner.gen_cmd({"stage": "sft", "output_dir": "o"})
+    finally:
+        runner.Popen, runner.gen_cmd = runner.Popen.__wrapped__, runner.gen_cmd.__wrapped__
 
 
 def test_torchrun_command_runs_our_worker(monkeypatch):
