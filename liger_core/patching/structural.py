@@ -636,7 +636,44 @@ def _probe_rope_layout(fn, layout: RopeLayout, dtype, device, gen: torch.Generat
                 if err > _tolerance(dtype):
                     partial = " at partial rotary" if rotary_dim < head_dim else ""
                     return f"probe rel. error {err:.1e}{partial} (q/k {tokens})"
+    if layout.call == "q_k_cos_sin" and _k_may_be_left_out(fn):
+        verdict = _probe_rope_without_k(fn, chosen, layout, like, gen)
+        if verdict is not None:
+            return verdict
     return chosen
+
+
+def _k_may_be_left_out(fn) -> bool:
+    k = inspect.signature(fn).parameters.get("k")
+    return k is not None and k.default is None
+
+
+def _probe_rope_without_k(fn, chosen, layout: RopeLayout, like: torch.Tensor, gen: torch.Generator):
+    """A function whose ``k`` defaults to None is also called without keys (Qwen4-Exp's indexer): what it
+    returns then (q alone, or a tuple) and q's gradient must match the replacement's too. None if they do."""
+    q0, _, tables = _rope_probe_inputs(layout, layout.tokens[0], 8, None, like, gen)
+    q, q2 = _leaf(q0), _leaf(q0)
+    try:
+        with torch.enable_grad():
+            ref, ours = fn(q, None, *tables), chosen(q2, None, *tables)
+    except Exception as e:  # noqa: BLE001 - a replacement that cannot take k=None is a mismatch
+        return f"called without k, it or the replacement fails ({type(e).__name__})"
+    ref_t, ours_t = (
+        (ref,) if isinstance(ref, torch.Tensor) else ref,
+        (ours,) if isinstance(ours, torch.Tensor) else ours,
+    )
+    same_structure = type(ref) is type(ours) and len(ref_t) == len(ours_t)
+    if not same_structure or any(type(a) is not type(b) for a, b in zip(ref_t, ours_t)):
+        return f"called without k, {fn.__name__} returns another structure than the replacement"
+    pairs = [(a, b) for a, b in zip(ours_t, ref_t) if isinstance(a, torch.Tensor)]
+    douts = [_randn(b.shape, b, gen) for _, b in pairs]
+    with torch.enable_grad():
+        (g_ref,) = torch.autograd.grad([b for _, b in pairs], (q,), douts)
+        (g_ours,) = torch.autograd.grad([a for a, _ in pairs], (q2,), douts)
+    err = _max_err([*pairs, (g_ours, g_ref)])
+    if err > _tolerance(q0.dtype):
+        return f"called without k: probe rel. error {err:.1e}"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------

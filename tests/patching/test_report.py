@@ -422,9 +422,13 @@ class QOnlyRopeAttention(DecoratedAttention):
 
 
 def test_a_rope_function_whose_signature_differs_is_left_alone_with_the_reason():
-    """The probe calls (q, k, cos, sin) and would pass; but callers may leave k out, which liger's rope cannot
-    take: the swap is refused before it can break a training step."""
+    """The probe calls (q, k, cos, sin) and would pass; but callers may leave k out: the replacements that
+    cannot take that are refused by signature, and the one that can returns q alone where this one returns
+    (q, q), which the probe without k finds. The swap is refused before it can break a training step."""
     holder = nn.ModuleDict({"attn": QOnlyRopeAttention(32, 4)})
-    with pytest.raises(UnsupportedModelError, match="'k' may be left out"):  # nothing else to patch in it
+    with pytest.raises(UnsupportedModelError) as raised:  # nothing else to patch in it
         liger_core.apply_liger_kernel(holder, rms_norm=False, fused_linear_cross_entropy=False)
+    message = str(raised.value)
+    assert "'k' may be left out" in message
+    assert "called without k, rope_q_only returns another structure than the replacement" in message
     assert not is_patched(holder)
