@@ -19,13 +19,8 @@ from torch.utils._pytree import tree_flatten
 from liger_core import dispatch, reference
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss
 from liger_core.ops import fused_linear_cross_entropy
-from liger_core.ops.fused_linear_cross_entropy import (
-    _chunk_loop,
-    _two_pass_loop,
-    choose_chunk_tokens,
-    two_pass_sizes,
-    vocab_slice_columns,
-)
+from liger_core.ops._chunked_linear import _chunk_loop, choose_chunk_tokens
+from liger_core.ops._flce_two_pass import _two_pass_loop, two_pass_sizes, vocab_slice_columns
 
 IGNORE = -100
 HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-9}
@@ -804,7 +799,7 @@ def test_transpose_into_writes_every_element(device, dtype):
     """``transpose_into`` (pass 2's copy of the kept gradient) equals ``src.T`` bitwise on odd shapes,
     row-strided source and destination views (as the kept slice and the pass-2 buffer are), leaving the
     destination's padding untouched; the destination starts as NaN so an unwritten element shows."""
-    from liger_core.ops.fused_linear_cross_entropy import transpose_into
+    from liger_core.ops._flce_two_pass import transpose_into
 
     for rows, cols in ((1, 1), (37, 131), (130, 67)):
         src_store = torch.randn(rows, cols + 5, device=device).to(dtype)
