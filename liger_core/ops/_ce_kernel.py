@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from liger_core import tuning
 from liger_core.ops import _cross_entropy_resident as resident
 from liger_core.ops._ce_math import (
     RUNNING_MAX_START,
@@ -40,9 +41,6 @@ CE_PASS2_POLICY = "evict_first"
 CE_STORE_POLICY = "evict_first"
 CE_PASS1_PREFETCH = True  # pass 1: next block's load issued before this block's reductions
 CE_STORE_CACHE = ""  # cache modifier of the gradient stores ("" or ".cs": streaming)
-# 16-bit logits on Hopper with rows of up to resident.RESIDENT_MAX_COLS columns: the Gluon kernel that keeps
-# the row in shared memory and registers between the passes (``_cross_entropy_resident``)
-CE_RESIDENT = True
 CE_FP32_MATH = (
     "fp64"  # per-element math for fp32 logits: "fp64" (exact, see the kernel) or "fp32" (a benchmark)
 )
@@ -202,7 +200,7 @@ def looped_row_settings(n_cols: int, device: torch.device, fp64_math: bool = Fal
 
 def resident_kernel_runs(logits: torch.Tensor, weight: torch.Tensor | None, softcap: float | None) -> bool:
     """Whether ``launch_cross_entropy`` runs the resident (Hopper, Gluon) kernel on these logits."""
-    return CE_RESIDENT and resident.resident_supported(logits, weight, softcap)
+    return tuning.CE_RESIDENT and resident.resident_supported(logits, weight, softcap)
 
 
 def launch_cross_entropy(

@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from liger_core import tuning
 from liger_core.dispatch import FLOAT_DTYPES, INDEX_DTYPES, check_shape, check_tensor
 from liger_core.ops._ce_kernel import launch_cross_entropy
 from liger_core.ops._ce_math import finish_target_check, start_target_check, target_stats, with_denominator
@@ -18,13 +19,6 @@ from liger_core.ops._ce_math import finish_target_check, start_target_check, tar
 # A chunk of logits may be as large as the hidden-state gradient, and at least this large on a GPU (small
 # models: fewer, larger GEMMs; each chunk re-reads and re-writes all of dW).
 MIN_CHUNK_BYTES_CUDA = 64 * 2**20
-# Largest default chunk taken from memory headroom (choose_chunk_tokens): beyond ~1000-2000 tokens of a
-# 128k vocabulary the GEMMs are as efficient as they get (H100: 1024 tokens 40.0 ms, 2048 39.2 ms).
-HEADROOM_CHUNK_BYTES = 512 * 2**20
-# Whether loop and chunk choices may use the memory headroom under the process's own earlier peak. Benchmarks
-# of the op alone turn it off: a timing loop's leftover gradients would otherwise give the timed runs a faster
-# loop than the one whose memory the one-shot measurement reports.
-USE_HEADROOM = True
 
 
 def choose_chunk_tokens(
@@ -57,7 +51,9 @@ def choose_chunk_tokens(
         budget = n_tokens * hidden_size * elt
         if device.type == "cuda":
             headroom = _headroom(device)
-            budget = max(budget, MIN_CHUNK_BYTES_CUDA, min(headroom - reserved_bytes, HEADROOM_CHUNK_BYTES))
+            budget = max(
+                budget, MIN_CHUNK_BYTES_CUDA, min(headroom - reserved_bytes, tuning.HEADROOM_CHUNK_BYTES)
+            )
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         allocated = _allocator_bytes(device)
@@ -307,7 +303,7 @@ def _allocator_bytes(device: torch.device) -> dict:
 
 def _headroom(device: torch.device) -> int:
     """Bytes the process may allocate without a new peak (CUDA; 0 elsewhere, or without USE_HEADROOM)."""
-    if device.type != "cuda" or not USE_HEADROOM:
+    if device.type != "cuda" or not tuning.USE_HEADROOM:
         return 0
     allocated = _allocator_bytes(device)["allocated_bytes"]["all"]
     return allocated["peak"] - allocated["current"]

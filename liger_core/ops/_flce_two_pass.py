@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from liger_core import tuning
 from liger_core.ops._ce_kernel import launch_cross_entropy, looped_row_settings, resident_kernel_runs
 from liger_core.ops._ce_math import (
     RUNNING_MAX_START,
@@ -28,7 +29,6 @@ from liger_core.ops._ce_math import (
     with_denominator,
 )
 from liger_core.ops._chunked_linear import (
-    HEADROOM_CHUNK_BYTES,
     _accum_dtype,
     _chunk_logits,
     _headroom,
@@ -456,7 +456,7 @@ def two_pass_sizes(
         budget = n_tokens * hidden_size * elt // 2
         if device.type == "cuda":
             headroom = _headroom(device) - reserved_bytes
-            budget = max(budget, MIN_SLICE_BYTES_CUDA, min(headroom, HEADROOM_CHUNK_BYTES))
+            budget = max(budget, MIN_SLICE_BYTES_CUDA, min(headroom, tuning.HEADROOM_CHUNK_BYTES))
     return chunk, vocab_slice_columns(n_tokens, vocab, elt, budget, device)
 
 

@@ -54,11 +54,9 @@ the per-token factors inside the kernel.
 
 from __future__ import annotations
 
-import collections
-
 import torch
 
-from liger_core import reference
+from liger_core import reference, tuning
 from liger_core.dispatch import (
     FLOAT_DTYPES,
     check_choice,
@@ -77,7 +75,6 @@ from liger_core.ops._ce_math import (
     reduce_losses,
 )
 from liger_core.ops._chunked_linear import (
-    HEADROOM_CHUNK_BYTES,
     _accum_dtype,
     _chunk_loop,
     _empty,
@@ -110,7 +107,7 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
       loop with fp32 accumulation, rounded once at the end (exact, faster than the two-pass loop);
     - otherwise the two-pass loop (exact; ``max_chunk_bytes`` bounds its vocabulary slice)."""
     if chunk_size is not None:
-        LOOP_COUNTS["token-major"] += 1
+        tuning.LOOP_COUNTS["token-major"] += 1
         return _chunk_loop(*args, chunk_size, **kwargs)
     hidden, weight, accum_dtype = args[0], args[1], args[13]
     need_hidden, need_weight = args[10], args[11]
@@ -124,16 +121,16 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
         headroom = _headroom(hidden.device)  # one query: host time on every call
         if headroom >= all_logits + elements * hidden.element_size():
             # every logit at once, below the process's earlier peak: one chunk, nothing accumulated
-            LOOP_COUNTS["token-major one chunk"] += 1
+            tuning.LOOP_COUNTS["token-major one chunk"] += 1
             return _chunk_loop(*args, n_tokens, **kwargs)
         # fp32 accumulators, the gradients they are rounded to at the end (both alive then), a chunk
-        fp32_loop = headroom >= elements * (4 + hidden.element_size()) + HEADROOM_CHUNK_BYTES
+        fp32_loop = headroom >= elements * (4 + hidden.element_size()) + tuning.HEADROOM_CHUNK_BYTES
     elif max_chunk_bytes >= all_logits:
         # the budget holds every logit: one chunk, each gradient one GEMM rounded once (as eager), no
         # accumulation and no recomputed logits: the fastest exact order
-        LOOP_COUNTS["token-major one chunk"] += 1
+        tuning.LOOP_COUNTS["token-major one chunk"] += 1
         return _chunk_loop(*args, n_tokens, **kwargs)
-    elif max_chunk_bytes - 4 * elements >= HEADROOM_CHUNK_BYTES:
+    elif max_chunk_bytes - 4 * elements >= tuning.HEADROOM_CHUNK_BYTES:
         # a budget that holds fp32 accumulators and a large chunk: the token order, exact, faster than the
         # two-pass loop's recomputed logits
         fp32_loop = True
@@ -142,16 +139,13 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
             max_chunk_bytes=max_chunk_bytes - 4 * elements,
         )  # fmt: skip
     if fp32_loop:
-        LOOP_COUNTS["token-major fp32"] += 1
+        tuning.LOOP_COUNTS["token-major fp32"] += 1
         loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(*args[:13], torch.float32, fp32_chunk, **kwargs)
         gh = gh.to(hidden_accum_dtype(hidden, weight, accum_dtype)) if gh is not None else None
         gw = gw.to(_accum_dtype(accum_dtype, weight)) if gw is not None else None
         return loss_rows, z_rows, stats, gh, gw, gb
-    LOOP_COUNTS["two-pass"] += 1
+    tuning.LOOP_COUNTS["two-pass"] += 1
     return _two_pass_loop(*args, max_chunk_bytes, **kwargs)
-
-
-LOOP_COUNTS: collections.Counter = collections.Counter()  # calls per loop (benchmarks report which ran)
 
 
 def _flce_fwd_impl(
