@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import liger_core.ops  # noqa: E402,F401
-from liger_core import reference  # noqa: E402
+from liger_core import reference, tuning  # noqa: E402
 
 ce = sys.modules["liger_core.ops.cross_entropy"]
 
@@ -48,9 +48,8 @@ def main() -> int:
             ref = grad_of(reference.cross_entropy, x, target, torch.float64, grad_output)
             out = {}
             for name, on in (("resident", True), ("streaming", False)):
-                ce.CE_RESIDENT = on
-                out[name] = grad_of(ce.cross_entropy, x, target, dtype, grad_output)
-            ce.CE_RESIDENT = True
+                with tuning.override(ce_resident=on):
+                    out[name] = grad_of(ce.cross_entropy, x, target, dtype, grad_output)
             out["eager"] = grad_of(reference.cross_entropy, x, target, dtype, grad_output)
             out["eager_f32_rounded"] = grad_of(
                 reference.cross_entropy, x, target, torch.float32, grad_output

@@ -22,10 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import liger_core.ops  # noqa: E402,F401
+from liger_core import tuning  # noqa: E402
 
 ce_mod = sys.modules["liger_core.ops.cross_entropy"]
 cross_entropy = ce_mod.cross_entropy
-resident = ce_mod.resident
+resident = sys.modules["liger_core.ops._cross_entropy_resident"]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -82,7 +83,7 @@ def study_shape(n: int, v: int, warps: list[int]) -> None:
     variants = [("streaming kernel", False, None)]
     variants += [(f"resident kernel, {w} warps", True, w) for w in warps]
     for name, on, num_warps in variants:
-        ce_mod.CE_RESIDENT, resident.NUM_WARPS = on, num_warps
+        tuning.CE_RESIDENT, resident.NUM_WARPS = on, num_warps
         try:
             g.fill_(float("nan"))
             loss.fill_(float("nan"))
@@ -95,7 +96,7 @@ def study_shape(n: int, v: int, warps: list[int]) -> None:
             print(f"{shape:>14s} {name:26s} ERROR {type(e).__name__}: {str(e)[:300]}")
     resident.NUM_WARPS = None
     for name, on in (("op fwd+bwd, streaming", False), ("op fwd+bwd, resident", True)):
-        ce_mod.CE_RESIDENT = on
+        tuning.CE_RESIDENT = on
         work = x.clone().requires_grad_(True)
 
         def op(work=work):
@@ -106,7 +107,7 @@ def study_shape(n: int, v: int, warps: list[int]) -> None:
             print(f"{shape:>14s} {name:26s} {ms:8.4f} {100 * floor / ms:6.1f}%   (GPU time, CUDA graph)")
         except Exception as e:  # noqa: BLE001
             print(f"{shape:>14s} {name:26s} ERROR {type(e).__name__}: {str(e)[:300]}")
-    ce_mod.CE_RESIDENT = True
+    tuning.CE_RESIDENT = True
 
 
 def main() -> int:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import liger_core.ops  # noqa: E402,F401
+from liger_core import tuning  # noqa: E402
 from liger_core.ops import fused_linear_cross_entropy  # noqa: E402
 
 GPU = torch.cuda.is_available()
@@ -99,7 +100,7 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=128256 if GPU else 1031)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median round is reported")
     args = ap.parse_args()
-    FLCE.USE_HEADROOM = False
+    tuning.USE_HEADROOM = False
     compiled = torch.compile(eager)
     print(f"device: {torch.cuda.get_device_name() if GPU else 'cpu'}, torch {torch.__version__}")
     print(f"{'tokens':>7} {'what':<34} {'GEMMs':>6} {'ms':>8} {'TFLOP/s':>8}  rounds")

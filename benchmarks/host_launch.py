@@ -22,7 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import variants_glu_rope as vr  # noqa: E402
 
-from liger_core import bench  # noqa: E402
+from liger_core import (
+    bench,  # noqa: E402
+    tuning,  # noqa: E402
+)
 from liger_core.ops import _fastlaunch  # noqa: E402
 
 
@@ -50,8 +53,8 @@ def bare_launch() -> None:
 def norm_variants(op: str) -> dict:
     fn = bench.provider_fn(bench.OPS[op], "liger_core")[0]
     return {
-        "liger_core (fast launch)": (fn, {_fastlaunch: {"ENABLED": True}}),
-        "liger_core (kernel[grid])": (fn, {_fastlaunch: {"ENABLED": False}}),
+        "liger_core (fast launch)": (fn, {tuning: {"FAST_LAUNCH": True}}),
+        "liger_core (kernel[grid])": (fn, {tuning: {"FAST_LAUNCH": False}}),
         "liger_kernel": (vr.liger_kernel_fn(op), {}),
     }
 

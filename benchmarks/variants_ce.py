@@ -37,7 +37,8 @@ if not torch.cuda.is_available():
 from liger_core import bench  # noqa: E402
 from liger_core.ops import cross_entropy, fused_linear_cross_entropy  # noqa: E402
 
-ce_mod = sys.modules["liger_core.ops.cross_entropy"]
+ce_mod = sys.modules["liger_core.ops._ce_kernel"]  # the CE kernel, its launcher and launch knobs
+ce_math = sys.modules["liger_core.ops._ce_math"]
 flce_mod = sys.modules["liger_core.ops.fused_linear_cross_entropy"]
 
 ROWS: list[str] = []
@@ -152,7 +153,7 @@ def kernel_sweep(n: int, vocab: int, dtype) -> None:
     grad = torch.empty_like(logits)
     loss_rows = torch.empty(n, dtype=torch.float64, device=DEVICE)
     z_rows = torch.empty_like(loss_rows)
-    stats = ce_mod.target_stats(target, None, -100, vocab)
+    stats = ce_math.target_stats(target, None, -100, vocab)
     floor = 2 * n * vocab * logits.element_size() / bench.HBM_BYTES_PER_S * 1e3
     log(f"-- CE kernel alone {n}x{vocab} {dtype}: floor (read + write) {floor:.4f} ms")
 
@@ -269,7 +270,7 @@ def flce_parts(bt: int, hidden_size: int, vocab: int, chunks: tuple[int, ...]) -
     target = torch.randint(0, vocab, (bt,), device=DEVICE)
     gw = torch.zeros(vocab, hidden_size, device=DEVICE, dtype=dtype)
     gh = torch.empty(bt, hidden_size, device=DEVICE, dtype=dtype)
-    stats = ce_mod.target_stats(target, None, -100, vocab)
+    stats = ce_math.target_stats(target, None, -100, vocab)
     loss_rows = torch.empty(bt, dtype=torch.float64, device=DEVICE)
     z_rows = torch.empty_like(loss_rows)
     log(f"-- FLCE pieces per chunk, BT {bt} H {hidden_size} V {vocab} bf16 (W {w.numel() * 2 / 1e9:.2f} GB)")

@@ -8,7 +8,7 @@ their inputs, peak extra memory), at the default shapes, beside liger-kernel. Al
 - ``host``: host (CPU) time per call of each provider at a tiny shape, where the GPU work is negligible: the
   time a training step cannot hide when the GPU waits for the launch;
 - ``profile``: the GPU kernels of one fwd+bwd (name, count, total µs) from torch.profiler.
-Variants are module knobs flipped here (``dispatch.EAGER_VIA_CUSTOM_OPS``, ``rope._NUM_WARPS``, ...).
+Variants are module knobs flipped here (``tuning.EAGER_VIA_CUSTOM_OPS``, ``rope._NUM_WARPS``, ...).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ if not torch.cuda.is_available():
 import triton.testing  # noqa: E402
 import variants_glu_rope as vr  # noqa: E402
 
-from liger_core import bench, dispatch  # noqa: E402
+from liger_core import bench, tuning  # noqa: E402
 from liger_core.ops import _launch  # noqa: E402
 
 ln = sys.modules["liger_core.ops.layer_norm"]
@@ -304,7 +304,7 @@ def ops(quick: bool, norm_ops=("rms_norm", "layer_norm"), shapes=((16384, 4096),
             ours = bench.provider_fn(bench.OPS[op], "liger_core")[0]
             variants = {
                 "liger_core (direct launch)": (ours, {}),
-                "liger_core (custom-op dispatch)": (ours, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
+                "liger_core (custom-op dispatch)": (ours, {tuning: {"EAGER_VIA_CUSTOM_OPS": True}}),
                 "liger_kernel": (vr.liger_kernel_fn(op), {}),
             }
             vr.measure(op, shape, variants, timing)
