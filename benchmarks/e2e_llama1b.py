@@ -121,9 +121,9 @@ def worker(mode: str, opts: dict) -> dict:
         if "@" in mode:
             forwards.FLCE_MAX_CHUNK_BYTES = int(mode.split("@")[1]) * 2**20
         if mode.endswith("-unfused"):
-            from liger_core.modules import mlp
+            from liger_core import tuning
 
-            mlp.FUSE_DOWN_PROJ = False
+            tuning.FUSE_DOWN_PROJ = False
 
         result["report"] = str(liger_core.apply_liger_kernel(model))
         result["version"] = liger_core.__version__
@@ -196,9 +196,9 @@ def worker(mode: str, opts: dict) -> dict:
     if events:  # per-step GPU timeline (diagnostics: a slow step stands out) and allocator retries
         result["step_ms"] = [round(a.elapsed_time(b), 1) for a, b in zip(events, events[1:])]
         result["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-    flce = sys.modules.get("liger_core.ops.fused_linear_cross_entropy")
-    if flce is not None:
-        result["flce_loops"] = dict(flce.LOOP_COUNTS)
+    tuning = sys.modules.get("liger_core.tuning")
+    if tuning is not None:
+        result["flce_loops"] = dict(tuning.LOOP_COUNTS)
     if opts.get("memtrace") and device.type == "cuda":
         result["memory"] = _memory_at_peak(lambda: train_step(batches[0]))
     if opts.get("profile") and device.type == "cuda":

@@ -1,4 +1,4 @@
-"""Device dispatch and argument checks shared by every op (the base layer: imports torch only).
+"""Device dispatch and argument checks shared by every op (the base layer: imports torch and ``tuning`` only).
 
 Which path an op takes:
 - CUDA tensors: the Triton kernels.
@@ -10,11 +10,12 @@ Which path an op takes:
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Iterable
 
 import torch
+
+from liger_core import tuning
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int64, torch.int32)
@@ -115,20 +116,12 @@ def use_triton(t: torch.Tensor) -> bool:
     return False
 
 
-# Set True to route eager calls through the custom ops as well (benchmarks compare the two paths).
-EAGER_VIA_CUSTOM_OPS = False
-
-
 def launcher(op: Callable, impl: Callable) -> Callable:
     """The kernel launcher an autograd Function should call: the ``torch.library`` custom op ``op`` while
     torch.compile traces (the graph gets an opaque op with a fake implementation, no graph break), else its
     plain Python implementation ``impl``. In eager mode the custom-op dispatcher adds tens of microseconds of
     host time per call, as much as a whole kernel at typical shapes."""
-    return op if EAGER_VIA_CUSTOM_OPS or torch.compiler.is_compiling() else impl
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no")
+    return op if tuning.EAGER_VIA_CUSTOM_OPS or torch.compiler.is_compiling() else impl
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from liger_core import tuning
 from liger_core.ops.geglu import geglu
 from liger_core.ops.glu_down_proj import glu_down_proj
 from liger_core.ops.swiglu import swiglu
@@ -87,16 +88,17 @@ class LigerSwiGLUMLP(_GatedMLP):
         return self.down_proj(swiglu(gate, up, inplace_backward=True))
 
 
-# Benchmarks compare with and without the fused activation + down projection.
-FUSE_DOWN_PROJ = True
-
-
 def fusable_down_proj(down: nn.Module, gate: torch.Tensor, up: torch.Tensor) -> bool:
     """The down projection may be computed inside ``glu_down_proj`` (not through its module) only when
     nothing else has to see it run: a plain ``nn.Linear`` (not LoRA / quantised / FSDP-wrapped), no forward
     hooks on it or global ones (ZeRO-3 gathers parameters in such hooks), a local weight (no DTensor, no
     ZeRO-3 partition) of the activations' dtype, and autocast either off or computing in that dtype."""
-    if not FUSE_DOWN_PROJ or type(down) is not nn.Linear or down._forward_hooks or down._forward_pre_hooks:
+    if (
+        not tuning.FUSE_DOWN_PROJ
+        or type(down) is not nn.Linear
+        or down._forward_hooks
+        or down._forward_pre_hooks
+    ):
         return False
     if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
         return False

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import triton
 
-# Tests and benchmarks switch the fast path off to compare with Triton's own launch.
-ENABLED = True
+from liger_core import tuning
+
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -104,7 +104,7 @@ class FastKernel:
 
     def _launch(self, grid, args: tuple, kwargs: dict):
         if (
-            not ENABLED
+            not tuning.FAST_LAUNCH
             or self._interpreted
             or _KNOBS is None
             or _hooks_active()

@@ -8,22 +8,6 @@ from typing import NamedTuple
 MAX_FUSED_SIZE = 65536
 
 
-def row_settings(n_cols: int) -> tuple[int, int]:
-    """(BLOCK_SIZE, num_warps) for kernels that hold one whole row of ``n_cols`` elements in registers."""
-    block = _next_power_of_2(n_cols)
-    if block > MAX_FUSED_SIZE:
-        raise ValueError(f"rows of {n_cols} elements exceed the fused limit of {MAX_FUSED_SIZE}")
-    if block >= 32768:
-        warps = 32
-    elif block >= 8192:
-        warps = 16
-    elif block >= 2048:
-        warps = 8
-    else:
-        warps = 4
-    return block, warps
-
-
 # Flat elementwise kernels: the largest block, and the warps of blocks of at least 2048 elements.
 ELEMENTWISE_MAX_BLOCK = 4096
 ELEMENTWISE_LARGE_BLOCK_WARPS = 8

@@ -33,8 +33,8 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
+from liger_core.ops._ce_math import RUNNING_MAX_START
 from liger_core.ops._launch import cdiv, elementwise_settings
-from liger_core.ops.cross_entropy import RUNNING_MAX_START
 from liger_core.ops.jsd import (
     as_rows,
     check_beta,

@@ -47,18 +47,15 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_same_device, use_triton
-from liger_core.ops._fastlaunch import fast_launch
-from liger_core.ops._launch import cdiv
-from liger_core.ops.cross_entropy import (
-    CE_FP32_MATH,
+from liger_core.ops._ce_kernel import CE_FP32_MATH, looped_row_settings
+from liger_core.ops._ce_math import (
     check_targets_host,
     finish_target_check,
-    looped_row_settings,
     split_f64,
     start_target_check,
     target_stats,
 )
-from liger_core.ops.fused_linear_cross_entropy import (
+from liger_core.ops._chunked_linear import (
     _accum_dtype,
     _mm_accumulate,
     autocast_linear_inputs,
@@ -67,13 +64,15 @@ from liger_core.ops.fused_linear_cross_entropy import (
     hidden_grad_into,
     linear_into,
 )
-from liger_core.ops.fused_linear_logprobs import (
+from liger_core.ops._fastlaunch import fast_launch
+from liger_core.ops._launch import cdiv
+from liger_core.ops._logprob_math import (
     _STATS,
-    FusedLogProbs,
     _launch_stats,
     _logprob_entropy_grad_kernel,
     _scaling,
 )
+from liger_core.reference.fused_linear_logprobs import FusedLogProbs
 
 __all__ = ["fused_linear_logprob_loss"]
 

@@ -149,7 +149,7 @@ def _grid_settings(n: int) -> tuple[int, int, int]:
 # model through them without graph breaks; the autograd Function below composes them, and in eager mode calls
 # the plain implementations (``dispatch.launcher``: the dispatcher's host time per call is as long as the
 # kernel at small shapes).
-def _geglu_fwd_impl(a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch.Tensor:
+def geglu_fwd_impl(a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch.Tensor:
     y = torch.empty_like(a)
     n = a.numel()
     if n:
@@ -158,7 +158,7 @@ def _geglu_fwd_impl(a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch
     return y
 
 
-def _geglu_bwd_into(
+def geglu_bwd_into(
     dy: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -183,15 +183,15 @@ def _geglu_bwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     da = torch.empty_like(a)
     db = torch.empty_like(b)
-    _geglu_bwd_into(dy, a, b, da, db, approximate)
+    geglu_bwd_into(dy, a, b, da, db, approximate)
     return da, db
 
 
 def _geglu_bwd_over_inputs_impl(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, approximate: str) -> None:
-    _geglu_bwd_into(dy, a, b, a, b, approximate)
+    geglu_bwd_into(dy, a, b, a, b, approximate)
 
 
-_geglu_fwd = torch.library.custom_op("liger_core::geglu_fwd", _geglu_fwd_impl, mutates_args=())
+_geglu_fwd = torch.library.custom_op("liger_core::geglu_fwd", geglu_fwd_impl, mutates_args=())
 _geglu_bwd = torch.library.custom_op("liger_core::geglu_bwd", _geglu_bwd_impl, mutates_args=())
 # Eager only (see GeGLUFunction); registered so a graph that does hold it knows a and b are overwritten.
 _geglu_bwd_over_inputs = torch.library.custom_op(
@@ -219,7 +219,7 @@ class GeGLUFunction(torch.autograd.Function):
         ctx.inplace_backward = use_inplace_backward(inplace_backward, a, b)
         ctx.save_for_backward(a, b)
         ctx.approximate = approximate
-        return launcher(_geglu_fwd, _geglu_fwd_impl)(a, b, approximate)
+        return launcher(_geglu_fwd, geglu_fwd_impl)(a, b, approximate)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):

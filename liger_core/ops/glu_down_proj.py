@@ -32,24 +32,24 @@ import torch.nn.functional as F
 from liger_core import reference
 from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
 from liger_core.ops._activation_math import gradients_in_saved_inputs, use_inplace_backward
-from liger_core.ops.geglu import APPROXIMATIONS, _geglu_bwd_into, _geglu_fwd_impl, geglu
-from liger_core.ops.swiglu import _swiglu_bwd_inplace_impl, _swiglu_fwd_impl, swiglu
+from liger_core.ops.geglu import APPROXIMATIONS, geglu, geglu_bwd_into, geglu_fwd_impl
+from liger_core.ops.swiglu import swiglu, swiglu_bwd_inplace_impl, swiglu_fwd_impl
 
 ACTIVATIONS = ("swiglu", "geglu")
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, activation: str, approximate: str) -> torch.Tensor:
     if activation == "swiglu":
-        return _swiglu_fwd_impl(a, b)
-    return _geglu_fwd_impl(a, b, approximate)
+        return swiglu_fwd_impl(a, b)
+    return geglu_fwd_impl(a, b, approximate)
 
 
 def _backward_kernel(dh, a, b, da, db, activation: str, approximate: str) -> None:
     """da, db from dh; the forward product written over dh."""
     if activation == "swiglu":
-        _swiglu_bwd_inplace_impl(dh, a, b, da, db, y=dh)
+        swiglu_bwd_inplace_impl(dh, a, b, da, db, y=dh)
     else:
-        _geglu_bwd_into(dh, a, b, da, db, approximate, y=dh)
+        geglu_bwd_into(dh, a, b, da, db, approximate, y=dh)
 
 
 class _GradientMailbox:

@@ -33,7 +33,7 @@ from liger_core.dispatch import check_same_device, check_shape, check_tensor, la
 from liger_core.ops import _launch
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
-from liger_core.ops.rms_norm import (
+from liger_core.ops._norm_math import (
     accumulate,
     as_shape,
     check_group_size,

@@ -43,8 +43,6 @@ from liger_core.dispatch import (
 )
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
-
-# the shared row-normalisation helpers; LayerNorm imports them from here too
 from liger_core.ops._norm_math import (
     accumulate,
     as_shape,

@@ -147,7 +147,7 @@ def _variant_flags(alpha: float, limit: float | None, up_offset: float) -> tuple
 # model through them without graph breaks; the autograd Function below composes them, and in eager mode calls
 # the plain implementations (``dispatch.launcher``: the dispatcher's host time per call is as long as the
 # kernel at small shapes).
-def _swiglu_fwd_impl(
+def swiglu_fwd_impl(
     a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, limit: float | None = None, up_offset: float = 0.0
 ) -> torch.Tensor:
     y = torch.empty_like(a)
@@ -172,11 +172,11 @@ def _swiglu_bwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     da = torch.empty_like(a)
     db = torch.empty_like(b)
-    _swiglu_bwd_inplace_impl(dy, a, b, da, db, alpha=alpha, limit=limit, up_offset=up_offset)
+    swiglu_bwd_inplace_impl(dy, a, b, da, db, alpha=alpha, limit=limit, up_offset=up_offset)
     return da, db
 
 
-def _swiglu_bwd_inplace_impl(
+def swiglu_bwd_inplace_impl(
     dy: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -201,7 +201,7 @@ def _swiglu_bwd_inplace_impl(
         )  # fmt: skip
 
 
-_swiglu_fwd = torch.library.custom_op("liger_core::swiglu_fwd", _swiglu_fwd_impl, mutates_args=())
+_swiglu_fwd = torch.library.custom_op("liger_core::swiglu_fwd", swiglu_fwd_impl, mutates_args=())
 _swiglu_bwd = torch.library.custom_op("liger_core::swiglu_bwd", _swiglu_bwd_impl, mutates_args=())
 
 
@@ -223,7 +223,7 @@ def _swiglu_bwd_over_inputs_impl(
     limit: float | None = None,
     up_offset: float = 0.0,
 ) -> None:
-    _swiglu_bwd_inplace_impl(dy, a, b, a, b, alpha=alpha, limit=limit, up_offset=up_offset)
+    swiglu_bwd_inplace_impl(dy, a, b, a, b, alpha=alpha, limit=limit, up_offset=up_offset)
 
 
 # Eager only (see SwiGLUFunction); registered so a graph that does hold it knows a and b are overwritten.
@@ -248,7 +248,7 @@ class SwiGLUFunction(torch.autograd.Function):
         ctx.inplace_backward = use_inplace_backward(inplace_backward, a, b)
         ctx.variant = (alpha, limit, up_offset)
         ctx.save_for_backward(a, b)
-        return launcher(_swiglu_fwd, _swiglu_fwd_impl)(a, b, alpha, limit, up_offset)
+        return launcher(_swiglu_fwd, swiglu_fwd_impl)(a, b, alpha, limit, up_offset)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from helpers import SLACK, assert_no_worse_than_eager, devices, leaf, rel_err
 
-from liger_core import dispatch, reference
+from liger_core import dispatch, reference, tuning
 from liger_core.modules import LigerCrossEntropyLoss
+from liger_core.ops import _cross_entropy_resident as resident
 from liger_core.ops import cross_entropy
 
 IGNORE = -100
@@ -500,7 +501,6 @@ def test_cross_entropy_resident_kernel_matches_float64_cuda(dtype, shape, case, 
     and gradient at eager's accuracy and at least as exact as the streaming kernel, on rows that fill shared
     memory and registers (131072), leave both partly masked (128256, 32000, 2064), with ignored rows, extreme
     logits (+-1e4 in a few rows) and per-token grad_output."""
-    ce_mod = importlib.import_module("liger_core.ops.cross_entropy")
     n, vocab = shape
     logits, target, _ = _inputs("cuda", dtype, n, vocab)
     # extreme logits; in fp16 with z-loss, lse^2 of 1e4 overflows the returned per-row loss in any
@@ -508,7 +508,7 @@ def test_cross_entropy_resident_kernel_matches_float64_cuda(dtype, shape, case, 
     big = 1e3 if dtype == torch.float16 and "zloss" in case else 1e4
     logits[1, ::5] = big  # a row of tied huge logits
     logits[2, ::3] = -big
-    if not ce_mod.resident.resident_supported(logits, None, None):
+    if not resident.resident_supported(logits, None, None):
         pytest.skip("resident kernel not available on this GPU / Triton")
     opts = dict(RESIDENT_CASES[case], reduction=reduction)
     grad_out = (
@@ -523,11 +523,8 @@ def test_cross_entropy_resident_kernel_matches_float64_cuda(dtype, shape, case, 
     assert_no_worse_than_eager("dlogits", dx, dx_e, dx_r)
     assert (dx[target == IGNORE] == 0).all()
     # the streaming kernel on the same inputs: the resident one is no less exact
-    try:
-        ce_mod.CE_RESIDENT = False
+    with tuning.override(ce_resident=False):
         (loss_s, _, dx_s), _, _ = _three_ways(logits, target, None, grad_out, **opts)
-    finally:
-        ce_mod.CE_RESIDENT = True
     assert_no_worse_than_eager("dlogits vs streaming kernel", dx, dx_s, dx_r)
     if loss.dim():
         assert_no_worse_than_eager("loss vs streaming kernel", loss, loss_s, loss_r)
@@ -538,10 +535,9 @@ def test_cross_entropy_resident_kernel_matches_float64_cuda(dtype, shape, case, 
 def test_cross_entropy_resident_kernel_used_only_where_supported_cuda():
     """Which calls take the resident kernel: 16-bit logits with 16-aligned rows of <= 131072 columns, no class
     weights or softcap; fp32 logits, weights, softcap, wider or odd rows take the streaming kernel."""
-    ce_mod = importlib.import_module("liger_core.ops.cross_entropy")
-    if not ce_mod.resident.RESIDENT_AVAILABLE or torch.cuda.get_device_capability()[0] != 9:
+    if not resident.RESIDENT_AVAILABLE or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("resident kernel needs Gluon and a Hopper GPU")
-    supported = ce_mod.resident.resident_supported
+    supported = resident.resident_supported
     x = torch.zeros(4, 128256, device="cuda", dtype=torch.bfloat16)
     assert supported(x, None, None)
     assert not supported(x.float(), None, None)

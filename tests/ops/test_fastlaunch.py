@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from liger_core import reference
+from liger_core import reference, tuning
 from liger_core.ops import _fastlaunch, rms_norm
 from tests.helpers import devices
 
@@ -25,11 +25,8 @@ def test_specialisation_changes_select_another_kernel(device):
     w = torch.randn(256, device=device, dtype=torch.bfloat16)
     for x in cases:
         for enabled in (True, False):
-            _fastlaunch.ENABLED = enabled
-            try:
+            with tuning.override(fast_launch=enabled):
                 y = rms_norm(x, w, 1e-6)
-            finally:
-                _fastlaunch.ENABLED = True
             expected = reference.rms_norm(x.double(), w.double(), 1e-6)
             torch.testing.assert_close(y.double(), expected, atol=0.02, rtol=0.02)
     if device == "cuda":

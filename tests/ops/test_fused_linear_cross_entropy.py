@@ -16,16 +16,12 @@ from helpers import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from liger_core import dispatch, reference
+from liger_core import dispatch, reference, tuning
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss
 from liger_core.ops import fused_linear_cross_entropy
-from liger_core.ops.fused_linear_cross_entropy import (
-    _chunk_loop,
-    _two_pass_loop,
-    choose_chunk_tokens,
-    two_pass_sizes,
-    vocab_slice_columns,
-)
+from liger_core.ops._ce_kernel import resident_kernel_runs
+from liger_core.ops._chunked_linear import _chunk_loop, choose_chunk_tokens
+from liger_core.ops._flce_two_pass import _two_pass_loop, two_pass_sizes, vocab_slice_columns
 
 IGNORE = -100
 HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-9}
@@ -656,19 +652,17 @@ def test_flce_memory_queries_leave_no_reference_cycles_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 @pytest.mark.gpu
 @pytest.mark.parametrize("headroom", ["all_logits", "fp32_accumulators", "all_logits_ignored"])
-def test_flce_headroom_order_cuda(headroom, monkeypatch):
+def test_flce_headroom_order_cuda(headroom):
     """With headroom under the process's peak (as inside a training step), the default takes the fastest
     exact loop that fits below it: one token-major chunk where every logit fits, else token-major chunks
     into fp32 accumulators; with USE_HEADROOM off (the benchmarks of the op alone) the two-pass loop.
     Gradients at eager's accuracy, and no new peak."""
-    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
-    if headroom == "all_logits_ignored":
-        monkeypatch.setattr(mod, "USE_HEADROOM", False)
+    use_headroom = headroom != "all_logits_ignored"
     n, hidden_size, vocab = 8192, 1024, 128256
     hidden, weight, _, target, _ = _inputs("cuda", torch.bfloat16, n, hidden_size, vocab)
     elements = (vocab + n) * hidden_size
     one_chunk_need = n * vocab * 2 + 2 * elements
-    fp32_need = 6 * elements + mod.HEADROOM_CHUNK_BYTES
+    fp32_need = 6 * elements + tuning.HEADROOM_CHUNK_BYTES
     assert fp32_need < one_chunk_need
     spike_bytes = (fp32_need + one_chunk_need) // 2 if headroom == "fp32_accumulators" else 16 * 2**30
     torch.cuda.synchronize()
@@ -676,19 +670,21 @@ def test_flce_headroom_order_cuda(headroom, monkeypatch):
     spike = torch.empty(spike_bytes, dtype=torch.uint8, device="cuda")  # an earlier peak of the process
     del spike
     peak_before = torch.cuda.max_memory_allocated()
-    before = dict(mod.LOOP_COUNTS)
+    before = dict(tuning.LOOP_COUNTS)
     h, w = leaf(hidden), leaf(weight)
-    fused_linear_cross_entropy(h, w, target).backward()
+    with tuning.override(use_headroom=use_headroom):
+        fused_linear_cross_entropy(h, w, target).backward()
     assert torch.cuda.max_memory_allocated() == peak_before
     loop = {
         "all_logits": "token-major one chunk",
         "fp32_accumulators": "token-major fp32",
         "all_logits_ignored": "two-pass",
     }[headroom]
-    assert {k for k in mod.LOOP_COUNTS if mod.LOOP_COUNTS[k] != before.get(k, 0)} == {loop}
+    assert {k for k in tuning.LOOP_COUNTS if tuning.LOOP_COUNTS[k] != before.get(k, 0)} == {loop}
     del h, w
-    ours, eager, ref = _three_ways(hidden, weight, None, target, torch.tensor(1.0, device="cuda"), {})
-    assert mod.LOOP_COUNTS[loop] == before.get(loop, 0) + 2  # the same loop again for the comparison
+    with tuning.override(use_headroom=use_headroom):
+        ours, eager, ref = _three_ways(hidden, weight, None, target, torch.tensor(1.0, device="cuda"), {})
+    assert tuning.LOOP_COUNTS[loop] == before.get(loop, 0) + 2  # the same loop again for the comparison
     assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
     assert_no_worse_than_eager("dhidden", ours[2], eager[2], ref[2])
     assert_no_worse_than_eager("dweight", ours[3], eager[3], ref[3])
@@ -698,32 +694,34 @@ def test_flce_headroom_order_cuda(headroom, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("resident_on", [True, False])
-def test_flce_two_pass_pass1_kernels_cuda(reduction, resident_on, monkeypatch):
+def test_flce_two_pass_pass1_kernels_cuda(reduction, resident_on):
     """Pass 1 of the two-pass loop (a token-major chunk, then the kept vocabulary-major chunk of H tokens)
     runs cross_entropy's resident kernel where it runs (Hopper, 16-bit, no class weights or softcap), which
     also stores the coefficients that pass 2 applies to the recomputed logits; else the Triton row kernels.
     Either way: gradients at eager's accuracy with label smoothing, z-loss, ignored rows and (reduction none)
     per-token grad_output, Gaussian inputs (recomputed logits)."""
-    ce_mod = importlib.import_module("liger_core.ops.cross_entropy")
-    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
-    monkeypatch.setattr(ce_mod, "CE_RESIDENT", resident_on)
+    with tuning.override(ce_resident=resident_on):
+        _two_pass_pass1_kernels(reduction, resident_on)
+
+
+def _two_pass_pass1_kernels(reduction, resident_on):
     n, hidden_size, vocab = 2048, 1024, 128256
     hidden, weight, _, target, _ = _inputs("cuda", torch.bfloat16, n, hidden_size, vocab)
     probe = torch.empty(8, vocab, dtype=torch.bfloat16, device="cuda")
     if resident_on and torch.cuda.get_device_capability()[0] == 9:
-        assert ce_mod.resident_kernel_runs(probe, None, None)
+        assert resident_kernel_runs(probe, None, None)
     elif not resident_on:
-        assert not ce_mod.resident_kernel_runs(probe, None, None)
+        assert not resident_kernel_runs(probe, None, None)
     grad_out = torch.randn(n, device="cuda") if reduction == "none" else torch.tensor(1.0, device="cuda")
     budget = 32 * 2**20  # several vocabulary slices
     _, cols = two_pass_sizes(n, hidden_size, vocab, torch.bfloat16, hidden.device, budget, 0)
     assert cols < vocab and n > hidden_size  # a token-major chunk, then H kept tokens
-    before = mod.LOOP_COUNTS["two-pass"]
+    before = tuning.LOOP_COUNTS["two-pass"]
     opts = dict(reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3)
     ours, eager, ref = _three_ways(
         hidden, weight, None, target, grad_out, dict(max_chunk_bytes=budget), **opts
     )
-    assert mod.LOOP_COUNTS["two-pass"] > before
+    assert tuning.LOOP_COUNTS["two-pass"] > before
     assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
     assert_loss_no_worse("z_loss", ours[1], eager[1], ref[1])
     assert_no_worse_than_eager("dhidden", ours[2], eager[2], ref[2])
@@ -731,28 +729,28 @@ def test_flce_two_pass_pass1_kernels_cuda(reduction, resident_on, monkeypatch):
 
 
 @pytest.mark.parametrize("budget", ["all_logits", "fp32_accumulators", "short"])
-def test_flce_budget_selects_the_loop(budget, monkeypatch, poison_empty):
+def test_flce_budget_selects_the_loop(budget, poison_empty):
     """``max_chunk_bytes`` picks the fastest exact loop it holds: every logit -> one token-major chunk (each
     gradient one GEMM); fp32 copies of the gradients plus a HEADROOM_CHUNK_BYTES chunk -> token-major chunks
     into fp32 accumulators; less -> the two-pass loop. Gradients at eager's accuracy in each, dW with
     no per-chunk slack."""
-    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
     n, hidden_size, vocab = 64, 8, 1031  # the logits (132 KB) outweigh the fp32 gradient copies (35 KB)
-    monkeypatch.setattr(mod, "HEADROOM_CHUNK_BYTES", 10 * vocab * 2)
+    headroom_chunk_bytes = 10 * vocab * 2
     hidden, weight, bias, target, _ = _inputs("cpu", torch.bfloat16, n, hidden_size, vocab, bias=True)
     fp32_copies = 4 * (vocab + n) * hidden_size
-    fp32_threshold = fp32_copies + mod.HEADROOM_CHUNK_BYTES
+    fp32_threshold = fp32_copies + headroom_chunk_bytes
     max_chunk_bytes, loop = {
         "all_logits": (n * vocab * 2, "token-major one chunk"),
         "fp32_accumulators": (fp32_threshold + 2 * vocab * 2, "token-major fp32"),  # 12-token chunks
         "short": (fp32_threshold - 1, "two-pass"),
     }[budget]
     assert fp32_threshold + 2 * vocab * 2 < n * vocab * 2
-    before = dict(mod.LOOP_COUNTS)
-    ours, eager, ref = _three_ways(
-        hidden, weight, bias, target, torch.tensor(1.0), dict(max_chunk_bytes=max_chunk_bytes)
-    )
-    changed = {k for k in mod.LOOP_COUNTS if mod.LOOP_COUNTS[k] != before.get(k, 0)}
+    before = dict(tuning.LOOP_COUNTS)
+    with tuning.override(headroom_chunk_bytes=headroom_chunk_bytes):
+        ours, eager, ref = _three_ways(
+            hidden, weight, bias, target, torch.tensor(1.0), dict(max_chunk_bytes=max_chunk_bytes)
+        )
+    changed = {k for k in tuning.LOOP_COUNTS if tuning.LOOP_COUNTS[k] != before.get(k, 0)}
     assert changed == {loop}
     assert_loss_no_worse("loss", ours[0], eager[0], ref[0])
     for name, i in (("dhidden", 2), ("dweight", 3), ("dbias", 4)):
@@ -804,7 +802,7 @@ def test_transpose_into_writes_every_element(device, dtype):
     """``transpose_into`` (pass 2's copy of the kept gradient) equals ``src.T`` bitwise on odd shapes,
     row-strided source and destination views (as the kept slice and the pass-2 buffer are), leaving the
     destination's padding untouched; the destination starts as NaN so an unwritten element shows."""
-    from liger_core.ops.fused_linear_cross_entropy import transpose_into
+    from liger_core.ops._flce_two_pass import transpose_into
 
     for rows, cols in ((1, 1), (37, 131), (130, 67)):
         src_store = torch.randn(rows, cols + 5, device=device).to(dtype)
