@@ -110,11 +110,12 @@ def main() -> int:
     variants["budget all logits (one chunk)"] = dict(max_chunk_bytes=bt * v * h.element_size())
     peers = {}
     if GPU:  # the same problem through the suite's peer providers, timed and measured the same way
-        from liger_core import bench
+        from liger_core.harness import providers as harness_providers
+        from liger_core.harness import registry as harness_registry
 
-        spec = bench.OPS["fused_linear_cross_entropy"]
+        spec = harness_registry.OPS["fused_linear_cross_entropy"]
         for provider in ("torch.compile", "liger_kernel", "cce"):
-            fn, why = bench.provider_fn(spec, provider)
+            fn, why = harness_providers.provider_fn(spec, provider)
             if fn is None:
                 print(f"  {provider}: skipped ({why})")
             else:

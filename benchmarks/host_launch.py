@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import variants_glu_rope as vr  # noqa: E402
 
-from liger_core import bench  # noqa: E402
+from liger_core.harness import interpreter as harness_interpreter  # noqa: E402
+from liger_core.harness import providers as harness_providers  # noqa: E402
+from liger_core.harness import registry as harness_registry  # noqa: E402
 from liger_core.ops import _fastlaunch  # noqa: E402
 
 
@@ -48,7 +50,7 @@ def bare_launch() -> None:
 
 
 def norm_variants(op: str) -> dict:
-    fn = bench.provider_fn(bench.OPS[op], "liger_core")[0]
+    fn = harness_providers.provider_fn(harness_registry.OPS[op], "liger_core")[0]
     return {
         "liger_core (fast launch)": (fn, {_fastlaunch: {"ENABLED": True}}),
         "liger_core (kernel[grid])": (fn, {_fastlaunch: {"ENABLED": False}}),
@@ -60,7 +62,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("host_launch: needs a CUDA GPU")
         return 0
-    bench.prepare_triton()
+    harness_interpreter.prepare_triton()
     for section in (
         bare_launch,
         lambda: vr.host_time("rms_norm", {"M": 16, "N": 4096}, norm_variants("rms_norm"), n=1000),

@@ -3,7 +3,7 @@
     PYTHONPATH=.:/tmp/liger_peer_site python benchmarks/variants_ce.py [--quick] [--only ce,kernel,parts,...]
 
 Sections:
-- ``ce``: the op at 8192 x 128256 bf16 through the suite's own code (``liger_core.bench``: float64 check,
+- ``ce``: the op at 8192 x 128256 bf16 through the suite's own code (``liger_core.harness``: float64 check,
   do_bench with the L2 flush, the restoring loop for in-place providers, peak extra memory), several kernel
   settings (module knobs of ``liger_core.ops.cross_entropy``) beside liger-kernel;
 - ``kernel``: the cross-entropy kernel alone (gradient into a separate buffer) over block sizes, warps, pass-2
@@ -34,7 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-from liger_core import bench  # noqa: E402
+from liger_core.harness import correctness as harness_correctness  # noqa: E402
+from liger_core.harness import floors as harness_floors  # noqa: E402
+from liger_core.harness import interpreter as harness_interpreter  # noqa: E402
+from liger_core.harness import peers as harness_peers  # noqa: E402
+from liger_core.harness import registry as harness_registry  # noqa: E402
+from liger_core.harness import report as harness_report  # noqa: E402
+from liger_core.harness import timing as harness_timing  # noqa: E402
 from liger_core.ops import cross_entropy, fused_linear_cross_entropy  # noqa: E402
 
 ce_mod = sys.modules["liger_core.ops.cross_entropy"]
@@ -63,7 +69,7 @@ def knobs(module, **values) -> Iterator[None]:
 
 
 def liger_kernel_fn(op: str) -> Callable | None:
-    return bench.OPS[op].liger_kernel if bench.peer_version("liger_kernel") else None
+    return harness_registry.OPS[op].liger_kernel if harness_peers.peer_version("liger_kernel") else None
 
 
 def sync() -> None:
@@ -82,16 +88,16 @@ def bench_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> floa
     return float(q[0] if isinstance(q, (list, tuple)) else q)
 
 
-def measure(op: str, shape: dict, dtype, variants: dict, timing: bench.Timing) -> None:
+def measure(op: str, shape: dict, dtype, variants: dict, timing: harness_timing.Timing) -> None:
     """variants: name -> (fn, {module: knobs}) through the suite's check, timing and memory code."""
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, dtype, DEVICE)
+    spec = harness_registry.OPS[op]
+    runner = harness_correctness.CaseRunner(spec, shape, dtype, DEVICE)
     runner.compute_reference()
-    eager = runner.run_checked(bench.available("reference", op))
+    eager = runner.run_checked(harness_registry.available("reference", op))
     runner.set_eager(eager.errors)
     del eager
     s = torch.empty((), dtype=dtype).element_size()
-    floors = {m: spec.floor(shape, s, m).ms for m in bench.MODES}
+    floors = {m: spec.floor(shape, s, m).ms for m in harness_report.MODES}
     log(
         f"-- {spec.title} {spec.label(shape)} {dtype}: floor fwd {floors['fwd']:.4f} ms, "
         f"fwd+bwd {floors['fwd+bwd']:.4f} ms (ref {runner.ref_dtype})"
@@ -107,14 +113,14 @@ def measure(op: str, shape: dict, dtype, variants: dict, timing: bench.Timing) -
                 run = runner.run_checked(fn)
                 err, eager_err, out_name, ok = runner.verdict(run.errors)
                 cells = []
-                for mode in bench.MODES:
+                for mode in harness_report.MODES:
                     if GPU:
-                        med, _, _, _ = bench.time_step(run, mode, timing)
+                        med, _, _, _ = harness_timing.time_step(run, mode, timing)
                     else:
-                        bench.make_step(run, mode)()
+                        harness_timing.make_step(run, mode)()
                         med = float("nan")
                     cells.append(f"{mode} {med:.4f} ({100 * floors[mode] / med:3.0f}%)")
-                mem = bench.peak_extra_bytes(run, "fwd+bwd") / 2**30 if GPU else float("nan")
+                mem = harness_timing.peak_extra_bytes(run, "fwd+bwd") / 2**30 if GPU else float("nan")
                 written = "writes inputs" if run.restore_pairs else ""
                 log(
                     f"   {name:40s} {' | '.join(cells)} | {mem:.3f} GiB | "
@@ -124,7 +130,7 @@ def measure(op: str, shape: dict, dtype, variants: dict, timing: bench.Timing) -
         except Exception as e:  # noqa: BLE001
             log(f"   {name:40s} ERROR {type(e).__name__}: {str(e)[:300]}")
             traceback.print_exc()
-        bench._free_memory()
+        harness_correctness.free_memory()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ def kernel_sweep(n: int, vocab: int, dtype) -> None:
     loss_rows = torch.empty(n, dtype=torch.float64, device=DEVICE)
     z_rows = torch.empty_like(loss_rows)
     stats = ce_mod.target_stats(target, None, -100, vocab)
-    floor = 2 * n * vocab * logits.element_size() / bench.HBM_BYTES_PER_S * 1e3
+    floor = 2 * n * vocab * logits.element_size() / harness_floors.HBM_BYTES_PER_S * 1e3
     log(f"-- CE kernel alone {n}x{vocab} {dtype}: floor (read + write) {floor:.4f} ms")
 
     def launch():
@@ -247,13 +253,13 @@ def ce32_accuracy(n: int, vocab: int) -> None:
             for kind in ("fp64", "fp32"):
                 cells = []
                 for i in (1, 0):
-                    e = bench.rel_err(outs[kind][i], outs["ref"][i])
-                    ee = bench.rel_err(outs["eager"][i], outs["ref"][i])
+                    e = harness_correctness.rel_err(outs[kind][i], outs["ref"][i])
+                    ee = harness_correctness.rel_err(outs["eager"][i], outs["ref"][i])
                     cells.append(f"{e / ee if ee else float('nan'):.3f}")
                 ratios.append(f"{cells[0]} ({cells[1]})")
             log(f"   {case:14s} {reduction:5s} {' | '.join(ratios)}")
             del outs, logits
-            bench._free_memory()
+            harness_correctness.free_memory()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -275,7 +281,7 @@ def flce_parts(bt: int, hidden_size: int, vocab: int, chunks: tuple[int, ...]) -
     log(f"-- FLCE pieces per chunk, BT {bt} H {hidden_size} V {vocab} bf16 (W {w.numel() * 2 / 1e9:.2f} GB)")
     for c in chunks:
         _flce_parts_chunk(c, h, w, target, gw, gh, stats, loss_rows, z_rows)
-        bench._free_memory()
+        harness_correctness.free_memory()
 
 
 def _flce_parts_chunk(c, h, w, target, gw, gh, stats, loss_rows, z_rows) -> None:
@@ -335,8 +341,8 @@ def flce_variants(chunks: tuple[int, ...]) -> dict:
 
 def host_time(op: str, shape: dict, variants: dict, n: int = 200 if GPU else 1) -> None:
     """Host µs per fwd and fwd+bwd call at a tiny shape (the GPU waits for the host there)."""
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    spec = harness_registry.OPS[op]
+    runner = harness_correctness.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
     runner.compute_reference()
     log(f"-- host time per call, {spec.title} {spec.label(shape)} (µs, median of 5 x {n} calls)")
     for name, (fn, knob_map) in variants.items():
@@ -348,8 +354,8 @@ def host_time(op: str, shape: dict, variants: dict, n: int = 200 if GPU else 1) 
                     stack.enter_context(knobs(module, **values))
                 run = runner.run_checked(fn)
                 cells = []
-                for mode in bench.MODES:
-                    step = bench.make_step(run, mode)
+                for mode in harness_report.MODES:
+                    step = harness_timing.make_step(run, mode)
                     samples = []
                     for _ in range(5):
                         sync()
@@ -371,8 +377,8 @@ def profile(op: str, shape: dict, variants: dict) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    spec = harness_registry.OPS[op]
+    runner = harness_correctness.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
     runner.compute_reference()
     log(f"-- kernels of one fwd+bwd, {spec.title} {spec.label(shape)}")
     for name, (fn, knob_map) in variants.items():
@@ -383,7 +389,7 @@ def profile(op: str, shape: dict, variants: dict) -> None:
                 for module, values in knob_map.items():
                     stack.enter_context(knobs(module, **values))
                 run = runner.run_checked(fn)
-                step = bench.make_step(run, "fwd+bwd")
+                step = harness_timing.make_step(run, "fwd+bwd")
                 for _ in range(2):
                     step()
                     for t in run.diff_tensors:
@@ -410,7 +416,7 @@ def profile(op: str, shape: dict, variants: dict) -> None:
                 del run
         except Exception as e:  # noqa: BLE001
             log(f"   {name:30s} ERROR {type(e).__name__}: {str(e)[:200]}")
-        bench._free_memory()
+        harness_correctness.free_memory()
 
 
 def main() -> int:
@@ -420,8 +426,8 @@ def main() -> int:
     parser.add_argument("--flce-chunks", default="256,512,1024")
     args = parser.parse_args()
     parts = set(args.only.split(","))
-    bench.prepare_triton()
-    timing = bench.QUICK if args.quick else bench.Timing()
+    harness_interpreter.prepare_triton()
+    timing = harness_timing.QUICK if args.quick else harness_timing.Timing()
     ce_shape = {"N": 8192, "V": 128256}
     flce_shape = {"BT": 8192, "H": 4096, "V": 128256}
     chunks = tuple(int(c) for c in args.flce_chunks.split(","))

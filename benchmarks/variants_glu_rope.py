@@ -3,7 +3,7 @@
     PYTHONPATH=.:/tmp/liger_peer_site python benchmarks/variants_glu_rope.py [--quick] [--only rope,glu,host]
 
 Every variant is checked against the float64 reference and timed by the suite's own code
-(``liger_core.bench``: CaseRunner, do_bench with the L2 flush, the restoring loop for providers that write
+(``liger_core.harness``: CaseRunner, do_bench with the L2 flush, the restoring loop for providers that write
 their inputs, peak extra memory), at the default shapes, beside liger-kernel. Also:
 - ``host``: host (CPU) time per call of each provider at a tiny shape, where the GPU work is negligible: the
   time a training step cannot hide when the GPU waits for the launch;
@@ -28,7 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-from liger_core import bench  # noqa: E402
+from liger_core.harness import correctness as harness_correctness  # noqa: E402
+from liger_core.harness import interpreter as harness_interpreter  # noqa: E402
+from liger_core.harness import peers as harness_peers  # noqa: E402
+from liger_core.harness import providers as harness_providers  # noqa: E402
+from liger_core.harness import registry as harness_registry  # noqa: E402
+from liger_core.harness import report as harness_report  # noqa: E402
+from liger_core.harness import timing as harness_timing  # noqa: E402
 from liger_core.ops import geglu, rope, swiglu  # noqa: E402
 
 rope_module = sys.modules["liger_core.ops.rope"]
@@ -57,18 +63,20 @@ def knobs(module, **values) -> Iterator[None]:
 
 def liger_kernel_fn(op: str) -> Callable | None:
     """liger-kernel's functional op, called exactly as the suite calls it (None if not installed)."""
-    return bench.OPS[op].liger_kernel if bench.peer_version("liger_kernel") else None
+    return harness_registry.OPS[op].liger_kernel if harness_peers.peer_version("liger_kernel") else None
 
 
-def measure(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], timing: bench.Timing) -> None:
+def measure(
+    op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], timing: harness_timing.Timing
+) -> None:
     """variants: name -> (fn, {module: knobs}) timed at `shape` with the suite's code."""
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    spec = harness_registry.OPS[op]
+    runner = harness_correctness.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
     runner.compute_reference()
-    eager = runner.run_checked(bench.available("reference", op))
+    eager = runner.run_checked(harness_registry.available("reference", op))
     runner.set_eager(eager.errors)
     del eager
-    floors = {m: spec.floor(shape, 2, m).ms for m in bench.MODES}
+    floors = {m: spec.floor(shape, 2, m).ms for m in harness_report.MODES}
     log(
         f"-- {spec.title} {spec.label(shape)}: floor fwd {floors['fwd']:.4f} ms, "
         f"fwd+bwd {floors['fwd+bwd']:.4f} ms"
@@ -84,15 +92,15 @@ def measure(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], ti
                 run = runner.run_checked(fn)
                 err, eager_err, out_name, ok = runner.verdict(run.errors)
                 cells = []
-                for mode in bench.MODES:
-                    med, p20, p80, _ = bench.time_step(run, mode, timing)
+                for mode in harness_report.MODES:
+                    med, p20, p80, _ = harness_timing.time_step(run, mode, timing)
                     cells.append(f"{mode} {med:.4f} ({100 * floors[mode] / med:3.0f}%)")
                 if (
                     DEVICE.type == "cuda"
                 ):  # the kernels' time alone (CUDA-graph replay), as the suite's column
-                    gpu_ms, _ = bench.time_graph(run, "fwd+bwd", timing, check_host_sync=False)
+                    gpu_ms, _ = harness_timing.time_graph(run, "fwd+bwd", timing, check_host_sync=False)
                     cells.append(f"GPU f+b {gpu_ms:.4f} ({100 * floors['fwd+bwd'] / gpu_ms:3.0f}%)")
-                mem = bench.peak_extra_bytes(run, "fwd+bwd") / 2**30
+                mem = harness_timing.peak_extra_bytes(run, "fwd+bwd") / 2**30
                 written = "writes inputs" if run.restore_pairs else ""
                 log(
                     f"   {name:34s} {' | '.join(cells)} | {mem:.3f} GiB | "
@@ -102,13 +110,13 @@ def measure(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], ti
         except Exception as e:  # noqa: BLE001
             log(f"   {name:34s} ERROR {type(e).__name__}: {str(e)[:200]}")
             traceback.print_exc()
-        bench._free_memory()
+        harness_correctness.free_memory()
 
 
 def host_time(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], n: int = 300) -> None:
     """Host µs per fwd and fwd+bwd call at a tiny shape (GPU time negligible: the CPU is the bottleneck)."""
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    spec = harness_registry.OPS[op]
+    runner = harness_correctness.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
     runner.compute_reference()
     log(f"-- host time per call, {spec.title} {spec.label(shape)} (µs, median of 5 x {n} calls)")
     for name, (fn, knob_map) in variants.items():
@@ -120,8 +128,8 @@ def host_time(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], 
                     stack.enter_context(knobs(module, **values))
                 run = runner.run_checked(fn)
                 cells = []
-                for mode in bench.MODES:
-                    step = bench.make_step(run, mode)
+                for mode in harness_report.MODES:
+                    step = harness_timing.make_step(run, mode)
                     samples = []
                     for _ in range(5):
                         torch.cuda.synchronize()
@@ -141,13 +149,13 @@ def host_time(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], 
 def raw_launch_host_time(n: int = 1000) -> None:
     """Host µs of one bare RoPE kernel launch (no checks, no autograd): ours vs liger-kernel's."""
     shape = {"B": 1, "T": 16, "Hq": 8, "Hk": 2, "D": 128}
-    q, k, cos, sin = bench.OPS["rope"].build(shape, torch.bfloat16, DEVICE).args
+    q, k, cos, sin = harness_registry.OPS["rope"].build(shape, torch.bfloat16, DEVICE).args
     calls = {"liger_core _launch": lambda: rope_module._launch(q, k, cos, sin, False, 1, q.dtype, False)}
-    if bench.peer_version("liger_kernel"):
+    if harness_peers.peer_version("liger_kernel"):
         from liger_kernel.ops.rope import rope_forward  # noqa: PLC0415
 
         calls["liger_kernel rope_forward"] = lambda: rope_forward(q, k, cos, sin)
-    log(f"-- host time of one bare launch, RoPE {bench.OPS['rope'].label(shape)} (µs)")
+    log(f"-- host time of one bare launch, RoPE {harness_registry.OPS['rope'].label(shape)} (µs)")
     for name, call in calls.items():
         log(f"   {name:34s} {per_call_us(call, n):6.1f}")
 
@@ -171,8 +179,8 @@ def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], re
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    spec = harness_registry.OPS[op]
+    runner = harness_correctness.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
     runner.compute_reference()
     log(f"-- kernels of one fwd+bwd, {spec.title} {spec.label(shape)}")
     for name, (fn, knob_map) in variants.items():
@@ -183,7 +191,7 @@ def profile(op: str, shape: dict, variants: dict[str, tuple[Callable, dict]], re
                 for module, values in knob_map.items():
                     stack.enter_context(knobs(module, **values))
                 run = runner.run_checked(fn)
-                step = bench.make_step(run, "fwd+bwd")
+                step = harness_timing.make_step(run, "fwd+bwd")
                 for _ in range(3):
                     step()
                     for t in run.diff_tensors:
@@ -217,16 +225,19 @@ def host_profile(op: str, shape: dict, n: int = 200) -> None:
     import io
     import pstats
 
-    spec = bench.OPS[op]
-    runner = bench.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
+    spec = harness_registry.OPS[op]
+    runner = harness_correctness.CaseRunner(spec, shape, torch.bfloat16, DEVICE)
     runner.compute_reference()
-    cache = torch.empty(bench._L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    providers = {"liger_core": bench.provider_fn(spec, "liger_core")[0], "liger_kernel": liger_kernel_fn(op)}
+    cache = torch.empty(harness_timing._L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    providers = {
+        "liger_core": harness_providers.provider_fn(spec, "liger_core")[0],
+        "liger_kernel": liger_kernel_fn(op),
+    }
     for name, fn in providers.items():
         if fn is None:
             continue
         run = runner.run_checked(fn)
-        step = bench.make_step(run, "fwd+bwd")
+        step = harness_timing.make_step(run, "fwd+bwd")
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * n)]
 
         def loop(run=run, step=step, events=events) -> None:
@@ -292,12 +303,12 @@ def main() -> int:
     parser.add_argument("--glu-shapes", default="", help="glu section: e.g. 16384x1024,65536x8192 (M x N)")
     args = parser.parse_args()
     parts = set(args.only.split(","))
-    bench.prepare_triton()
+    harness_interpreter.prepare_triton()
     if DEVICE.type == "cpu":  # smoke test: tiny shapes, no timing
-        bench.time_step = lambda run, mode, timing: (1.0, 1.0, 1.0, "none")
-        bench.peak_extra_bytes = lambda run, mode: 0
+        harness_timing.time_step = lambda run, mode, timing: (1.0, 1.0, 1.0, "none")
+        harness_timing.peak_extra_bytes = lambda run, mode: 0
         torch.cuda.synchronize = lambda: None
-    timing = bench.QUICK if args.quick else bench.Timing()
+    timing = harness_timing.QUICK if args.quick else harness_timing.Timing()
     rope_shape = {"B": 4, "T": 4096, "Hq": 32, "Hk": 8, "D": 128}
     glu_shape = {"M": 16384, "N": 14336}
     if DEVICE.type == "cpu":

@@ -34,7 +34,10 @@ if not torch.cuda.is_available():
 import triton.testing  # noqa: E402
 import variants_glu_rope as vr  # noqa: E402
 
-from liger_core import bench, dispatch  # noqa: E402
+from liger_core import dispatch  # noqa: E402
+from liger_core.harness import providers as harness_providers  # noqa: E402
+from liger_core.harness import registry as harness_registry  # noqa: E402
+from liger_core.harness import timing as harness_timing  # noqa: E402
 from liger_core.ops import _launch  # noqa: E402
 
 ln = sys.modules["liger_core.ops.layer_norm"]
@@ -297,11 +300,11 @@ def regs() -> None:
 
 
 def ops(quick: bool, norm_ops=("rms_norm", "layer_norm"), shapes=((16384, 4096),)) -> None:
-    timing = bench.QUICK if quick else bench.Timing()
+    timing = harness_timing.QUICK if quick else harness_timing.Timing()
     for op in norm_ops:
         for m, n in shapes:
             shape = {"M": m, "N": n} if DEVICE.type == "cuda" else {"M": 37, "N": 123}
-            ours = bench.provider_fn(bench.OPS[op], "liger_core")[0]
+            ours = harness_providers.provider_fn(harness_registry.OPS[op], "liger_core")[0]
             variants = {
                 "liger_core (direct launch)": (ours, {}),
                 "liger_core (custom-op dispatch)": (ours, {dispatch: {"EAGER_VIA_CUSTOM_OPS": True}}),
