@@ -1,5 +1,5 @@
 """GPU benchmark suite: liger_core's kernels beside torch eager, torch.compile, liger-kernel and
-cut-cross-entropy. The logic lives in ``liger_core.bench`` (shared with ``liger-core bench`` and
+cut-cross-entropy. The logic lives in ``liger_core.harness`` (shared with ``liger-core bench`` and
 ``liger-core check``); this script only makes the checkout importable without installing it.
 
     python benchmarks/bench_ops.py                      # default set -> benchmarks/results/
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from liger_core.bench import main  # noqa: E402
+from liger_core.harness.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -61,11 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "env":
         return env(ns.args)
     if ns.command == "check":
-        from liger_core import check
+        from liger_core.harness import check
 
         return check.main(ns.args)
     if ns.command == "bench":
-        from liger_core import bench
+        from liger_core.harness import bench
 
         return bench.main(ns.args)
     return demo(ns.args)
@@ -188,7 +188,7 @@ def env(argv: Sequence[str] = ()) -> int:
     for field, text in kernel_paths(triton_status(), gpu, os.environ.get("TRITON_INTERPRET", "")):
         print(f"{field:<12} {text}")
 
-    from liger_core.bench import ALL_OPS
+    from liger_core.harness.registry import ALL_OPS
 
     try:
         ops = importlib.import_module("liger_core.ops")

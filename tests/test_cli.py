@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from liger_core import bench, check, reference
+from liger_core import reference
+from liger_core.harness import bench, check, correctness, interpreter, plots, registry, report, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -165,7 +166,7 @@ def _wrong_swiglu(a, b):
 
 
 def test_check_fails_on_a_wrong_kernel():
-    spec = bench.OPS["swiglu"]
+    spec = registry.OPS["swiglu"]
     shape, cpu = spec.shapes["cpu"][0], torch.device("cpu")
     row, ok = check.check_one(spec, _wrong_swiglu, shape, torch.float32, cpu, timed=False)
     assert not ok and row[6] == "FAIL"
@@ -180,8 +181,8 @@ def test_check_output_has_no_interpreter_warnings(capsys):
 
     if HAS_CUDA or triton_status() != "interpreted":
         pytest.skip("the interpreter's warnings")
-    spec = bench.OPS["kl_div"]  # log(0) in lanes that tl.where then discards
-    fn = bench.available("ops", "kl_div")
+    spec = registry.OPS["kl_div"]  # log(0) in lanes that tl.where then discards
+    fn = registry.available("ops", "kl_div")
     with warnings.catch_warnings(record=True) as raw:  # the same kernel, outside check: numpy warns
         warnings.simplefilter("always")
         check.check_one(spec, fn, spec.shapes["cpu"][0], torch.float32, torch.device("cpu"), timed=False)
@@ -198,7 +199,7 @@ def test_check_output_has_no_interpreter_warnings(capsys):
 def test_quiet_interpreter_keeps_other_warnings():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        with bench.quiet_interpreter():
+        with interpreter.quiet_interpreter():
             warnings.warn("a RuntimeWarning of this module", RuntimeWarning, stacklevel=1)
             warnings.warn("a UserWarning", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["a RuntimeWarning of this module", "a UserWarning"]
@@ -211,6 +212,27 @@ def test_check_exit_code_is_nonzero_when_a_kernel_fails(monkeypatch, capsys):
                         getattr(reference, name))  # fmt: skip
     assert check.main(["--ops", "swiglu", "--dtypes", "float32"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_check_imports_neither_timing_nor_plotting_code():
+    """`liger-core check` runs the correctness runner only: a CPU check of one op leaves the benchmark's
+    timers, the plots (matplotlib) and the bench command unimported."""
+    code = (
+        "import sys\n"
+        "from liger_core import cli\n"
+        "rc = cli.main(['check', '--ops', 'swiglu', '--dtypes', 'float32'])\n"
+        "heavy = ['matplotlib', 'liger_core.harness.timing', 'liger_core.harness.plots', "
+        "'liger_core.harness.bench']\n"
+        "print('LOADED', [m for m in heavy if m in sys.modules], 'RC', rc)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU check: on a GPU the check times each kernel on purpose
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "LOADED [] RC 0" in r.stdout, r.stdout[-2000:]
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU behaviour")
@@ -232,7 +254,7 @@ def test_floors_match_the_issue_figures():
     """The floors quoted in issues 2, 3 and 7 (bf16, fwd+bwd): bytes / 3 TB/s; FLCE 6 BT H V / 800 TFLOP/s."""
 
     def floor(name):
-        spec = bench.OPS[name]
+        spec = registry.OPS[name]
         return spec.floor(spec.shapes["default"][0], 2, "fwd+bwd")
 
     assert floor("rms_norm").ms == pytest.approx(0.224, abs=0.002)
@@ -243,27 +265,27 @@ def test_floors_match_the_issue_figures():
     assert floor("fused_linear_cross_entropy").ms == pytest.approx(32.3, abs=0.1)
     assert floor("fused_linear_cross_entropy").basis == "flops"
     # forward alone moves fewer bytes than forward + backward, for every op
-    for name, spec in bench.OPS.items():
+    for name, spec in registry.OPS.items():
         shape = spec.shapes["default"][0]
         assert spec.floor(shape, 2, "fwd").seconds < spec.floor(shape, 2, "fwd+bwd").seconds, name
 
 
 def test_sweep_shapes_cover_the_issue_7_ranges():
-    rows = bench.OPS["rms_norm"].shapes["sweep"]
+    rows = registry.OPS["rms_norm"].shapes["sweep"]
     assert {s["N"] for s in rows} == {1024, 2048, 4096, 8192, 16384}
     assert {s["M"] for s in rows} >= {1024, 65536} and any(s["M"] % 16 for s in rows)  # an odd token count
-    vocabs = {s["V"] for s in bench.OPS["cross_entropy"].shapes["sweep"]}
+    vocabs = {s["V"] for s in registry.OPS["cross_entropy"].shapes["sweep"]}
     assert vocabs == {32000, 128256, 152064, 256000}
-    assert any(s["BT"] % 16 for s in bench.OPS["fused_linear_cross_entropy"].shapes["sweep"])
+    assert any(s["BT"] % 16 for s in registry.OPS["fused_linear_cross_entropy"].shapes["sweep"])
 
 
 def test_rel_err_chunks_agree_with_the_direct_formula(monkeypatch):
     x, ref = torch.randn(1000, dtype=torch.float64), torch.randn(1000, dtype=torch.float64)
     direct = ((x - ref).norm() / ref.norm()).item()
-    monkeypatch.setattr(bench, "_ERR_CHUNK", 77)
-    assert bench.rel_err(x, ref) == pytest.approx(direct, rel=1e-12)
+    monkeypatch.setattr(correctness, "_ERR_CHUNK", 77)
+    assert correctness.rel_err(x, ref) == pytest.approx(direct, rel=1e-12)
     x[3] = float("nan")
-    assert bench.rel_err(x, ref) == float("inf")
+    assert correctness.rel_err(x, ref) == float("inf")
 
 
 class _WritesDbOverB(torch.autograd.Function):
@@ -284,8 +306,8 @@ class _WritesDbOverB(torch.autograd.Function):
 
 def test_runner_detects_providers_that_write_into_their_inputs():
     """A provider that overwrites an input is found by the checked run, and its inputs are restored."""
-    spec = bench.OPS["swiglu"]
-    runner = bench.CaseRunner(spec, spec.shapes["cpu"][0], torch.float32, torch.device("cpu"))
+    spec = registry.OPS["swiglu"]
+    runner = correctness.CaseRunner(spec, spec.shapes["cpu"][0], torch.float32, torch.device("cpu"))
     runner.compute_reference()
     run = runner.run_checked(_WritesDbOverB.apply)
     assert [pristine is runner.case.args[1] for _, pristine in run.restore_pairs] == [True]
@@ -301,8 +323,8 @@ def test_restoring_timer_starts_every_run_without_a_gradient():
     must find their gradients cleared, as do_bench's runs do, or it is charged an accumulation into them."""
     from liger_core import ops
 
-    spec = bench.OPS["rms_norm"]
-    runner = bench.CaseRunner(spec, {"M": 1000, "N": 1536}, torch.bfloat16, torch.device("cuda"))
+    spec = registry.OPS["rms_norm"]
+    runner = correctness.CaseRunner(spec, {"M": 1000, "N": 1536}, torch.bfloat16, torch.device("cuda"))
     runner.compute_reference()
     seen: list[bool] = []
 
@@ -313,8 +335,8 @@ def test_restoring_timer_starts_every_run_without_a_gradient():
     run = runner.run_checked(in_place_rms_norm)
     assert bench._written_names(runner, run) == ["grad_out0"]
     seen.clear()
-    median, _, _ = bench._bench_restoring(run, "fwd+bwd", 1.0, 2.0, 40, est_ms=0.05)
-    assert median > 0 and len(seen) > bench.RESTORE_BATCH and all(seen), seen
+    median, _, _ = timing._bench_restoring(run, "fwd+bwd", 1.0, 2.0, 40, est_ms=0.05)
+    assert median > 0 and len(seen) > timing.RESTORE_BATCH and all(seen), seen
 
 
 @pytest.mark.slow
@@ -358,8 +380,8 @@ def test_plots_of_untimed_rows_write_no_file(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [{"op": "swiglu", "shape": "37x123", "provider": p, "mode": m, "ms": "", "floor_ms": 1e-4,
              "pct_of_floor": "", "peak_extra_gib": "", "check": "ok"}
-            for p in ("torch", "liger_core") for m in bench.MODES]  # fmt: skip
-    assert bench.plot_results(rows, tmp_path, "dry") == []
+            for p in ("torch", "liger_core") for m in report.MODES]  # fmt: skip
+    assert plots.plot_results(rows, tmp_path, "dry") == []
     assert list(tmp_path.iterdir()) == []
 
 
@@ -403,34 +425,34 @@ def test_plots_from_rows(tmp_path):
         row(op, "8x8", p, m, ms)
         for op in ("rms_norm", "swiglu")
         for p, ms in (("torch", 2.0), ("liger_core", 1.0))
-        for m in bench.MODES
+        for m in report.MODES
     ]
-    files = bench.plot_results(rows, tmp_path, "single")
+    files = plots.plot_results(rows, tmp_path, "single")
     assert sorted(f.name for f in files) == ["single_floor.png", "single_memory.png", "single_time.png"]
     sweep = rows + [dict(r, shape="16x16") for r in rows]
-    assert [f.name for f in bench.plot_results(sweep, tmp_path, "sweep")] == [
+    assert [f.name for f in plots.plot_results(sweep, tmp_path, "sweep")] == [
         "sweep_floor.png",
         "sweep_relative.png",
     ]
-    wins = bench.peer_wins(sweep)  # torch at 2 ms never beats liger_core at 1 ms
+    wins = report.peer_wins(sweep)  # torch at 2 ms never beats liger_core at 1 ms
     assert wins == []
-    assert bench.peer_wins([dict(r, ms=0.5) if r["provider"] == "torch" else r for r in rows])
+    assert report.peer_wins([dict(r, ms=0.5) if r["provider"] == "torch" else r for r in rows])
 
     # with GPU times (CUDA-graph replay): a fourth plot, and a peer slower on the wall clock but faster in GPU
     # time is listed as such (a host-bound liger_core row must not hide a slower kernel)
     timed = [dict(r, gpu_ms=r["ms"] / 2, gpu_pct_of_floor=20 / r["ms"]) for r in rows]
-    files = bench.plot_results(timed, tmp_path, "graphs")
+    files = plots.plot_results(timed, tmp_path, "graphs")
     assert "graphs_gpu_floor.png" in {f.name for f in files}
     timed_sweep = timed + [dict(r, shape="16x16") for r in timed]
-    assert [f.name for f in bench.plot_results(timed_sweep, tmp_path, "gsweep")] == [
+    assert [f.name for f in plots.plot_results(timed_sweep, tmp_path, "gsweep")] == [
         "gsweep_floor.png",
         "gsweep_gpu_floor.png",
         "gsweep_relative.png",
         "gsweep_gpu_relative.png",
     ]
-    assert bench.peer_wins(timed) == []
+    assert report.peer_wins(timed) == []
     faster_kernel = [dict(r, gpu_ms=0.1) if r["provider"] == "torch" else r for r in timed]
-    wins = bench.peer_wins(faster_kernel)
+    wins = report.peer_wins(faster_kernel)
     assert wins and all("faster in GPU time" in w for w in wins), wins
 
 

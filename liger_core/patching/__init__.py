@@ -2,8 +2,11 @@
 
 - ``apply_liger_kernel(model, **flags) -> PatchReport``: patch one built model (PEFT-wrapped too); exact
   recipe for known ``model_type``s, structural patching (numerically self-checked) for the rest.
-- ``revert(model) -> RevertReport`` (what was restored, and what class-level patching still runs),
-  ``is_patched(model)``.
+- ``revert(model) -> RevertReport`` (what was restored, and what class-level patching still runs).
+- What a model runs now: ``is_patched(model)``, ``patched_kinds(model)`` (kind -> count),
+  ``patched_modules(model)`` (module name -> kind); ``unwrap(model)``: the Hugging Face model inside PEFT,
+  DDP or ``torch.compile`` wrappers (the module those names are relative to).
+- ``KernelFlags``: the kernel flags every entry point takes, and their defaults.
 - ``apply_liger_kernel_to_<model_type>(**flags)`` (one per recipe, generated from the table) and the generic
   ``apply_liger_kernel_to(model_type, **flags)``: class-level, for models built afterwards;
   ``revert_model_type(model_type)``.
@@ -12,7 +15,8 @@
   ``model_coverage(model_type)`` / ``coverage()``: the zoo's record (kernels applied, missing ones and why);
   ``recipe_model_types()``: the types ``apply_liger_kernel_to`` takes.
 
-Flags (all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``layer_norm``, ``cross_entropy``
+Flags (``KernelFlags``; all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``moe_experts``,
+``layer_norm``, ``cross_entropy``
 (default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``), and
 ``strict`` (default False): raise ``PatchIncompleteError`` when a kernel that is asked for and that the model
 could use was not applied (``PatchReport.missing`` names each with its reason; the call is undone first).
@@ -21,16 +25,25 @@ Importing this package imports neither transformers nor Triton.
 
 from __future__ import annotations
 
-from torch import nn
+import inspect
 
 from liger_core.patching.class_level import apply_liger_kernel_to, revert_model_type
 from liger_core.patching.coverage_data import coverage, model_coverage
-from liger_core.patching.instance import apply_liger_kernel, is_patched, patched_kinds, revert
+from liger_core.patching.flags import PATCH_OPTIONS, KernelFlags
+from liger_core.patching.instance import (
+    apply_liger_kernel,
+    is_patched,
+    patched_kinds,
+    patched_modules,
+    revert,
+)
 from liger_core.patching.recipes import RECIPES, recipe_model_types, supported_model_types
 from liger_core.patching.report import PatchIncompleteError, PatchReport, RevertReport, UnsupportedModelError
+from liger_core.patching.swaps import unwrap
 
 __all__ = [
     "AutoLigerKernelForCausalLM",
+    "KernelFlags",
     "PatchIncompleteError",
     "PatchReport",
     "RevertReport",
@@ -42,40 +55,45 @@ __all__ = [
     "is_patched",
     "model_coverage",
     "patched_kinds",
+    "patched_modules",
     "recipe_model_types",
     "revert",
     "revert_model_type",
     "supported_model_types",
+    "unwrap",
 ]
 
 
-def _make_class_level_function(model_type: str):
-    def apply(
-        rope: bool = True,
-        rms_norm: bool = True,
-        swiglu: bool = True,
-        geglu: bool = True,
-        moe_experts: bool = True,
-        layer_norm: bool = True,
-        cross_entropy: bool = False,
-        fused_linear_cross_entropy: bool = True,
-        model: nn.Module | None = None,
-        strict: bool = False,
-    ) -> PatchReport:
-        flags = dict(
-            rope=rope,
-            rms_norm=rms_norm,
-            swiglu=swiglu,
-            geglu=geglu,
-            moe_experts=moe_experts,
-            layer_norm=layer_norm,
-            cross_entropy=cross_entropy,
-            fused_linear_cross_entropy=fused_linear_cross_entropy,
-        )
-        if model is not None:  # Liger-Kernel's calling convention: patch this instance instead
-            return apply_liger_kernel(model, strict=strict, **flags)
-        return apply_liger_kernel_to(model_type, strict=strict, **flags)
+def _class_level_signature() -> inspect.Signature:
+    """``apply_liger_kernel_to_<model_type>``'s parameters: ``KernelFlags``' fields with their defaults, then
+    ``model`` and ``strict``, in this order (positional calls bind to it)."""
+    params = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation="bool")
+        for name, default in KernelFlags.defaults().items()
+    ]
+    model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
+    params.append(model.replace(annotation="nn.Module | None"))
+    params += [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False, annotation="bool")
+        for name in PATCH_OPTIONS
+    ]
+    return inspect.Signature(params, return_annotation="PatchReport")
 
+
+_CLASS_LEVEL_SIGNATURE = _class_level_signature()
+
+
+def _make_class_level_function(model_type: str):
+    def apply(*args, **kwargs) -> PatchReport:
+        bound = _CLASS_LEVEL_SIGNATURE.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        model, strict = values.pop("model"), values.pop("strict")
+        if model is not None:  # Liger-Kernel's calling convention: patch this instance instead
+            return apply_liger_kernel(model, strict=strict, **values)
+        return apply_liger_kernel_to(model_type, strict=strict, **values)
+
+    apply.__signature__ = _CLASS_LEVEL_SIGNATURE
     apply.__name__ = apply.__qualname__ = f"apply_liger_kernel_to_{model_type}"
     apply.__doc__ = (
         f"Class-level patching of {model_type!r} models built after this call (``model=...``: patch that "

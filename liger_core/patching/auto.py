@@ -26,11 +26,12 @@ from typing import Any
 from torch import nn
 
 from liger_core.patching.class_level import apply_liger_kernel_to
+from liger_core.patching.flags import PATCH_OPTIONS, KernelFlags
 from liger_core.patching.instance import apply_liger_kernel
 from liger_core.patching.recipes import RECIPES, recipe_model_types
-from liger_core.patching.report import KERNEL_DEFAULTS, logger
+from liger_core.patching.report import logger
 
-PATCH_FLAGS = (*KERNEL_DEFAULTS, "strict")
+PATCH_FLAGS = (*KernelFlags.names(), *PATCH_OPTIONS)
 _CONFIG_KWARGS = ("trust_remote_code", "revision", "cache_dir", "token", "local_files_only", "subfolder")
 
 

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from liger_core.patching import forwards as fw
+from liger_core.patching.flags import KernelFlags
 from liger_core.patching.introspect import innermost_function
 from liger_core.patching.recipes import RECIPES, MLPSpec, NormSpec, Recipe, recipe_model_types
 from liger_core.patching.report import PatchIncompleteError, PatchReport, UnsupportedModelError, logger
@@ -211,8 +212,7 @@ def apply_liger_kernel_to(
     A kernel that is asked for and that the recipe names but could not be applied is in ``report.missing``
     with its reason; ``strict=True`` then raises ``PatchIncompleteError`` after undoing this call's swaps.
     """
-    if cross_entropy and fused_linear_cross_entropy:
-        raise ValueError("cross_entropy=True and fused_linear_cross_entropy=True are exclusive: choose one")
+    KernelFlags.pick(locals())  # raises ValueError for cross_entropy with the fused loss
     recipe = recipe_for(model_type)
     module = modeling_module(recipe)
     report = PatchReport(model_type=model_type, method="class")

@@ -44,6 +44,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 import liger_core
 from liger_core.patching import forwards as fw
+from liger_core.patching import probing as pr
 from liger_core.patching.introspect import innermost_function
 from liger_core.patching.report import PatchReport, summarize_reasons
 from liger_core.patching.swaps import bind, foreign_forward, own_kind, set_entry
@@ -334,7 +335,6 @@ def _form(m: nn.Module) -> str | None:
 
 
 def _probe_params(m, layout, n, h, i, shrink: bool, like: torch.Tensor, gen) -> dict[str, torch.Tensor]:
-    from liger_core.patching.structural import _leaf, _randn
 
     if shrink:
         h, i = min(h, _PROBE_HIDDEN), min(i, _PROBE_INTER)
@@ -345,37 +345,35 @@ def _probe_params(m, layout, n, h, i, shrink: bool, like: torch.Tensor, gen) -> 
     n_down = getattr(m, layout.down).shape[0]  # fewer than n with identity experts
     down_shape = (n_down, i, h) if layout.transposed else (n_down, h, i)
     params = {
-        layout.gate_up: _leaf(_randn(gu_shape, like, gen, scale=scale)),
-        layout.down: _leaf(_randn(down_shape, like, gen, scale=1.0 / i**0.5)),
+        layout.gate_up: pr.leaf(pr.randn(gu_shape, like, gen, scale=scale)),
+        layout.down: pr.leaf(pr.randn(down_shape, like, gen, scale=1.0 / i**0.5)),
     }
     if layout.gate_up_bias:
-        params[layout.gate_up_bias] = _leaf(_randn((n, 2 * i), like, gen, scale=0.5))
+        params[layout.gate_up_bias] = pr.leaf(pr.randn((n, 2 * i), like, gen, scale=0.5))
     if layout.down_bias:
-        params[layout.down_bias] = _leaf(_randn((n_down, h), like, gen, scale=0.5))
+        params[layout.down_bias] = pr.leaf(pr.randn((n_down, h), like, gen, scale=0.5))
     return params
 
 
 def _probe_inputs(form: str, n: int, h: int, like: torch.Tensor, gen) -> tuple[torch.Tensor, ...]:
-    from liger_core.patching.structural import _leaf, _randn
 
     if form == "dense":
-        return (_leaf(_randn((n * 3, h), like, gen)),)
+        return (pr.leaf(pr.randn((n * 3, h), like, gen)),)
     k = min(2, n)
     index = torch.stack([torch.randperm(n, generator=gen)[:k] for _ in range(_PROBE_TOKENS)]).to(like.device)
     weights = torch.rand((_PROBE_TOKENS, k), generator=gen).to(device=like.device, dtype=like.dtype)
-    return _leaf(_randn((_PROBE_TOKENS, h), like, gen)), index, _leaf(weights)
+    return pr.leaf(pr.randn((_PROBE_TOKENS, h), like, gen)), index, pr.leaf(weights)
 
 
 def _run(m: nn.Module, params: dict, fn, inputs: tuple, dy: torch.Tensor | None, gen):
     """(output, gradients of the float inputs and params) of ``fn(m, *inputs)`` with ``params`` in place."""
-    from liger_core.patching.structural import _randn
 
     with torch.enable_grad(), _reparametrize_module(m, params):
         out = fn(m, *inputs)
     if not isinstance(out, torch.Tensor):
         raise TypeError("forward does not return a tensor")
     if dy is None:
-        dy = _randn(out.shape, out, gen)
+        dy = pr.randn(out.shape, out, gen)
     leaves = [t for t in inputs if t.is_floating_point()] + list(params.values())
     grads = torch.autograd.grad(out, leaves, dy, allow_unused=True)
     grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
@@ -401,11 +399,10 @@ def _with_spec(m: nn.Module, spec: ExpertsSpec, fn):
 
 def probe_experts(m: nn.Module, gen: torch.Generator) -> ExpertsSpec | str:
     """The spec whose patched forward reproduces ``m``'s, or the reason none does."""
-    from liger_core.patching.structural import _max_err, _tolerance, _usable
 
     found = match_layout(m)
     layout, n, h, i = found
-    if not _usable(getattr(m, layout.gate_up)):
+    if not pr.usable(getattr(m, layout.gate_up)):
         return "expert weights not materialised"
     form = _form(m)
     if form is None:
@@ -436,8 +433,8 @@ def probe_experts(m: nn.Module, gen: torch.Generator) -> ExpertsSpec | str:
             err = 0.0
             for (_, _, ours), (ref_out, ref_grads, dy) in zip(checks, refs):
                 out, grads, _ = _run(m, params, _with_spec(m, spec, ours), inputs, dy, gen)
-                err = max(err, _max_err([(out, ref_out), *zip(grads, ref_grads)]))
-            if err <= _tolerance(like.dtype):
+                err = max(err, pr.max_err([(out, ref_out), *zip(grads, ref_grads)]))
+            if err <= pr.tolerance(like.dtype):
                 return spec
             best = min(best, err)
         names = "/".join(name for name, _, _ in checks)
@@ -465,10 +462,9 @@ def match_glu_layout(m: nn.Module) -> ExpertGLULayout | None:
 def probe_expert_glu(m: nn.Module, layout: ExpertGLULayout, gen: torch.Generator) -> ExpertGLUSpec | str:
     """The spec whose forward reproduces ``m``'s on one expert's random weights (sizes reduced): outputs and
     the gradients of x and the three weights."""
-    from liger_core.patching.structural import _leaf, _max_err, _randn, _tolerance, _usable
 
     like = getattr(m, layout.params[0])
-    if not _usable(like):
+    if not pr.usable(like):
         return "expert weights not materialised"
     act = next((getattr(m, a) for a in _ACT_ATTRS if getattr(m, a, None) is not None), None)
     found = fw.classify_activation(act)
@@ -476,13 +472,13 @@ def probe_expert_glu(m: nn.Module, layout: ExpertGLULayout, gen: torch.Generator
         return f"activation {type(act).__name__} is neither silu nor gelu"
     spec = ExpertGLUSpec(layout, *found)
     h, i = min(like.shape[1], _PROBE_HIDDEN), _PROBE_INTER
-    x = _leaf(_randn((_PROBE_TOKENS, h), like, gen))
-    ws = [_leaf(_randn((i, h), like, gen, scale=2.0 / h**0.5)) for _ in range(3)]
+    x = pr.leaf(pr.randn((_PROBE_TOKENS, h), like, gen))
+    ws = [pr.leaf(pr.randn((i, h), like, gen, scale=2.0 / h**0.5)) for _ in range(3)]
     with torch.enable_grad():
         ref = type(m).forward(m, x, *ws)
         if not isinstance(ref, torch.Tensor):
             return "forward does not return a tensor"
-        dy = _randn(ref.shape, ref, gen)
+        dy = pr.randn(ref.shape, ref, gen)
         ref_grads = torch.autograd.grad(ref, (x, *ws), dy)
         m.__dict__[GLU_SPEC_ATTR] = spec
         try:
@@ -490,8 +486,8 @@ def probe_expert_glu(m: nn.Module, layout: ExpertGLULayout, gen: torch.Generator
         finally:
             m.__dict__.pop(GLU_SPEC_ATTR)
         grads = torch.autograd.grad(out, (x, *ws), dy)
-    err = _max_err([(out, ref), *zip(grads, ref_grads)])
-    if err <= _tolerance(like.dtype):
+    err = pr.max_err([(out, ref), *zip(grads, ref_grads)])
+    if err <= pr.tolerance(like.dtype):
         return spec
     return f"forward is not (act(x @ gate.T) * (x @ up.T)) @ down (probe rel. error {err:.1e})"
 

@@ -25,6 +25,7 @@ from torch import nn
 from liger_core.patching import forwards as fw
 from liger_core.patching.class_level import lm_spec, modeling_module, original_attr, unsupported_error
 from liger_core.patching.experts import patch_experts
+from liger_core.patching.flags import KernelFlags
 from liger_core.patching.introspect import RewrapError, innermost_function
 from liger_core.patching.loss import patch_loss
 from liger_core.patching.recipes import RECIPES, Recipe
@@ -46,7 +47,7 @@ from liger_core.patching.swaps import (
     unwrap,
 )
 
-__all__ = ["apply_liger_kernel", "is_patched", "patched_kinds", "revert", "unwrap"]
+__all__ = ["apply_liger_kernel", "is_patched", "patched_kinds", "patched_modules", "revert", "unwrap"]
 
 _FOREIGN = "has an instance-level forward from another library"
 
@@ -177,20 +178,9 @@ def apply_liger_kernel(
     Eval-mode forwards, forwards without labels and ``model(..., skip_logits=False)`` return the logits as
     transformers does. Only this model changes (its modules' ``__dict__``); ``revert(model)`` undoes it.
     """
-    if cross_entropy and fused_linear_cross_entropy:
-        raise ValueError("cross_entropy=True and fused_linear_cross_entropy=True are exclusive: choose one")
+    flags = KernelFlags.pick(locals()).as_dict()  # raises ValueError for cross_entropy with the fused loss
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    flags = dict(
-        rope=rope,
-        rms_norm=rms_norm,
-        swiglu=swiglu,
-        geglu=geglu,
-        moe_experts=moe_experts,
-        layer_norm=layer_norm,
-        cross_entropy=cross_entropy,
-        fused_linear_cross_entropy=fused_linear_cross_entropy,
-    )
     root = unwrap(model)
     config = getattr(root, "config", None)
     model_type = str(getattr(config, "model_type", None) or type(root).__name__)
@@ -257,12 +247,15 @@ def is_patched(model: nn.Module) -> bool:
     return any(own_kind(m) is not None for m in root.modules())
 
 
-def patched_kinds(model: nn.Module) -> dict[str, int]:
-    """How many modules of the model run each liger_core kind now (instance patching and class-level
-    patching's generated classes alike), e.g. ``{"rms_norm": 5, "rope": 2, ...}``."""
+def patched_modules(model: nn.Module) -> dict[str, str]:
+    """Qualified module name (relative to the Hugging Face model inside any PEFT/DDP/compile wrapper, "" for
+    that model itself) -> the liger_core kind it runs now, for every patched module: instance patching and
+    class-level patching's generated classes alike, e.g.
+    ``{"model.norm": "rms_norm", "": "fused_linear_cross_entropy"}``.
+    """
     root = unwrap(model)
-    counts: dict[str, int] = {}
-    for m in root.modules():
+    found: dict[str, str] = {}
+    for name, m in root.named_modules():
         kind = own_kind(m)  # the generated classes of class-level patching set it on each instance too
         if m is root and kind is None:
             if class_forward_is(root, fw.causal_lm_forward):
@@ -270,5 +263,14 @@ def patched_kinds(model: nn.Module) -> dict[str, int]:
             elif getattr(type(root), "_loss_function", None) is fw.liger_causal_lm_loss:
                 kind = "cross_entropy"
         if kind is not None:
-            counts[kind] = counts.get(kind, 0) + 1
+            found[name] = kind
+    return found
+
+
+def patched_kinds(model: nn.Module) -> dict[str, int]:
+    """How many modules of the model run each liger_core kind now (``patched_modules`` counted by kind),
+    e.g. ``{"rms_norm": 5, "rope": 2, ...}``."""
+    counts: dict[str, int] = {}
+    for kind in patched_modules(model).values():
+        counts[kind] = counts.get(kind, 0) + 1
     return counts

@@ -19,17 +19,6 @@ KINDS = (
     "cross_entropy",
     "fused_linear_cross_entropy",
 )
-# Every kernel flag of the patch functions and its default (cross_entropy and the fused loss are exclusive).
-KERNEL_DEFAULTS: dict[str, bool] = {
-    "rope": True,
-    "rms_norm": True,
-    "swiglu": True,
-    "geglu": True,
-    "moe_experts": True,
-    "layer_norm": True,
-    "cross_entropy": False,
-    "fused_linear_cross_entropy": True,
-}
 
 
 class UnsupportedModelError(ValueError):

@@ -62,7 +62,9 @@ from torch.func import functional_call
 
 import liger_core
 from liger_core.patching import forwards as fw
+from liger_core.patching import probing as pr
 from liger_core.patching import rope_variants as rv
+from liger_core.patching.experts import patch_experts
 from liger_core.patching.introspect import RewrapError, innermost_function
 from liger_core.patching.loss import patch_loss
 from liger_core.patching.recipes import NormSpec
@@ -102,48 +104,6 @@ _ACT_NAMES = ("act_fn", "activation_fn", "act")
 
 class _Skip(Exception):
     """A recognised module that no liger kernel covers (reported in ``skipped``, not a miss)."""
-
-
-def _tolerance(dtype: torch.dtype) -> float:
-    return 1e-5 if dtype in (torch.float32, torch.float64) else 4 * torch.finfo(dtype).eps
-
-
-def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    if not isinstance(y, torch.Tensor) or not isinstance(ref, torch.Tensor):
-        return float("inf")
-    if y.shape != ref.shape or y.dtype != ref.dtype:
-        return float("inf")
-    y, ref = y.double(), ref.double()
-    if not torch.isfinite(y).all():
-        return float("inf")
-    scale = ref.abs().max().item() if ref.numel() else 0.0
-    return (y - ref).abs().max().item() / (scale if scale > 0 else 1.0) if y.numel() else 0.0
-
-
-def _max_err(pairs) -> float:
-    return max(_rel_err(a, b) for a, b in pairs)
-
-
-def _randn(shape, like: torch.Tensor, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    return (scale * torch.randn(shape, generator=gen, dtype=torch.float32)).to(
-        device=like.device, dtype=like.dtype
-    )
-
-
-def _leaf(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone().requires_grad_(True)
-
-
-def _grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], dout: torch.Tensor) -> tuple:
-    return torch.autograd.grad(out, inputs, dout, allow_unused=True)
-
-
-def _first_param(module: nn.Module) -> torch.Tensor | None:
-    return next(iter(module.parameters()), None)
-
-
-def _usable(t: torch.Tensor | None) -> bool:
-    return t is not None and t.device.type != "meta" and t.is_floating_point()
 
 
 def _extra_forward_params(m: nn.Module) -> list[str]:
@@ -189,14 +149,14 @@ def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
     if extra:
         raise _Skip(f"forward takes ({', '.join(extra)}) besides the hidden states: no liger kernel for it")
     w = m.weight
-    if not _usable(w):
+    if not pr.usable(w):
         return "weight not materialised"
     # a non-trivial weight (not the zeros/ones a fresh model starts with), so offsets and scales show
     hidden = w.shape[0]
-    w_probe = _leaf(_randn((hidden,), w, gen, scale=0.5) + 0.75)
+    w_probe = pr.leaf(pr.randn((hidden,), w, gen, scale=0.5) + 0.75)
     best_err, failures = float("inf"), []
     for shape, group, heads_input in _norm_layouts(m, hidden):
-        x = _leaf(_randn(shape, w, gen, scale=3.0))
+        x = pr.leaf(pr.randn(shape, w, gen, scale=3.0))
         x_in = x.flatten(-2) if heads_input else x
         with torch.enable_grad():
             try:
@@ -207,14 +167,14 @@ def _probe_norm(m: nn.Module, gen: torch.Generator) -> NormSpec | str:
             if not isinstance(ref, torch.Tensor) or ref.shape != x_in.shape:
                 failures.append(f"no {tuple(x_in.shape)} tensor from a {tuple(shape)} input")
                 continue
-            dy = _randn(ref.shape, ref, gen)
-            ref_grads = _grads(ref, (x, w_probe), dy)
+            dy = pr.randn(ref.shape, ref, gen)
+            ref_grads = pr.grads(ref, (x, w_probe), dy)
             # the RMSNorm variants, then a LayerNorm without bias in the same shape (Cohere's: mean-centred,
             # fp32 statistics; xLSTM's per head)
             for spec in (*_NORM_VARIANTS, NormSpec("structural", casting_mode=LAYER_NORM, in_place=False)):
                 y = _liger_norm(spec, x_in, w_probe, fw.norm_eps(m), group)
-                err = _max_err([(y, ref), *zip(_grads(y, (x, w_probe), dy), ref_grads)])
-                if err <= _tolerance(x.dtype):
+                err = pr.max_err([(y, ref), *zip(pr.grads(y, (x, w_probe), dy), ref_grads)])
+                if err <= pr.tolerance(x.dtype):
                     return NormSpec(
                         "structural",
                         spec.offset,
@@ -272,17 +232,17 @@ _GATED_SETTINGS = (("llama", "silu"), ("gemma", "sigmoid"), ("gemma", "silu"))
 
 def _probe_gated_norm(m: nn.Module, gen: torch.Generator) -> fw.GatedNormSpec | str:
     w = m.weight
-    if not _usable(w):
+    if not pr.usable(w):
         return "weight not materialised"
-    w_probe = _leaf(_randn((w.shape[0],), w, gen, scale=0.5) + 0.75)
-    x = _leaf(_randn((2, 3, w.shape[0]), w, gen, scale=3.0))
-    g = _leaf(_randn((2, 3, w.shape[0]), w, gen, scale=2.0))
+    w_probe = pr.leaf(pr.randn((w.shape[0],), w, gen, scale=0.5) + 0.75)
+    x = pr.leaf(pr.randn((2, 3, w.shape[0]), w, gen, scale=3.0))
+    g = pr.leaf(pr.randn((2, 3, w.shape[0]), w, gen, scale=2.0))
     with torch.enable_grad():
         ref = functional_call(m, {"weight": w_probe}, (x, g))
         if not isinstance(ref, torch.Tensor):
             return "forward does not return a tensor"
-        dy = _randn(ref.shape, ref, gen)
-        ref_grads = _grads(ref, (x, g, w_probe), dy)
+        dy = pr.randn(ref.shape, ref, gen)
+        ref_grads = pr.grads(ref, (x, g, w_probe), dy)
         best, best_err = None, float("inf")
         for spec in _gated_norm_specs(m):
             y = liger_core.ops.rms_norm_gated(
@@ -295,10 +255,10 @@ def _probe_gated_norm(m: nn.Module, gen: torch.Generator) -> fw.GatedNormSpec | 
                 norm_before_gate=spec.norm_before_gate,
                 group_size=spec.group_size,
             )
-            err = _max_err([(y, ref), *zip(_grads(y, (x, g, w_probe), dy), ref_grads)])
+            err = pr.max_err([(y, ref), *zip(pr.grads(y, (x, g, w_probe), dy), ref_grads)])
             if err < best_err:
                 best, best_err = spec, err
-    if best_err <= _tolerance(x.dtype):
+    if best_err <= pr.tolerance(x.dtype):
         return best
     return f"output or gradients differ from every gated RMSNorm setting (best rel. error {best_err:.1e})"
 
@@ -306,20 +266,20 @@ def _probe_gated_norm(m: nn.Module, gen: torch.Generator) -> fw.GatedNormSpec | 
 def _probe_layer_norm(m: nn.LayerNorm, gen: torch.Generator) -> bool | str:
     if m.weight is None or len(m.normalized_shape) != 1:
         raise _Skip("not a LayerNorm with a weight over the last dimension")
-    if not _usable(m.weight):
+    if not pr.usable(m.weight):
         return "weight not materialised"
-    w = _leaf(_randn(m.weight.shape, m.weight, gen, scale=0.5) + 0.75)
-    b = None if m.bias is None else _leaf(_randn(m.bias.shape, m.bias, gen, scale=0.5))
-    x = _leaf(_randn((2, 3, m.normalized_shape[0]), m.weight, gen, scale=3.0))
+    w = pr.leaf(pr.randn(m.weight.shape, m.weight, gen, scale=0.5) + 0.75)
+    b = None if m.bias is None else pr.leaf(pr.randn(m.bias.shape, m.bias, gen, scale=0.5))
+    x = pr.leaf(pr.randn((2, 3, m.normalized_shape[0]), m.weight, gen, scale=3.0))
     params = {"weight": w} if b is None else {"weight": w, "bias": b}
     with torch.enable_grad():
         ref = functional_call(m, params, (x,))
-        dy = _randn(ref.shape, ref, gen)
+        dy = pr.randn(ref.shape, ref, gen)
         leaves = (x, *params.values())
-        ref_grads = _grads(ref, leaves, dy)
+        ref_grads = pr.grads(ref, leaves, dy)
         y = liger_core.ops.layer_norm(x, w, b, m.eps)
-        err = _max_err([(y, ref), *zip(_grads(y, leaves, dy), ref_grads)])
-    return True if err <= _tolerance(x.dtype) else f"probe mismatch (rel. error {err:.1e})"
+        err = pr.max_err([(y, ref), *zip(pr.grads(y, leaves, dy), ref_grads)])
+    return True if err <= pr.tolerance(x.dtype) else f"probe mismatch (rel. error {err:.1e})"
 
 
 def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | None:
@@ -346,12 +306,12 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
             raise _Skip(resolved)
         first = getattr(m, layout["gate_up"] or layout["gate"])
         weight = getattr(first, "weight", None)
-        if not _usable(weight) or weight.dim() != 2:
+        if not pr.usable(weight) or weight.dim() != 2:
             return "projection weight not materialised"
         # the input's width: that of the first pre-module with a weight matrix, else the projection's
         pre_weights = [getattr(getattr(m, n), "weight", None) for n in layout.get("pre", ())]
-        width = next((w.shape[1] for w in pre_weights if _usable(w) and w.dim() == 2), weight.shape[1])
-        x = _leaf(_randn((2, 3, width), weight, gen))
+        width = next((w.shape[1] for w in pre_weights if pr.usable(w) and w.dim() == 2), weight.shape[1])
+        x = pr.leaf(pr.randn((2, 3, width), weight, gen))
         seed = int(torch.randint(0, 2**62, (), generator=gen))
         devices = [weight.device] if weight.device.type == "cuda" else []
         with torch.enable_grad(), torch.random.fork_rng(devices=devices):
@@ -359,13 +319,13 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
             ref = type(m).forward(m, x)
             if not isinstance(ref, torch.Tensor):
                 return "forward does not return a tensor"
-            dy = _randn(ref.shape, ref, gen)
-            (ref_dx,) = _grads(ref, (x,), dy)
+            dy = pr.randn(ref.shape, ref, gen)
+            (ref_dx,) = pr.grads(ref, (x,), dy)
             torch.manual_seed(seed)
             y = fw.gated_mlp(m, resolved, x)
-            (dx,) = _grads(y, (x,), dy)
-        err = _max_err([(y, ref), (dx, ref_dx)])
-        if err <= _tolerance(x.dtype):
+            (dx,) = pr.grads(y, (x,), dy)
+        err = pr.max_err([(y, ref), (dx, ref_dx)])
+        if err <= pr.tolerance(x.dtype):
             return resolved
         failures.append(f"{_layout_name(layout)}: probe rel. error {err:.1e}")
     if not failures:
@@ -571,7 +531,7 @@ def _rope_probe_inputs(layout: RopeLayout, tokens: str, rotary_dim: int, table_d
     batch, seq, head_dim, n_q, n_k = 2, 5, 8, 4, 2
     shape = {"bhtd": lambda h: (batch, h, seq, head_dim), "bthd": lambda h: (batch, seq, h, head_dim)}
     shape["thd"] = lambda h: (seq, h, head_dim)
-    q, k = _randn(shape[tokens](n_q), like, gen), _randn(shape[tokens](n_k), like, gen)
+    q, k = pr.randn(shape[tokens](n_q), like, gen), pr.randn(shape[tokens](n_k), like, gen)
     lead = (seq,) if tokens == "thd" else (batch, seq)
     width = rotary_dim if layout.tables in ("halves", "any") else rotary_dim // 2
     angles = torch.rand((*lead, width if layout.tables != "halves" else width // 2), generator=gen) * 6.0
@@ -607,7 +567,7 @@ def _probe_rope_layout(fn, layout: RopeLayout, dtype, device, gen: torch.Generat
                     continue
                 q0, k0, tables = _rope_probe_inputs(layout, tokens, rotary_dim, table_dtype, like, gen)
                 one = layout.call in ("x_cos_sin", "x_sin_cos")
-                inputs = (_leaf(q0),) if one else (_leaf(q0), _leaf(k0))
+                inputs = (pr.leaf(q0),) if one else (pr.leaf(q0), pr.leaf(k0))
                 try:
                     with torch.enable_grad():
                         ref = _rope_call(fn, layout, inputs, tables)
@@ -624,16 +584,16 @@ def _probe_rope_layout(fn, layout: RopeLayout, dtype, device, gen: torch.Generat
                     chosen = layout.promoted
                 else:
                     return f"{fn.__name__} returns {ref[0].dtype} for {q0.dtype} q, the replacement does not"
-                douts = [_randn(t.shape, t, gen) for t in ref]
-                ours_in = tuple(_leaf(t) for t in (q0, k0)[: len(inputs)])
+                douts = [pr.randn(t.shape, t, gen) for t in ref]
+                ours_in = tuple(pr.leaf(t) for t in (q0, k0)[: len(inputs)])
                 with torch.enable_grad():
                     ref_grads = torch.autograd.grad(ref, inputs, douts)
                     ours = _rope_call(chosen, layout, ours_in, tables)
                     if isinstance(ours, str) or len(ours) != len(ref):
                         return "the replacement returns other outputs"
                     grads = torch.autograd.grad(ours, ours_in, douts)
-                err = _max_err([*zip(ours, ref), *zip(grads, ref_grads)])
-                if err > _tolerance(dtype):
+                err = pr.max_err([*zip(ours, ref), *zip(grads, ref_grads)])
+                if err > pr.tolerance(dtype):
                     partial = " at partial rotary" if rotary_dim < head_dim else ""
                     return f"probe rel. error {err:.1e}{partial} (q/k {tokens})"
     if layout.call == "q_k_cos_sin" and _k_may_be_left_out(fn):
@@ -710,7 +670,7 @@ def _head_layouts(root: nn.Module) -> list[tuple[tuple[str, ...], str]]:
     transform)."""
     layouts = []
     lm_head = getattr(root, "lm_head", None)
-    if _usable(getattr(lm_head, "weight", None)):
+    if pr.usable(getattr(lm_head, "weight", None)):
         layouts.append((("lm_head",), "lm_head"))
     path = _output_linear_path(root)
     if path is not None and path != "lm_head":
@@ -759,7 +719,7 @@ def _head_params(root: nn.Module, spec: fw.LMSpec) -> list[torch.Tensor]:
     for name in spec.head:
         for p in root.get_submodule(name).parameters():
             params[id(p)] = p
-    return [p for p in params.values() if _usable(p)]
+    return [p for p in params.values() if pr.usable(p)]
 
 
 def _probe_loss(root: nn.Module, candidates: list[fw.LMSpec], gen: torch.Generator) -> fw.LMSpec | str:
@@ -824,8 +784,8 @@ def _probe_loss_spec(root, spec, ids, ref_loss, ref_grads, dtype) -> bool | tupl
     pairs += [
         (g, ref_grads[id(p)]) for p, g in zip(mine, grads) if not (g is None and ref_grads[id(p)] is None)
     ]
-    err = _max_err(pairs)
-    if err <= _tolerance(dtype):
+    err = pr.max_err(pairs)
+    if err <= pr.tolerance(dtype):
         return True
     return err, f"loss or lm_head gradient differs from the model's own (rel. error {err:.1e})"
 
@@ -935,8 +895,8 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                     continue
             if flags["rope"]:
                 found = _rope_global(m)
-                param = _first_param(m)
-                if found is None or not _usable(param):
+                param = pr.first_param(m)
+                if found is None or not pr.usable(param):
                     continue
                 rope_name, fn = found
                 key = (fn, param.dtype, param.device)
@@ -956,8 +916,6 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                 report.modules[qualname] = "rope"
         except _Skip as why:
             skips.append(f"{name}: {why}")
-
-    from liger_core.patching.experts import patch_experts  # imports this module's probe helpers
 
     patch_experts(root, flags, report)
     if flags["fused_linear_cross_entropy"] or flags["cross_entropy"]:

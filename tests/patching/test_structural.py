@@ -8,7 +8,7 @@ from toy_model import ToyConfig, ToyForCausalLM
 
 import liger_core
 from liger_core.patching import is_patched
-from liger_core.patching.structural import _tolerance as tolerance
+from liger_core.patching.probing import tolerance
 
 
 def _step(model, ids):

@@ -35,6 +35,8 @@ from transformers import (
     TrainingArguments,
 )
 
+from liger_core.patching import patched_modules
+
 SIZES = {  # hidden, layers, heads, kv heads, intermediate ("tiny": a CPU smoke test of the script itself)
     "tiny": (64, 2, 4, 2, 128),
     "0.5b": (1024, 16, 16, 8, 3584),
@@ -140,9 +142,7 @@ def main() -> None:
         "median_step_s": round(step_s, 4),
         "tokens_per_s": round(tokens_per_step / step_s),
         "losses": [round(e["loss"], 4) for e in trainer.state.log_history if "loss" in e],
-        "liger_core_kinds": sorted(
-            {m.__dict__["_liger_core_kind"] for m in model.modules() if "_liger_core_kind" in m.__dict__}
-        ),
+        "liger_core_kinds": sorted(set(patched_modules(model).values())),
         "device": torch.cuda.get_device_name() if CUDA else "cpu",
     }
     print("RESULT " + json.dumps(result), flush=True)

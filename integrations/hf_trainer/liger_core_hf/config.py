@@ -2,8 +2,9 @@
 
 Accepted forms: None (liger_core's defaults), a dict of booleans, or the same dict as a JSON string (how it
 arrives from `--liger_kernel_config '{"rope": false}'` or from a YAML file that quotes it). The keys are the
-keyword arguments of `liger_core.apply_liger_kernel`: the kernel names liger-kernel also uses, and `strict`
-(raise `liger_core.patching.PatchIncompleteError` instead of training without a kernel that was asked for).
+keyword arguments of `liger_core.apply_liger_kernel`: the fields of `liger_core.patching.KernelFlags`, and
+`strict` (raise `liger_core.patching.PatchIncompleteError` instead of training without a kernel that was asked
+for).
 """
 
 from __future__ import annotations
@@ -14,18 +15,31 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-KERNEL_FLAGS: tuple[str, ...] = (
-    "rope",
-    "rms_norm",
-    "swiglu",
-    "geglu",
-    "layer_norm",
-    "cross_entropy",
-    "fused_linear_cross_entropy",
-)
 # keys that are not kernels: `strict` makes a kernel asked for and not applied an error (default False)
 OPTIONS: tuple[str, ...] = ("strict",)
-CONFIG_KEYS: tuple[str, ...] = (*KERNEL_FLAGS, *OPTIONS)
+
+
+def kernel_flags() -> tuple[str, ...]:
+    """The kernel flag names, from liger_core's one definition (`liger_core.patching.KernelFlags`); imported
+    on first use, so importing this module needs neither liger_core nor torch."""
+    from liger_core.patching import KernelFlags
+
+    return KernelFlags.names()
+
+
+def config_keys() -> tuple[str, ...]:
+    """Every key `liger_kernel_config` accepts: the kernel flags, then `OPTIONS`."""
+    return (*kernel_flags(), *OPTIONS)
+
+
+def __getattr__(name: str) -> Any:
+    # KERNEL_FLAGS / CONFIG_KEYS stay importable names of this module, computed from liger_core on access
+    if name == "KERNEL_FLAGS":
+        return kernel_flags()
+    if name == "CONFIG_KEYS":
+        return config_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -63,17 +77,18 @@ def parse_kernel_config(config: Mapping[str, Any] | str | None) -> dict[str, boo
         raise TypeError(
             f"liger_kernel_config must be a dict of booleans or its JSON string, got {type(config).__name__}"
         )
-    unknown = sorted(str(k) for k in config if k not in CONFIG_KEYS)
+    keys = config_keys()
+    unknown = sorted(str(k) for k in config if k not in keys)
     if unknown:
         hints = []
         for key in unknown:
-            close = difflib.get_close_matches(key, CONFIG_KEYS, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
             if close:
                 hints.append(f"{key!r}: did you mean {close[0]!r}?")
         raise ValueError(
             f"liger_kernel_config has unknown key(s) {unknown}"
             + (f" ({'; '.join(hints)})" if hints else "")
-            + f"; liger_core accepts {list(CONFIG_KEYS)}"
+            + f"; liger_core accepts {list(keys)}"
         )
     flags = {key: _as_bool(key, value) for key, value in config.items()}
     if flags.get("cross_entropy") and "fused_linear_cross_entropy" not in flags:

@@ -82,6 +82,20 @@ def _result(proc: subprocess.CompletedProcess, output_dir: Path) -> dict:
     return json.loads((output_dir / "result.json").read_text())
 
 
+def test_config_keys_are_liger_cores_kernel_flags_and_strict():
+    """The accepted keys come from liger_core's one definition of the flags, not a list of this plugin's."""
+    import dataclasses
+
+    from liger_core.patching import KernelFlags
+
+    names = tuple(f.name for f in dataclasses.fields(KernelFlags))
+    assert liger_core_hf.KERNEL_FLAGS == names
+    assert liger_core_hf.parse_kernel_config({name: False for name in names} | {"strict": True}) == {
+        **{name: False for name in names},
+        "strict": True,
+    }
+
+
 def test_launcher_runs_an_unchanged_script(monkeypatch, tiny_dir, tmp_path):
     plain_out, launched_out = tmp_path / "plain", tmp_path / "launched"
     script = str(SCRIPTS / "train_clm.py")

@@ -108,8 +108,10 @@ def step_losses(trainer) -> list[float]:
 
 
 def kinds(model) -> set[str]:
-    """The liger_core kinds swapped into `model` (patched modules carry `_liger_core_kind`)."""
-    return {m.__dict__["_liger_core_kind"] for m in model.modules() if "_liger_core_kind" in m.__dict__}
+    """The liger_core kinds `model` runs now (`liger_core.patching.patched_modules`)."""
+    from liger_core.patching import patched_modules
+
+    return set(patched_modules(model).values())
 
 
 def toy_model():

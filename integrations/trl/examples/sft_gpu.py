@@ -32,6 +32,8 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer, TrlParser
 
+from liger_core.patching import patched_modules
+
 _spec = importlib.util.spec_from_file_location(
     "hf_sft_gpu", Path(__file__).resolve().parents[2] / "hf_trainer" / "examples" / "sft_gpu.py"
 )
@@ -80,9 +82,7 @@ def main() -> None:
         "mean_token_accuracy": [
             round(e["mean_token_accuracy"], 4) for e in logs if "mean_token_accuracy" in e
         ],
-        "liger_core_kinds": sorted(
-            {m.__dict__["_liger_core_kind"] for m in model.modules() if "_liger_core_kind" in m.__dict__}
-        ),
+        "liger_core_kinds": sorted(set(patched_modules(model).values())),
         "device": torch.cuda.get_device_name() if hf_example.CUDA else "cpu",
     }
     print("RESULT " + json.dumps(result), flush=True)

@@ -46,13 +46,13 @@ def main():
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
     )
     trainer.train()
+    from liger_core.patching import patched_modules  # what the flag patched, to check it
+
     result = {
         "use_liger_kernel": training_args.use_liger_kernel,
         "liger_kernel_config": training_args.liger_kernel_config,
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
-        "kinds": sorted(
-            {m.__dict__["_liger_core_kind"] for m in model.modules() if "_liger_core_kind" in m.__dict__}
-        ),
+        "kinds": sorted(set(patched_modules(model).values())),
     }
     with open(os.path.join(training_args.output_dir, "result.json"), "w") as f:
         json.dump(result, f)

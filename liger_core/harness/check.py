@@ -8,7 +8,8 @@ the benchmark's realistic ones and the table adds the kernel's fwd+bwd median ti
 small and odd, the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is set here when no GPU is
 present and triton is not imported yet), and nothing is timed. The exit code is 1 when any check fails.
 
-The inputs, reference runs and error metric are those of the benchmark suite (``liger_core.bench``).
+The inputs, reference runs and error metric are those of the benchmark suite (``liger_core.harness``:
+``registry`` and ``correctness``).
 """
 
 from __future__ import annotations
@@ -20,17 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
-from liger_core.bench import (
-    ALL_OPS,
-    OPS,
-    QUICK,
-    CaseRunner,
-    PackageImportError,
-    available,
-    prepare_triton,
-    quiet_interpreter,
-    time_step,
-)
+from liger_core.harness.correctness import CaseRunner
+from liger_core.harness.interpreter import prepare_triton, quiet_interpreter
+from liger_core.harness.registry import ALL_OPS, OPS, PackageImportError, available
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOSS_GRAD = 0.5  # a grad_output that is not 1, so a kernel that ignores it fails here
@@ -136,7 +129,7 @@ def check_one(
         runner.set_eager(runner.run_checked(runner.reference).errors)
         run = runner.run_checked(fn)
         err, eager_err, worst, ok = runner.verdict(run.errors)
-        ms = time_step(run, "fwd+bwd", QUICK)[0] if timed else None
+        ms = _quick_time(run) if timed else None
         del run, runner
     except Exception as e:  # noqa: BLE001 - report the op as failed and go on with the others
         msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:200]
@@ -163,3 +156,11 @@ def print_row(row: tuple, header: bool) -> None:
         f"{result:<6} {ms_cell}"
     )
     sys.stdout.flush()
+
+
+def _quick_time(run) -> float:
+    """The fwd+bwd median in ms, with the benchmark's quick timer (a GPU check only: the timing module and
+    triton.testing are imported here, not by the CPU check)."""
+    from liger_core.harness.timing import QUICK, time_step
+
+    return time_step(run, "fwd+bwd", QUICK)[0]
