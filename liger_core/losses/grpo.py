@@ -52,7 +52,7 @@ from liger_core.dispatch import (
     check_shape,
     check_tensor,
 )
-from liger_core.losses._logps import LOGPS_DTYPES, reference_token_logprobs
+from liger_core.losses._logps import LOGPS_DTYPES, LogprobHead, reference_token_logprobs
 from liger_core.ops.fused_linear_logprobs import fused_linear_logprobs
 
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
@@ -555,13 +555,9 @@ def fused_linear_grpo_loss(
             f"beta={beta} needs ref_per_token_logps or ref_hidden (the reference model's states)"
         )
     scored = target.masked_fill(completion_mask == 0, ignore_index)
-    head = {
-        "temperature": temperature,
-        "softcap": softcap,
-        "logit_scale": logit_scale,
-        "ignore_index": ignore_index,
-    }
-    chunking = {"chunk_size": chunk_size, "max_chunk_bytes": max_chunk_bytes}
+    head = LogprobHead(
+        ignore_index, temperature, softcap, logit_scale, chunk_size, max_chunk_bytes=max_chunk_bytes
+    )
     # fp64 log-probs: the formula runs in fp64 anyway, and its per-token gradients then reach the kernels
     # unrounded (an fp32 rounding of each sequence's gradient would scale its whole dW contribution)
     policy = fused_linear_logprobs(
@@ -571,20 +567,13 @@ def fused_linear_grpo_loss(
         bias,
         outputs=("log_probs", "entropy") if compute_entropy else ("log_probs",),
         log_probs_dtype=torch.float64,
-        **head,
-        **chunking,
+        **head.op_kwargs(),
     )
     if beta != 0.0 and ref_per_token_logps is None:
         if ref_weight is None:  # the policy's head (a PEFT reference)
             ref_weight, ref_bias = weight, bias
         ref_per_token_logps = reference_token_logprobs(
-            ref_hidden,
-            ref_weight,
-            scored,
-            ref_bias,
-            shape_hint="one per completion token",
-            **head,
-            **chunking,
+            ref_hidden, ref_weight, scored, ref_bias, head, shape_hint="one per completion token"
         )
     loss, metrics = grpo_loss_from_logps(
         policy.log_probs,
