@@ -180,3 +180,61 @@ def special_pairs(dtype: torch.dtype, device, n_random: int = 2157) -> list[torc
     a = torch.cat([grid_a, torch.randn(n_random, dtype=torch.float64) * 3])
     b = torch.cat([grid_b, torch.randn(n_random, dtype=torch.float64)])
     return [t.view(-1, 11).to(device=device, dtype=dtype) for t in (a, b)]
+
+
+def check_gated_strided(op, eager, shape, dtype: torch.dtype, device, how: str) -> None:
+    """A gated activation ``op(a, b)`` with a, b and the incoming gradient non-contiguous (``strided(.,
+    how)``): y, da and db no worse than ``eager(a, b)`` on the same views (against ``eager`` in float64), the
+    gradients in the views' shapes, and the caller's a and b untouched (an in-place backward writes over the
+    op's own contiguous copies)."""
+    a = strided((torch.randn(shape, dtype=torch.float64, device=device) * 3).to(dtype), how)
+    b = strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
+    a_before, b_before = a.clone(), b.clone()
+    a.requires_grad_(), b.requires_grad_()
+    a_e, b_e = strided(a.detach(), how).requires_grad_(), strided(b.detach(), how).requires_grad_()
+    a_r, b_r = leaf(a, torch.float64), leaf(b, torch.float64)
+
+    y = op(a, b)
+    y_e, y_r = eager(a_e, b_e), eager(a_r, b_r)
+    assert y.dtype == dtype and y.shape == shape
+    assert_no_worse_than_eager("y", y, y_e, y_r)
+
+    dy = strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
+    da, db = torch.autograd.grad(y, (a, b), dy)
+    da_e, db_e = torch.autograd.grad(y_e, (a_e, b_e), dy)
+    da_r, db_r = torch.autograd.grad(y_r, (a_r, b_r), dy.double())
+    assert da.shape == db.shape == shape
+    assert_no_worse_than_eager("da", da, da_e, da_r)
+    assert_no_worse_than_eager("db", db, db_e, db_r)
+    assert torch.equal(a.detach(), a_before) and torch.equal(b.detach(), b_before)
+
+
+def check_gated_nonfinite(op, eager, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
+    """A gated activation ``op(a, b)`` on ``special_pairs``: y, da and db NaN / +-inf exactly where
+    ``eager(a, b)`` and its autograd give them, and no worse than eager elsewhere. Returns (a, b, eager's
+    y), detached."""
+    a, b = special_pairs(dtype, device)
+    a_e, b_e, a_r, b_r = leaf(a), leaf(b), leaf(a, torch.float64), leaf(b, torch.float64)
+    a, b = leaf(a), leaf(b)
+    y, y_e, y_r = op(a, b), eager(a_e, b_e), eager(a_r, b_r)
+    assert_same_nonfinite("y", y, y_e, y_r)
+    dy = torch.randn(a.shape, dtype=torch.float64, device=a.device).to(dtype)
+    for name, g, g_e, g_r in zip(
+        ("da", "db"),
+        torch.autograd.grad(y, (a, b), dy),
+        torch.autograd.grad(y_e, (a_e, b_e), dy),
+        torch.autograd.grad(y_r, (a_r, b_r), dy.double()),
+    ):
+        assert_same_nonfinite(name, g, g_e, g_r)
+    return a.detach(), b.detach(), y_e.detach()
+
+
+def check_gated_empty(op, eager, shape, device) -> None:
+    """A gated activation ``op(a, b)`` on 0 rows: the same empty y, da and db as ``eager(a, b)``."""
+    a, b = leaf(torch.randn(shape, device=device)), leaf(torch.randn(shape, device=device))
+    a_e, b_e = leaf(a), leaf(b)
+    y, y_e = op(a * 1, b * 1), eager(a_e, b_e)
+    assert y.dtype == y_e.dtype and y.shape == y_e.shape == shape
+    dy = torch.randn(shape, device=device)
+    for g, g_e in zip(torch.autograd.grad(y, (a, b), dy), torch.autograd.grad(y_e, (a_e, b_e), dy)):
+        assert g.dtype == g_e.dtype and torch.equal(g, g_e)

@@ -3,12 +3,12 @@ import torch
 import torch.nn.functional as F
 from helpers import (
     assert_no_worse_than_eager,
-    assert_same_nonfinite,
+    check_gated_empty,
+    check_gated_nonfinite,
+    check_gated_strided,
     devices,
     leaf,
     noncontiguous,
-    special_pairs,
-    strided,
 )
 
 from liger_core import reference
@@ -166,28 +166,15 @@ def test_geglu_strided_arguments(path_device, dtype, how, approximate, inplace_b
     """a, b and the incoming gradient non-contiguous: y, da and db no worse than eager on the same views, the
     gradients in the views' shapes, and the caller's a and b untouched (the in-place backward writes over
     the op's own contiguous copies)."""
-    device = path_device
-    shape = SHAPES[device][0]
-    a = strided((torch.randn(shape, dtype=torch.float64, device=device) * 3).to(dtype), how)
-    b = strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
-    a_before, b_before = a.clone(), b.clone()
-    a.requires_grad_(), b.requires_grad_()
-    a_e, b_e = strided(a.detach(), how).requires_grad_(), strided(b.detach(), how).requires_grad_()
-    a_r, b_r = leaf(a, torch.float64), leaf(b, torch.float64)
-
-    y = geglu(a, b, approximate, inplace_backward)
-    y_e, y_r = reference.geglu(a_e, b_e, approximate), reference.geglu(a_r, b_r, approximate)
-    assert y.dtype == dtype and y.shape == shape
-    assert_no_worse_than_eager("y", y, y_e, y_r)
-
-    dy = strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
-    da, db = torch.autograd.grad(y, (a, b), dy)
-    da_e, db_e = torch.autograd.grad(y_e, (a_e, b_e), dy)
-    da_r, db_r = torch.autograd.grad(y_r, (a_r, b_r), dy.double())
-    assert da.shape == db.shape == shape
-    assert_no_worse_than_eager("da", da, da_e, da_r)
-    assert_no_worse_than_eager("db", db, db_e, db_r)
-    assert torch.equal(a.detach(), a_before) and torch.equal(b.detach(), b_before)
+    shape = SHAPES[path_device][0]
+    check_gated_strided(
+        lambda a, b: geglu(a, b, approximate, inplace_backward),
+        lambda a, b: reference.geglu(a, b, approximate),
+        shape,
+        dtype,
+        path_device,
+        how,
+    )
 
 
 # bf16 as fp32: eager's gelu(a), rounded to bf16 before the product, is inf/NaN exactly where the kernel's is
@@ -198,27 +185,16 @@ def test_geglu_nonfinite_inputs_follow_eager(path_device, dtype, approximate):
     """+-inf and NaN in a and b: y, da and db are NaN / +-inf where ``F.gelu(a, approximate) * b`` and its
     autograd give them (gelu(+inf) = +inf, gelu(-inf) = NaN, gelu'(+-inf) = NaN, 0 * inf = NaN, ...), and
     exact elsewhere."""
-    a, b = special_pairs(dtype, path_device)
-    a_e, b_e, a_r, b_r = leaf(a), leaf(b), leaf(a, torch.float64), leaf(b, torch.float64)
-    a, b = leaf(a), leaf(b)
-    y, y_e, y_r = (
-        geglu(a, b, approximate),
-        reference.geglu(a_e, b_e, approximate),
-        reference.geglu(a_r, b_r, approximate),
+    a, b, y_e = check_gated_nonfinite(
+        lambda a, b: geglu(a, b, approximate),
+        lambda a, b: reference.geglu(a, b, approximate),
+        dtype,
+        path_device,
     )
-    assert_same_nonfinite("y", y, y_e, y_r)
     # the oracle is torch's own composition, but for the erf GELU of +inf (see liger_core.reference.geglu)
-    y_torch = F.gelu(a_e.detach(), approximate=approximate) * b_e.detach()
-    same = ~(torch.isposinf(a.detach()) & (approximate == "none"))
-    torch.testing.assert_close(y_e.detach()[same], y_torch[same], rtol=0, atol=0, equal_nan=True)
-    dy = torch.randn(a.shape, dtype=torch.float64, device=a.device).to(dtype)
-    for name, g, g_e, g_r in zip(
-        ("da", "db"),
-        torch.autograd.grad(y, (a, b), dy),
-        torch.autograd.grad(y_e, (a_e, b_e), dy),
-        torch.autograd.grad(y_r, (a_r, b_r), dy.double()),
-    ):
-        assert_same_nonfinite(name, g, g_e, g_r)
+    y_torch = F.gelu(a, approximate=approximate) * b
+    same = ~(torch.isposinf(a) & (approximate == "none"))
+    torch.testing.assert_close(y_e[same], y_torch[same], rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("shape", [(0, 45), (0, 5, 45)])
@@ -226,10 +202,9 @@ def test_geglu_nonfinite_inputs_follow_eager(path_device, dtype, approximate):
 @pytest.mark.parametrize("inplace_backward", [False, True])
 def test_geglu_empty_like_eager(path_device, shape, approximate, inplace_backward):
     """0 rows: the same empty y, da and db as eager on every path."""
-    a, b = leaf(torch.randn(shape, device=path_device)), leaf(torch.randn(shape, device=path_device))
-    a_e, b_e = leaf(a), leaf(b)
-    y, y_e = geglu(a * 1, b * 1, approximate, inplace_backward), F.gelu(a_e, approximate=approximate) * b_e
-    assert y.dtype == y_e.dtype and y.shape == y_e.shape == shape
-    dy = torch.randn(shape, device=path_device)
-    for g, g_e in zip(torch.autograd.grad(y, (a, b), dy), torch.autograd.grad(y_e, (a_e, b_e), dy)):
-        assert g.dtype == g_e.dtype and torch.equal(g, g_e)
+    check_gated_empty(
+        lambda a, b: geglu(a, b, approximate, inplace_backward),
+        lambda a, b: F.gelu(a, approximate=approximate) * b,
+        shape,
+        path_device,
+    )

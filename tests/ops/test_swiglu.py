@@ -3,12 +3,12 @@ import torch
 import torch.nn.functional as F
 from helpers import (
     assert_no_worse_than_eager,
-    assert_same_nonfinite,
+    check_gated_empty,
+    check_gated_nonfinite,
+    check_gated_strided,
     devices,
     leaf,
     noncontiguous,
-    special_pairs,
-    strided,
 )
 
 from liger_core import reference
@@ -142,28 +142,10 @@ def test_swiglu_strided_arguments(path_device, dtype, how, inplace_backward):
     """a, b and the incoming gradient non-contiguous: y, da and db no worse than eager on the same views, the
     gradients in the views' shapes, and the caller's a and b untouched (the in-place backward writes over
     the op's own contiguous copies)."""
-    device = path_device
-    shape = SHAPES[device][0]
-    a = strided((torch.randn(shape, dtype=torch.float64, device=device) * 3).to(dtype), how)
-    b = strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
-    a_before, b_before = a.clone(), b.clone()
-    a.requires_grad_(), b.requires_grad_()
-    a_e, b_e = strided(a.detach(), how).requires_grad_(), strided(b.detach(), how).requires_grad_()
-    a_r, b_r = leaf(a, torch.float64), leaf(b, torch.float64)
-
-    y = swiglu(a, b, inplace_backward)
-    y_e, y_r = reference.swiglu(a_e, b_e), reference.swiglu(a_r, b_r)
-    assert y.dtype == dtype and y.shape == shape
-    assert_no_worse_than_eager("y", y, y_e, y_r)
-
-    dy = strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
-    da, db = torch.autograd.grad(y, (a, b), dy)
-    da_e, db_e = torch.autograd.grad(y_e, (a_e, b_e), dy)
-    da_r, db_r = torch.autograd.grad(y_r, (a_r, b_r), dy.double())
-    assert da.shape == db.shape == shape
-    assert_no_worse_than_eager("da", da, da_e, da_r)
-    assert_no_worse_than_eager("db", db, db_e, db_r)
-    assert torch.equal(a.detach(), a_before) and torch.equal(b.detach(), b_before)
+    shape = SHAPES[path_device][0]
+    check_gated_strided(
+        lambda a, b: swiglu(a, b, inplace_backward), reference.swiglu, shape, dtype, path_device, how
+    )
 
 
 # bf16 as fp32: eager's silu(a), rounded to bf16 before the product, is inf/NaN exactly where the kernel's is
@@ -172,29 +154,13 @@ def test_swiglu_strided_arguments(path_device, dtype, how, inplace_backward):
 def test_swiglu_nonfinite_inputs_follow_eager(path_device, dtype):
     """+-inf and NaN in a and b: y, da and db are NaN / +-inf where ``F.silu(a) * b`` and its autograd give
     them (silu(+inf) = +inf, silu(-inf) = NaN, 0 * inf = NaN, ...), and exact elsewhere."""
-    a, b = special_pairs(dtype, path_device)
-    a_e, b_e, a_r, b_r = leaf(a), leaf(b), leaf(a, torch.float64), leaf(b, torch.float64)
-    a, b = leaf(a), leaf(b)
-    y, y_e, y_r = swiglu(a, b), F.silu(a_e) * b_e, F.silu(a_r) * b_r
-    assert_same_nonfinite("y", y, y_e, y_r)
-    dy = torch.randn(a.shape, dtype=torch.float64, device=a.device).to(dtype)
-    for name, g, g_e, g_r in zip(
-        ("da", "db"),
-        torch.autograd.grad(y, (a, b), dy),
-        torch.autograd.grad(y_e, (a_e, b_e), dy),
-        torch.autograd.grad(y_r, (a_r, b_r), dy.double()),
-    ):
-        assert_same_nonfinite(name, g, g_e, g_r)
+    check_gated_nonfinite(swiglu, lambda a, b: F.silu(a) * b, dtype, path_device)
 
 
 @pytest.mark.parametrize("shape", [(0, 45), (0, 5, 45)])
 @pytest.mark.parametrize("inplace_backward", [False, True])
 def test_swiglu_empty_like_eager(path_device, shape, inplace_backward):
     """0 rows: the same empty y, da and db as eager on every path."""
-    a, b = leaf(torch.randn(shape, device=path_device)), leaf(torch.randn(shape, device=path_device))
-    a_e, b_e = leaf(a), leaf(b)
-    y, y_e = swiglu(a * 1, b * 1, inplace_backward), F.silu(a_e) * b_e
-    assert y.dtype == y_e.dtype and y.shape == y_e.shape == shape
-    dy = torch.randn(shape, device=path_device)
-    for g, g_e in zip(torch.autograd.grad(y, (a, b), dy), torch.autograd.grad(y_e, (a_e, b_e), dy)):
-        assert g.dtype == g_e.dtype and torch.equal(g, g_e)
+    check_gated_empty(
+        lambda a, b: swiglu(a, b, inplace_backward), lambda a, b: F.silu(a) * b, shape, path_device
+    )
