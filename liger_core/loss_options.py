@@ -63,7 +63,6 @@ class CrossEntropyOptions:
 
 
 _DEFAULTS = CrossEntropyOptions()
-FIELDS = tuple(field.name for field in dataclasses.fields(CrossEntropyOptions))
 
 
 def resolve(options: CrossEntropyOptions | None, **keywords) -> CrossEntropyOptions:
