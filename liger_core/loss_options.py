@@ -65,14 +65,17 @@ class CrossEntropyOptions:
 _DEFAULTS = CrossEntropyOptions()
 
 
-def resolve(options: CrossEntropyOptions | None, **keywords) -> CrossEntropyOptions:
-    """``options`` when given (then every keyword must keep its default: one source for each option), else
-    the options the keywords name."""
+def resolve(options: CrossEntropyOptions | None, *values) -> CrossEntropyOptions:
+    """``options`` when given (then every one of ``values`` must keep its default: one source for each
+    option), else the options that ``values`` name. ``values``: the public functions' keywords ``weight,
+    ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss``, in the order of the
+    fields (torch's order, which the functions' signatures keep)."""
     if options is None:
-        return CrossEntropyOptions(**keywords)
+        return CrossEntropyOptions(*values)
     if not isinstance(options, CrossEntropyOptions):
         raise TypeError(f"options must be a CrossEntropyOptions, got {type(options).__name__}")
-    changed = [name for name, value in keywords.items() if not _is_default(value, getattr(_DEFAULTS, name))]
+    names = [field.name for field in dataclasses.fields(CrossEntropyOptions)]
+    changed = [name for name, value in zip(names, values) if not _is_default(value, getattr(_DEFAULTS, name))]
     if changed:
         raise TypeError(f"pass {', '.join(changed)} inside options=, not beside it")
     return options

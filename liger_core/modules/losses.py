@@ -76,14 +76,9 @@ class LigerCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         inplace_backward: bool = False,
     ) -> None:
         super().__init__()
-        self.options = CrossEntropyOptions(
-            ignore_index=ignore_index,
-            reduction=reduction,
-            label_smoothing=label_smoothing,
-            lse_square_scale=lse_square_scale,
-            softcap=softcap,
-            return_z_loss=return_z_loss,
-        )
+        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
+        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        self.options = CrossEntropyOptions(None, *options)
         self.register_buffer("weight", weight)
         self.inplace_backward = inplace_backward
 
@@ -129,14 +124,9 @@ class LigerFusedLinearCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         max_chunk_bytes: int | None = None,
     ) -> None:
         super().__init__()
-        self.options = CrossEntropyOptions(
-            ignore_index=ignore_index,
-            reduction=reduction,
-            label_smoothing=label_smoothing,
-            lse_square_scale=lse_square_scale,
-            softcap=softcap,
-            return_z_loss=return_z_loss,
-        )
+        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
+        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        self.options = CrossEntropyOptions(None, *options)
         self.register_buffer("ce_weight", ce_weight)
         self.max_chunk_bytes = max_chunk_bytes
         self.accum_dtype = accum_dtype

@@ -1112,14 +1112,7 @@ def cross_entropy(
     instead of the keywords (which then keep their defaults).
     """
     options = resolve_options(
-        options,
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        label_smoothing=label_smoothing,
-        lse_square_scale=lse_square_scale,
-        softcap=softcap,
-        return_z_loss=return_z_loss,
+        options, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
     check_tensor("logits", logits, min_ndim=1)

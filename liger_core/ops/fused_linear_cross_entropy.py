@@ -1480,14 +1480,7 @@ def fused_linear_cross_entropy(
     instead of the keywords (which then keep their defaults).
     """
     options = resolve_options(
-        options,
-        weight=ce_weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        label_smoothing=label_smoothing,
-        lse_square_scale=lse_square_scale,
-        softcap=softcap,
-        return_z_loss=return_z_loss,
+        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     ce_weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
     if any_dtensor(hidden, weight, bias, target):

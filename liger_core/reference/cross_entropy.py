@@ -40,14 +40,7 @@ def cross_entropy(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``options``: the loss options as one object, instead of the keywords (``liger_core.loss_options``)."""
     options = resolve_options(
-        options,
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        label_smoothing=label_smoothing,
-        lse_square_scale=lse_square_scale,
-        softcap=softcap,
-        return_z_loss=return_z_loss,
+        options, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
     label_smoothing, lse_square_scale = options.label_smoothing, options.lse_square_scale

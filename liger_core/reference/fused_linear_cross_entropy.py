@@ -36,14 +36,7 @@ def fused_linear_cross_entropy(
     """``options``: the loss options as one object (its ``weight`` is ``ce_weight``), instead of the
     keywords."""
     options = resolve_options(
-        options,
-        weight=ce_weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        label_smoothing=label_smoothing,
-        lse_square_scale=lse_square_scale,
-        softcap=softcap,
-        return_z_loss=return_z_loss,
+        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     logits = F.linear(hidden, weight, bias)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
