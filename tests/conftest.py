@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # so test files can `import help
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import HAS_CUDA, use_reference_path  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +46,36 @@ def poison_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: _poison(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _poison(real_empty_like(*a, **k)))
     yield
+
+
+# The paths an op takes: the Triton kernels (in Triton's interpreter on CPU, or on the GPU) and the
+# pure-PyTorch reference path that CPU tensors take where Triton is missing.
+PATHS = [
+    pytest.param("interpreter", id="interpreter"),
+    pytest.param("reference", id="reference"),
+    pytest.param(
+        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
+    ),
+]
+
+
+@pytest.fixture(params=PATHS)
+def path_device(request, monkeypatch):
+    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
+    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
+    from liger_core import dispatch
+
+    if request.param == "reference":
+        use_reference_path(monkeypatch)
+    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
+    return "cuda" if request.param == "cuda" else "cpu"
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
+    tensors take where Triton is missing."""
+    if request.param == "reference":
+        use_reference_path(monkeypatch)
+    return request.param

@@ -8,6 +8,9 @@ token predicted from ``hidden[:, t]``), ``ignore_index`` on prompt and padding p
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
 from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_shape, check_tensor
@@ -43,21 +46,31 @@ def check_sequence_logps(name: str, logps: torch.Tensor | None, rows: int, devic
         raise ValueError(f"{name} is on {logps.device} but hidden is on {device}; move them to one device")
 
 
-def layer1_options(
-    temperature: float,
-    softcap: float | None,
-    logit_scale: float,
-    chunk_size: int | None,
-    accum_dtype: torch.dtype | None,
-) -> dict:
-    """The loss's layer-1 keywords (logit transform and chunking), passed on to every log-prob pass."""
-    return dict(
-        temperature=temperature,
-        softcap=softcap,
-        logit_scale=logit_scale,
-        chunk_size=chunk_size,
-        accum_dtype=accum_dtype,
-    )
+@dataclass(frozen=True)
+class LogprobHead:
+    """How a loss scores its targets (layer 1, ``liger_core.ops.fused_linear_logprobs``): the target value
+    that is never scored, TRL's logit transform (``logit_scale``, ``softcap``, then 1 / ``temperature``) and
+    the op's chunking and gradient dtype. One object, passed whole to every log-prob pass of a loss (policy,
+    reference, KL completions)."""
+
+    ignore_index: int = -100
+    temperature: float = 1.0
+    softcap: float | None = None
+    logit_scale: float = 1.0
+    chunk_size: int | None = None
+    max_chunk_bytes: int | None = None
+    accum_dtype: torch.dtype | None = torch.float32
+
+    def replace(self, **changes) -> LogprobHead:
+        return dataclasses.replace(self, **changes)
+
+    def transform(self) -> dict:
+        """The logit-transform keywords (``fused_linear_logprob_loss`` chunks by groups, not by these)."""
+        return {"temperature": self.temperature, "softcap": self.softcap, "logit_scale": self.logit_scale}
+
+    def op_kwargs(self) -> dict:
+        """Every field, as ``fused_linear_logprobs``' keywords."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
 def token_logprobs(
@@ -65,17 +78,13 @@ def token_logprobs(
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
+    head: LogprobHead,
     *,
-    ignore_index: int,
     outputs: tuple[str, ...] = (),
-    **op_kwargs,
 ) -> FusedLogProbs:
     """Per-token log-probs (and the statistics in ``outputs``) of ``target`` under ``hidden @ weight.T +
-    bias``, shapes ``(R, T)``: layer 1 with the caller's options (temperature, softcap, logit_scale,
-    chunk_size, accum_dtype)."""
-    return fused_linear_logprobs(
-        hidden, weight, target, bias, ignore_index=ignore_index, outputs=outputs, **op_kwargs
-    )
+    bias``, shapes ``(R, T)``: layer 1 with the loss's ``head``."""
+    return fused_linear_logprobs(hidden, weight, target, bias, outputs=outputs, **head.op_kwargs())
 
 
 def reference_token_logprobs(
@@ -83,10 +92,9 @@ def reference_token_logprobs(
     ref_weight: torch.Tensor,
     target: torch.Tensor,
     ref_bias: torch.Tensor | None,
+    head: LogprobHead,
     *,
-    ignore_index: int,
     shape_hint: str = "(rows, T, H_ref)",
-    **op_kwargs,
 ) -> torch.Tensor:
     """The reference model's per-token log-probs: the same op, under no_grad (no graph, no gradient GEMMs);
     ``ref_hidden`` must be ``(rows, T, H_ref)`` for ``target (rows, T)`` (``shape_hint``: in the error)."""
@@ -100,8 +108,7 @@ def reference_token_logprobs(
             ref_weight.detach(),
             target,
             ref_bias.detach() if ref_bias is not None else None,
-            ignore_index=ignore_index,
-            **op_kwargs,
+            head,
         ).log_probs
 
 

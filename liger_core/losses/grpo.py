@@ -52,7 +52,7 @@ from liger_core.dispatch import (
     check_shape,
     check_tensor,
 )
-from liger_core.losses._logps import LOGPS_DTYPES, reference_token_logprobs
+from liger_core.losses._logps import LOGPS_DTYPES, LogprobHead, reference_token_logprobs
 from liger_core.ops.fused_linear_logprobs import fused_linear_logprobs
 
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
@@ -86,15 +86,6 @@ class GRPOOptions(NamedTuple):
     vespo_lambda_pos: float
     vespo_k_neg: float
     vespo_lambda_neg: float
-
-
-# fused_linear_grpo_loss's keywords that grpo_loss_from_logps takes unchanged
-_FORWARDED_KEYWORDS = (
-    *GRPOOptions._fields,
-    "num_items_in_batch",
-    "importance_sampling_ratio",
-    "sampling_per_token_logps",
-)
 
 
 def _finite_float(
@@ -138,7 +129,9 @@ def grpo_options(
     vespo_k_neg: float = 3.0,
     vespo_lambda_neg: float = 2.0,
 ) -> GRPOOptions:
-    """Check the hyper-parameters once (clear errors naming the argument); TRL's defaults."""
+    """The GRPO hyper-parameters, checked once (clear errors naming the argument), with TRL's defaults: the
+    one place that lists them. ``grpo_loss_from_logps``, ``fused_linear_grpo_loss`` and
+    ``LigerFusedLinearGRPOLoss`` take them as keywords or as this object whole (``options=``)."""
     check_choice("loss_type", loss_type, GRPO_LOSS_TYPES)
     check_choice("importance_sampling_level", importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
     epsilon_low = _finite_float("epsilon_low", epsilon_low)
@@ -175,6 +168,18 @@ def grpo_options(
         vespo_k_neg=_finite_float("vespo_k_neg", vespo_k_neg),
         vespo_lambda_neg=_finite_float("vespo_lambda_neg", vespo_lambda_neg),
     )
+
+
+def resolve_grpo_options(options: GRPOOptions | None, hyper: dict) -> GRPOOptions:
+    """``options`` when given (then no hyper-parameter keyword beside it), else ``grpo_options(**hyper)``;
+    an unknown keyword is a TypeError naming it, as for any function."""
+    if options is None:
+        return grpo_options(**hyper)
+    if not isinstance(options, GRPOOptions):
+        raise TypeError(f"options must be a GRPOOptions (see grpo_options), got {type(options).__name__}")
+    if hyper:
+        raise TypeError(f"pass {', '.join(hyper)} inside options=, not beside it")
+    return options
 
 
 def _check_logps_inputs(
@@ -260,28 +265,12 @@ def grpo_loss_from_logps(
     advantages: torch.Tensor,
     completion_mask: torch.Tensor,
     *,
-    beta: float = 0.0,
-    epsilon_low: float = 0.2,
-    epsilon_high: float | None = None,
-    delta: float | None = None,
-    loss_type: str = "dapo",
-    importance_sampling_level: str = "token",
-    use_bias_correction_kl: bool = True,
-    max_completion_length: int | None = None,
+    options: GRPOOptions | None = None,
     num_items_in_batch: torch.Tensor | int | float | None = None,
-    num_processes: int = 1,
-    gradient_accumulation_steps: int = 1,
-    steps_per_generation: int | None = None,
     importance_sampling_ratio: torch.Tensor | None = None,
-    off_policy_mask_threshold: float | None = None,
     sampling_per_token_logps: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
+    **hyper,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO-family loss (module docstring) of per-token log-probs ``(B, T)``; returns ``(loss, metrics)``.
 
@@ -289,7 +278,8 @@ def grpo_loss_from_logps(
     policy that generated the batch (None: on-policy, the detached current log-probs). ref_per_token_logps:
     the reference model's (needed when beta != 0). advantages ``(B,)`` or ``(B, T)``. completion_mask
     ``(B, T)``: 1 for completion tokens, 0 for padding (float weights allowed: completion_mask * tool_mask).
-    Keywords are TRL's GRPOConfig fields (epsilon_low is GRPOConfig.epsilon; epsilon_high None = epsilon_low);
+    ``hyper``: the hyper-parameters of ``grpo_options`` (TRL's GRPOConfig fields: beta, epsilon_low
+    (GRPOConfig's epsilon), epsilon_high (None: epsilon_low), delta, loss_type, ...), or ``options`` whole;
     num_items_in_batch, num_processes, gradient_accumulation_steps and steps_per_generation reproduce TRL's
     normalisation inside an accumulation window (defaults: this batch is the whole step, one process).
     importance_sampling_ratio: vLLM's per-token correction ratio; off_policy_mask_threshold with
@@ -298,8 +288,7 @@ def grpo_loss_from_logps(
     the gradient are the float64 values rounded once; the loss and the detached metrics are fp32 (float64 for
     float64 log-probs).
     """
-    # the keywords named as GRPOOptions' fields, read before any other local exists
-    options = grpo_options(**{name: value for name, value in locals().items() if name in GRPOOptions._fields})
+    options = resolve_grpo_options(options, hyper)
     _check_logps_inputs(
         per_token_logps,
         old_per_token_logps,
@@ -526,34 +515,18 @@ def fused_linear_grpo_loss(
     ref_hidden: torch.Tensor | None = None,
     ref_weight: torch.Tensor | None = None,
     ref_bias: torch.Tensor | None = None,
-    beta: float = 0.0,
-    epsilon_low: float = 0.2,
-    epsilon_high: float | None = None,
-    delta: float | None = None,
-    loss_type: str = "dapo",
-    importance_sampling_level: str = "token",
-    use_bias_correction_kl: bool = True,
+    options: GRPOOptions | None = None,
+    num_items_in_batch: torch.Tensor | int | float | None = None,
+    importance_sampling_ratio: torch.Tensor | None = None,
+    sampling_per_token_logps: torch.Tensor | None = None,
     temperature: float = 1.0,
     softcap: float | None = None,
     logit_scale: float = 1.0,
-    max_completion_length: int | None = None,
-    num_items_in_batch: torch.Tensor | int | float | None = None,
-    num_processes: int = 1,
-    gradient_accumulation_steps: int = 1,
-    steps_per_generation: int | None = None,
-    importance_sampling_ratio: torch.Tensor | None = None,
-    off_policy_mask_threshold: float | None = None,
-    sampling_per_token_logps: torch.Tensor | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
     compute_entropy: bool = True,
     ignore_index: int = -100,
     chunk_size: int | None = None,
     max_chunk_bytes: int | None = None,
+    **hyper,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO-family loss (module docstring) of a policy whose completion-token log-probs are
     ``log_softmax(z)[target]``, ``z`` the lm_head logits of ``hidden`` (TRL's transform: logit_scale,
@@ -565,10 +538,11 @@ def fused_linear_grpo_loss(
     ignore_index) are never scored. Reference log-probs: ``ref_per_token_logps``, or computed here without
     gradient from ``ref_hidden`` with ``ref_weight``/``ref_bias`` (default: the policy's head, as for a PEFT
     reference). ``compute_entropy`` adds TRL's "entropy" metric (mean entropy of the completion tokens).
+    ``hyper`` or ``options``: the hyper-parameters, as for ``grpo_loss_from_logps``.
     Gradients flow to hidden, weight and bias; everything else is a constant.
     """
-    # grpo_loss_from_logps's hyper-parameters, passed on as given (read before any other local exists)
-    loss_keywords = {name: value for name, value in locals().items() if name in _FORWARDED_KEYWORDS}
+    options = resolve_grpo_options(options, hyper)
+    beta = options.beta
     check_tensor("hidden", hidden, ndim=3)
     batch, length = hidden.shape[:2]
     check_tensor("target", target, dtypes=INDEX_DTYPES, ndim=2)
@@ -581,13 +555,9 @@ def fused_linear_grpo_loss(
             f"beta={beta} needs ref_per_token_logps or ref_hidden (the reference model's states)"
         )
     scored = target.masked_fill(completion_mask == 0, ignore_index)
-    head = {
-        "temperature": temperature,
-        "softcap": softcap,
-        "logit_scale": logit_scale,
-        "ignore_index": ignore_index,
-    }
-    chunking = {"chunk_size": chunk_size, "max_chunk_bytes": max_chunk_bytes}
+    head = LogprobHead(
+        ignore_index, temperature, softcap, logit_scale, chunk_size, max_chunk_bytes=max_chunk_bytes
+    )
     # fp64 log-probs: the formula runs in fp64 anyway, and its per-token gradients then reach the kernels
     # unrounded (an fp32 rounding of each sequence's gradient would scale its whole dW contribution)
     policy = fused_linear_logprobs(
@@ -597,20 +567,13 @@ def fused_linear_grpo_loss(
         bias,
         outputs=("log_probs", "entropy") if compute_entropy else ("log_probs",),
         log_probs_dtype=torch.float64,
-        **head,
-        **chunking,
+        **head.op_kwargs(),
     )
     if beta != 0.0 and ref_per_token_logps is None:
         if ref_weight is None:  # the policy's head (a PEFT reference)
             ref_weight, ref_bias = weight, bias
         ref_per_token_logps = reference_token_logprobs(
-            ref_hidden,
-            ref_weight,
-            scored,
-            ref_bias,
-            shape_hint="one per completion token",
-            **head,
-            **chunking,
+            ref_hidden, ref_weight, scored, ref_bias, head, shape_hint="one per completion token"
         )
     loss, metrics = grpo_loss_from_logps(
         policy.log_probs,
@@ -618,8 +581,11 @@ def fused_linear_grpo_loss(
         ref_per_token_logps,
         advantages,
         completion_mask,
+        options=options,
+        num_items_in_batch=num_items_in_batch,
+        importance_sampling_ratio=importance_sampling_ratio,
+        sampling_per_token_logps=sampling_per_token_logps,
         entropies=policy.entropy,
-        **loss_keywords,
     )
     # fp32 as from fp32 log-probs: the fp64 loss rounded once, so is its gradient on the way back
     return loss.float(), {name: value.float() for name, value in metrics.items()}
@@ -627,56 +593,31 @@ def fused_linear_grpo_loss(
 
 class LigerFusedLinearGRPOLoss(nn.Module):
     """Module form of ``fused_linear_grpo_loss``: the hyper-parameters (TRL GRPOConfig names; see
-    ``grpo_loss_from_logps``) at construction, the batch in forward. No parameters of its own."""
+    ``grpo_options``), checked at construction into ``self.options``, and the logit transform and chunking
+    (``self.head``); the batch in forward. No parameters of its own."""
 
     def __init__(
         self,
         *,
-        beta: float = 0.0,
-        epsilon_low: float = 0.2,
-        epsilon_high: float | None = None,
-        delta: float | None = None,
-        loss_type: str = "dapo",
-        importance_sampling_level: str = "token",
-        use_bias_correction_kl: bool = True,
+        options: GRPOOptions | None = None,
         temperature: float = 1.0,
         softcap: float | None = None,
         logit_scale: float = 1.0,
-        max_completion_length: int | None = None,
-        num_processes: int = 1,
-        gradient_accumulation_steps: int = 1,
-        steps_per_generation: int | None = None,
-        off_policy_mask_threshold: float | None = None,
         compute_entropy: bool = True,
         ignore_index: int = -100,
         chunk_size: int | None = None,
-        **options: float,
+        **hyper,
     ) -> None:
         super().__init__()
-        self.config = {
-            "beta": beta,
-            "epsilon_low": epsilon_low,
-            "epsilon_high": epsilon_high,
-            "delta": delta,
-            "loss_type": loss_type,
-            "importance_sampling_level": importance_sampling_level,
-            "use_bias_correction_kl": use_bias_correction_kl,
-            "max_completion_length": max_completion_length,
-            "num_processes": num_processes,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "steps_per_generation": steps_per_generation,
-            "off_policy_mask_threshold": off_policy_mask_threshold,
-            **options,  # sapo_temperature_pos/neg, vespo_k_pos, ...
+        self.options = resolve_grpo_options(options, hyper)  # errors at construction, naming the argument
+        self.head = {
+            "temperature": temperature,
+            "softcap": softcap,
+            "logit_scale": logit_scale,
+            "compute_entropy": compute_entropy,
+            "ignore_index": ignore_index,
+            "chunk_size": chunk_size,
         }
-        grpo_options(**self.config)  # errors at construction, naming the argument
-        self.config.update(
-            temperature=temperature,
-            softcap=softcap,
-            logit_scale=logit_scale,
-            compute_entropy=compute_entropy,
-            ignore_index=ignore_index,
-            chunk_size=chunk_size,
-        )
 
     def forward(
         self,
@@ -708,19 +649,21 @@ class LigerFusedLinearGRPOLoss(nn.Module):
             ref_hidden=ref_hidden,
             ref_weight=ref_weight,
             ref_bias=ref_bias,
+            options=self.options,
             num_items_in_batch=num_items_in_batch,
             importance_sampling_ratio=importance_sampling_ratio,
             sampling_per_token_logps=sampling_per_token_logps,
-            **self.config,
+            **self.head,
         )
 
     def extra_repr(self) -> str:
-        shown = (
-            "loss_type",
-            "beta",
-            "epsilon_low",
-            "epsilon_high",
-            "importance_sampling_level",
-            "temperature",
-        )
-        return ", ".join(f"{name}={self.config[name]!r}" for name in shown)
+        o = self.options
+        shown = {
+            "loss_type": o.loss_type,
+            "beta": o.beta,
+            "epsilon_low": o.epsilon_low,
+            "epsilon_high": o.epsilon_high,
+            "importance_sampling_level": o.importance_sampling_level,
+            "temperature": self.head["temperature"],
+        }
+        return ", ".join(f"{name}={value!r}" for name, value in shown.items())

@@ -26,9 +26,9 @@ from torch import nn
 
 from liger_core.dispatch import check_choice, check_shape, check_tensor
 from liger_core.losses._logps import (
+    LogprobHead,
     check_batch,
     check_sequence_logps,
-    layer1_options,
     masked_mean,
     reference_token_logprobs,
     sequence_logps,
@@ -110,20 +110,16 @@ def fused_linear_kto_loss(
     check_tensor("labels", labels, dtypes=None, ndim=1)
     check_shape("labels", labels, (rows,), "one preference label per completion")
     labels = labels.to(device=hidden.device, dtype=torch.bool)
-    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
+    head = LogprobHead(ignore_index, temperature, softcap, logit_scale, chunk_size, accum_dtype=accum_dtype)
     outputs = ("entropy", "mean_logits") if compute_metrics else ()
-    stats = token_logprobs(
-        hidden, weight, target, bias, ignore_index=ignore_index, outputs=outputs, **op_kwargs
-    )
+    stats = token_logprobs(hidden, weight, target, bias, head, outputs=outputs)
     mask = target != ignore_index
     logps = sequence_logps(stats.log_probs, mask)
 
     if (ref_hidden is None) == (ref_logps is None):
         raise ValueError("give exactly one reference: ref_hidden (+ ref_weight) or ref_logps")
     if ref_hidden is not None:
-        ref_tokens = reference_token_logprobs(
-            ref_hidden, ref_weight, target, ref_bias, ignore_index=ignore_index, **op_kwargs
-        )
+        ref_tokens = reference_token_logprobs(ref_hidden, ref_weight, target, ref_bias, head)
         ref = sequence_logps(ref_tokens, mask)
     else:
         check_sequence_logps("ref_logps", ref_logps, rows, hidden.device)
@@ -133,8 +129,7 @@ def fused_linear_kto_loss(
         raise ValueError("give kl or kl_hidden (with kl_target), not both")
     if kl_hidden is not None:
         kl = _kl_from_hidden(
-            kl_hidden, kl_target, weight, bias, ref_kl_hidden, ref_kl_logps, ref_weight, ref_bias,
-            ignore_index, op_kwargs,
+            kl_hidden, kl_target, weight, bias, ref_kl_hidden, ref_kl_logps, ref_weight, ref_bias, head
         )  # fmt: skip
     elif kl is None:
         kl = logps.new_zeros(())
@@ -188,32 +183,28 @@ def _kl_from_hidden(
     ref_kl_logps,
     ref_weight,
     ref_bias,
-    ignore_index,
-    op_kwargs,
+    head,
 ):
     """TRL's KL estimate from the mismatched completions: policy log-probs under no_grad, reference log-probs
     from ``ref_kl_hidden`` or ``ref_kl_logps``."""
     if kl_target is None:
         raise ValueError("kl_hidden needs kl_target (the mismatched completions' shifted targets)")
     rows = check_batch(kl_hidden, kl_target, paired=False)
-    kl_mask = kl_target != ignore_index
+    kl_mask = kl_target != head.ignore_index
     with torch.no_grad():
         policy = token_logprobs(
             kl_hidden.detach(),
             weight.detach(),
             kl_target,
             bias.detach() if bias is not None else None,
-            ignore_index=ignore_index,
-            **op_kwargs,
+            head,
         ).log_probs
     policy = sequence_logps(policy, kl_mask)
     if (ref_kl_hidden is None) == (ref_kl_logps is None):
         raise ValueError("kl_hidden needs exactly one of ref_kl_hidden (+ ref_weight) and ref_kl_logps")
     if ref_kl_hidden is not None:
         ref = sequence_logps(
-            reference_token_logprobs(
-                ref_kl_hidden, ref_weight, kl_target, ref_bias, ignore_index=ignore_index, **op_kwargs
-            ),
+            reference_token_logprobs(ref_kl_hidden, ref_weight, kl_target, ref_bias, head),
             kl_mask,
         )
     else:

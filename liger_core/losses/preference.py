@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -65,10 +66,10 @@ from torch import nn
 
 from liger_core.dispatch import check_choice
 from liger_core.losses._logps import (
+    LogprobHead,
     check_batch,
     check_sequence_logps,
     detached_mean,
-    layer1_options,
     reference_token_logprobs,
     sequence_logps,
     token_logprobs,
@@ -128,38 +129,44 @@ def _f_scores(logratios: torch.Tensor, f_divergence_type: str, alpha: float) -> 
     return torch.expm1(t) / (alpha - 1.0)
 
 
-def dpo_loss_from_logps(
-    chosen_logps: torch.Tensor,
-    rejected_logps: torch.Tensor,
-    ref_chosen_logps: torch.Tensor,
-    ref_rejected_logps: torch.Tensor,
+class DPOOptions(NamedTuple):
+    """Checked DPO hyper-parameters (see ``dpo_options``)."""
+
+    beta: float
+    loss_types: tuple[str, ...]
+    loss_weights: tuple[float, ...]
+    label_smoothing: float
+    f_divergence_type: str
+    f_alpha_divergence_coef: float
+    discopop_tau: float
+
+
+def dpo_options(
     *,
     beta: float = 0.1,
     loss_type: str | Sequence[str] = "sigmoid",
     loss_weights: Sequence[float] | None = None,
     label_smoothing: float = 0.0,
-    chosen_lengths: torch.Tensor | None = None,
-    rejected_lengths: torch.Tensor | None = None,
-    pair_weights: torch.Tensor | None = None,
-    sft_loss: torch.Tensor | None = None,
     f_divergence_type: str = "reverse_kl",
     f_alpha_divergence_coef: float = 0.5,
     discopop_tau: float = 0.05,
-) -> torch.Tensor:
-    """The DPO loss (module doc) of B pairs of sequence log-probs ``(B,)``: sum over loss types of
-    weight * mean over pairs. ``chosen_lengths``/``rejected_lengths``: completion token counts (ipo,
-    sigmoid_norm); ``pair_weights``: WPO weights (B,); ``sft_loss``: the scalar for ``loss_type="sft"``."""
-    loss_types = [loss_type] if isinstance(loss_type, str) else list(loss_type)
-    weights = [1.0] * len(loss_types) if loss_weights is None else list(loss_weights)
+) -> DPOOptions:
+    """The DPO hyper-parameters (TRL's DPOConfig names and defaults), checked once: the one place that
+    lists them. ``dpo_loss_from_logps`` and ``fused_linear_dpo_loss`` take them as keywords or whole
+    (``options=``). ``loss_type``: one name or several (TRL's MPO), each weighted by ``loss_weights``."""
+    loss_types = (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
+    weights = (1.0,) * len(loss_types) if loss_weights is None else tuple(loss_weights)
     if not loss_types or len(weights) != len(loss_types):
-        raise ValueError(f"loss_weights {weights} must give one weight per loss type {loss_types}")
+        raise ValueError(
+            f"loss_weights {list(weights)} must give one weight per loss type {list(loss_types)}"
+        )
     for name in loss_types:
         check_choice("loss_type", name, DPO_LOSS_TYPES)
     check_choice("f_divergence_type", f_divergence_type, F_DIVERGENCES)
     if f_divergence_type != "reverse_kl" and not set(loss_types) <= set(_F_DIVERGENCE_LOSS_TYPES):
         raise ValueError(
             f"f_divergence_type={f_divergence_type!r} is only defined for the loss types "
-            f"{_F_DIVERGENCE_LOSS_TYPES} (got {loss_types})"
+            f"{_F_DIVERGENCE_LOSS_TYPES} (got {list(loss_types)})"
         )
     if not beta > 0:
         raise ValueError(f"beta={beta} must be positive")
@@ -167,6 +174,41 @@ def dpo_loss_from_logps(
         raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1) ([0, 0.5) for 'robust')")
     if "exo_pair" in loss_types and label_smoothing == 0.0:
         raise ValueError("loss_type='exo_pair' needs label_smoothing > 0 (the paper's epsilon, e.g. 1e-3)")
+    return DPOOptions(
+        beta, loss_types, weights, label_smoothing, f_divergence_type, f_alpha_divergence_coef, discopop_tau
+    )
+
+
+def _resolve(options, make, hyper: dict):
+    """``options`` when given (then no hyper-parameter keyword beside it), else ``make(**hyper)``."""
+    if options is None:
+        return make(**hyper)
+    if hyper:
+        raise TypeError(f"pass {', '.join(hyper)} inside options=, not beside it")
+    return options
+
+
+def dpo_loss_from_logps(
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    *,
+    options: DPOOptions | None = None,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
+    pair_weights: torch.Tensor | None = None,
+    sft_loss: torch.Tensor | None = None,
+    **hyper,
+) -> torch.Tensor:
+    """The DPO loss (module doc) of B pairs of sequence log-probs ``(B,)``: sum over loss types of
+    weight * mean over pairs. ``hyper`` (the keywords of ``dpo_options``) or ``options``: the
+    hyper-parameters. ``chosen_lengths``/``rejected_lengths``: completion token counts (ipo, sigmoid_norm);
+    ``pair_weights``: WPO weights (B,); ``sft_loss``: the scalar for ``loss_type="sft"``."""
+    options = _resolve(options, dpo_options, hyper)
+    beta, loss_types, weights = options.beta, options.loss_types, options.loss_weights
+    f_divergence_type, f_alpha_divergence_coef = options.f_divergence_type, options.f_alpha_divergence_coef
+    label_smoothing, discopop_tau = options.label_smoothing, options.discopop_tau
 
     chosen_logratios = chosen_logps - ref_chosen_logps
     rejected_logratios = rejected_logps - ref_rejected_logps
@@ -294,17 +336,10 @@ def _pair_groups(n_pairs, hidden, weight, bias, chunk_size):
     ]
 
 
-def _transform(op_kwargs: dict) -> dict:
-    """The logit-transform keywords of layer1_options (fused_linear_logprob_loss chunks by groups)."""
-    return {key: op_kwargs[key] for key in ("temperature", "softcap", "logit_scale")}
-
-
-def _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs):
+def _paired_logprobs(hidden, weight, target, bias, head, outputs):
     rows = check_batch(hidden, target, paired=True)
-    stats = token_logprobs(
-        hidden, weight, target, bias, ignore_index=ignore_index, outputs=outputs, **op_kwargs
-    )
-    mask = target != ignore_index
+    stats = token_logprobs(hidden, weight, target, bias, head, outputs=outputs)
+    mask = target != head.ignore_index
     return rows // 2, stats, mask
 
 
@@ -320,14 +355,8 @@ def fused_linear_dpo_loss(
     ref_weight: torch.Tensor | None = None,
     ref_bias: torch.Tensor | None = None,
     reference_free: bool = False,
-    beta: float = 0.1,
-    loss_type: str | Sequence[str] = "sigmoid",
-    loss_weights: Sequence[float] | None = None,
-    label_smoothing: float = 0.0,
+    options: DPOOptions | None = None,
     use_weighting: bool = False,
-    f_divergence_type: str = "reverse_kl",
-    f_alpha_divergence_coef: float = 0.5,
-    discopop_tau: float = 0.05,
     ignore_index: int = -100,
     compute_metrics: bool = True,
     temperature: float = 1.0,
@@ -336,6 +365,7 @@ def fused_linear_dpo_loss(
     chunk_size: int | None = None,
     accum_dtype: torch.dtype | None = torch.float32,
     per_pair: bool = False,
+    **hyper,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPO (module doc) on ``hidden (2B, T, H)`` (chosen rows first, then rejected), lm_head ``weight (V,
     H)``, shifted ``target (2B, T)``; returns ``(loss, metrics)``.
@@ -346,29 +376,29 @@ def fused_linear_dpo_loss(
     returns the reward and log-prob metrics only. ``per_pair``: the metrics also hold the ``(B,)`` tensors
     ``chosen_logps``, ``rejected_logps``, ``chosen_rewards``, ``rejected_rewards`` (detached; for trainers
     that gather them across processes before averaging). ``temperature``, ``softcap``, ``logit_scale``,
-    ``chunk_size``, ``accum_dtype``: layer-1 options, also used for the reference."""
+    ``chunk_size``, ``accum_dtype``: layer-1 options, also used for the reference. ``hyper`` (the keywords
+    of ``dpo_options``: beta, loss_type, loss_weights, label_smoothing, f_divergence_type, ...) or
+    ``options``: the DPO hyper-parameters."""
+    options = _resolve(options, dpo_options, hyper)
+    beta, names = options.beta, options.loss_types
     outputs = ("entropy", "mean_logits", "is_top1") if compute_metrics else ()
     if use_weighting:
-        if any(
-            name in ("aot", "aot_unpaired")
-            for name in ([loss_type] if isinstance(loss_type, str) else loss_type)
-        ):
+        if {"aot", "aot_unpaired"} & set(names):
             raise ValueError("use_weighting (WPO) is not defined for the sorted 'aot' losses")
         outputs = outputs + ("log_sum_sq_probs",)
-    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
+    head = LogprobHead(ignore_index, temperature, softcap, logit_scale, chunk_size, accum_dtype=accum_dtype)
     n_pairs = check_batch(hidden, target, paired=True) // 2
     mask = target != ignore_index
     counts = mask.sum(-1)
-    names = [loss_type] if isinstance(loss_type, str) else list(loss_type)
     separable = not {"aot", "aot_unpaired"} & set(names)
     groups = _pair_groups(n_pairs, hidden, weight, bias, chunk_size) if separable else None
-    ref_kwargs = op_kwargs
+    ref_head = head
     if groups is not None and chunk_size is None:  # the reference's chunks as large as a group's logits
-        ref_kwargs = dict(op_kwargs, chunk_size=2 * (groups[0][0][1] - groups[0][0][0]) * hidden.shape[1])
+        ref_head = head.replace(chunk_size=2 * (groups[0][0][1] - groups[0][0][0]) * hidden.shape[1])
     placeholder = hidden.new_zeros(n_pairs, dtype=torch.float32)
     ref_chosen, ref_rejected = _reference_pair_logps(
         n_pairs, placeholder, target, mask, ref_chosen_logps, ref_rejected_logps, ref_hidden, ref_weight,
-        ref_bias, reference_free, ignore_index, ref_kwargs, average=False,
+        ref_bias, reference_free, ref_head, average=False,
     )  # fmt: skip
     n_chosen_tokens = counts[:n_pairs].sum().clamp(min=1)
 
@@ -393,17 +423,11 @@ def fused_linear_dpo_loss(
             seq[pairs:],
             ref_chosen[first:last],
             ref_rejected[first:last],
-            beta=beta,
-            loss_type=loss_type,
-            loss_weights=loss_weights,
-            label_smoothing=label_smoothing,
+            options=options,
             chosen_lengths=counts[first:last],
             rejected_lengths=counts[n_pairs + first : n_pairs + last],
             pair_weights=pair_weights,
             sft_loss=sft_loss,
-            f_divergence_type=f_divergence_type,
-            f_alpha_divergence_coef=f_alpha_divergence_coef,
-            discopop_tau=discopop_tau,
         )
         return loss * share
 
@@ -411,13 +435,10 @@ def fused_linear_dpo_loss(
         loss, stats = fused_linear_logprob_loss(
             hidden, weight, target, bias, groups=groups,
             group_loss=lambda g, st: loss_of(st.log_probs, st.log_sum_sq_probs, *groups[g][0]),
-            ignore_index=ignore_index, outputs=outputs, accum_dtype=accum_dtype,
-            **_transform(op_kwargs),
+            ignore_index=ignore_index, outputs=outputs, accum_dtype=accum_dtype, **head.transform(),
         )  # fmt: skip
     else:
-        stats = token_logprobs(
-            hidden, weight, target, bias, ignore_index=ignore_index, outputs=outputs, **op_kwargs
-        )
+        stats = token_logprobs(hidden, weight, target, bias, head, outputs=outputs)
         loss = loss_of(stats.log_probs, stats.log_sum_sq_probs, 0, n_pairs)
     logps = sequence_logps(stats.log_probs, mask)
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
@@ -437,7 +458,7 @@ def fused_linear_dpo_loss(
 
 def _reference_pair_logps(
     n_pairs, logps, target, mask, ref_chosen_logps, ref_rejected_logps, ref_hidden, ref_weight, ref_bias,
-    reference_free, ignore_index, op_kwargs, *, average,
+    reference_free, head, *, average,
 ):  # fmt: skip
     """(ref_chosen, ref_rejected) sequence log-probs (B,) from exactly one of the three sources."""
     given = [
@@ -454,9 +475,7 @@ def _reference_pair_logps(
         zeros = logps.new_zeros(n_pairs)
         return zeros, zeros
     if ref_hidden is not None:
-        ref_tokens = reference_token_logprobs(
-            ref_hidden, ref_weight, target, ref_bias, ignore_index=ignore_index, **op_kwargs
-        )
+        ref_tokens = reference_token_logprobs(ref_hidden, ref_weight, target, ref_bias, head)
         ref_logps = sequence_logps(ref_tokens, mask, average=average)
         return ref_logps[:n_pairs], ref_logps[n_pairs:]
     if ref_chosen_logps is None or ref_rejected_logps is None:
@@ -488,17 +507,15 @@ def orpo_loss_from_logps(
     return nll_loss - beta * ratio.mean(), ratio, log_odds
 
 
-def _chosen_nll(stats_log_probs, mask, n_pairs, hidden, weight, bias, nll_target, ignore_index, op_kwargs):
+def _chosen_nll(stats_log_probs, mask, n_pairs, hidden, weight, bias, nll_target, head):
     """Mean token cross-entropy of the chosen completions (0 when they have no token): from the same per-token
     log-probs, or from a second pass over the chosen rows with ``nll_target (B, T)``."""
     if nll_target is None:
         chosen_lp, chosen_mask = stats_log_probs[:n_pairs], mask[:n_pairs]
     else:
         check_batch(hidden[:n_pairs], nll_target, paired=False)
-        chosen_lp = token_logprobs(
-            hidden[:n_pairs], weight, nll_target, bias, ignore_index=ignore_index, **op_kwargs
-        ).log_probs
-        chosen_mask = nll_target != ignore_index
+        chosen_lp = token_logprobs(hidden[:n_pairs], weight, nll_target, bias, head).log_probs
+        chosen_mask = nll_target != head.ignore_index
     total = sequence_logps(chosen_lp, chosen_mask).sum()
     return -total / chosen_mask.sum().clamp(min=1).to(total.dtype)
 
@@ -524,13 +541,11 @@ def fused_linear_orpo_loss(
     (trl.experimental's ORPOTrainer takes the NLL over prompt + completion: a second pass over the chosen
     rows), default: the same completion targets. Returns ``(loss, metrics)``."""
     outputs = ("mean_logits",) if compute_metrics else ()
-    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
-    n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs)
+    head = LogprobHead(ignore_index, temperature, softcap, logit_scale, chunk_size, accum_dtype=accum_dtype)
+    n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, head, outputs)
     logps = sequence_logps(stats.log_probs, mask, average=True)
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
-    nll = _chosen_nll(
-        stats.log_probs, mask, n_pairs, hidden, weight, bias, nll_target, ignore_index, op_kwargs
-    )
+    nll = _chosen_nll(stats.log_probs, mask, n_pairs, hidden, weight, bias, nll_target, head)
     loss, ratio, log_odds = orpo_loss_from_logps(chosen_logps, rejected_logps, nll, beta=beta)
     metrics = preference_metrics(chosen_logps, rejected_logps, beta * chosen_logps, beta * rejected_logps)
     metrics.update(token_metrics(stats, mask, n_pairs))
@@ -540,33 +555,70 @@ def fused_linear_orpo_loss(
     return loss, metrics
 
 
-def cpo_loss_from_logps(
-    chosen_logps: torch.Tensor,
-    rejected_logps: torch.Tensor,
+class CPOOptions(NamedTuple):
+    """Checked CPO / SimPO / AlphaPO hyper-parameters (see ``cpo_options``)."""
+
+    beta: float
+    loss_type: str
+    label_smoothing: float
+    simpo_gamma: float
+    alpha: float
+    cpo_alpha: float
+
+
+def cpo_options(
     *,
     beta: float = 0.1,
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
     simpo_gamma: float = 0.5,
     alpha: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """CPO/SimPO/AlphaPO per-pair losses (B,) and the (chosen, rejected) rewards, from sequence log-probs
-    (sums for sigmoid/hinge, averages for ipo/simpo: the caller's choice, as TRL's)."""
+    cpo_alpha: float = 1.0,
+) -> CPOOptions:
+    """The CPO hyper-parameters (trl.experimental's CPOConfig names and defaults), checked once: the one
+    place that lists them. ``alpha != 0``: AlphaPO; ``cpo_alpha``: the weight of the chosen completions'
+    NLL term (fused loss only)."""
     check_choice("loss_type", loss_type, CPO_LOSS_TYPES)
     if not beta > 0:
         raise ValueError(f"beta={beta} must be positive")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1)")
+    return CPOOptions(beta, loss_type, label_smoothing, simpo_gamma, alpha, cpo_alpha)
+
+
+# SimPO: CPO's loss_type "simpo" with the SimPO paper's defaults (beta 2, no NLL term)
+_SIMPO_DEFAULTS = {"beta": 2.0, "cpo_alpha": 0.0}
+
+
+def simpo_options(**hyper) -> CPOOptions:
+    """``cpo_options(loss_type="simpo", **hyper)`` with the SimPO paper's defaults."""
+    if "loss_type" in hyper:
+        raise TypeError("SimPO's loss_type is 'simpo'; use the CPO loss for another")
+    return cpo_options(**{**_SIMPO_DEFAULTS, **hyper, "loss_type": "simpo"})
+
+
+def cpo_loss_from_logps(
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    *,
+    options: CPOOptions | None = None,
+    **hyper,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CPO/SimPO/AlphaPO per-pair losses (B,) and the (chosen, rejected) rewards, from sequence log-probs
+    (sums for sigmoid/hinge, averages for ipo/simpo: the caller's choice, as TRL's). ``hyper`` (the
+    keywords of ``cpo_options``) or ``options``: the hyper-parameters."""
+    options = _resolve(options, cpo_options, hyper)
+    beta, loss_type, alpha = options.beta, options.loss_type, options.alpha
     if alpha != 0.0:  # AlphaPO: r = (1 - p^(-alpha)) / alpha
         chosen_r = -torch.expm1(-alpha * chosen_logps) / alpha
         rejected_r = -torch.expm1(-alpha * rejected_logps) / alpha
     else:
         chosen_r, rejected_r = chosen_logps, rejected_logps
     delta = chosen_r - rejected_r
-    eps = label_smoothing
+    eps = options.label_smoothing
     if loss_type in ("sigmoid", "simpo"):
         if loss_type == "simpo":
-            delta = delta - simpo_gamma / beta
+            delta = delta - options.simpo_gamma / beta
         losses = -(1 - eps) * _logsig(beta * delta) - eps * _logsig(-beta * delta)
     elif loss_type == "hinge":
         losses = torch.relu(1 - beta * delta)
@@ -581,12 +633,7 @@ def fused_linear_cpo_loss(
     target: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    beta: float = 0.1,
-    loss_type: str = "sigmoid",
-    label_smoothing: float = 0.0,
-    cpo_alpha: float = 1.0,
-    simpo_gamma: float = 0.5,
-    alpha: float = 0.0,
+    options: CPOOptions | None = None,
     ignore_index: int = -100,
     compute_metrics: bool = True,
     temperature: float = 1.0,
@@ -594,29 +641,26 @@ def fused_linear_cpo_loss(
     logit_scale: float = 1.0,
     chunk_size: int | None = None,
     accum_dtype: torch.dtype | None = torch.float32,
+    **hyper,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CPO (module doc; trl.experimental's CPOTrainer: ``loss_type`` sigmoid, hinge, ipo, simpo; AlphaPO
     ``alpha``) on ``hidden (2B, T, H)`` (chosen rows first) and shifted ``target (2B, T)``: mean over pairs +
-    ``cpo_alpha`` x the chosen completions' mean token NLL. Returns ``(loss, metrics)``."""
+    ``cpo_alpha`` x the chosen completions' mean token NLL. ``hyper`` (the keywords of ``cpo_options``) or
+    ``options``: the hyper-parameters. Returns ``(loss, metrics)``."""
+    options = _resolve(options, cpo_options, hyper)
     outputs = ("mean_logits",) if compute_metrics else ()
-    op_kwargs = layer1_options(temperature, softcap, logit_scale, chunk_size, accum_dtype)
-    n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, ignore_index, outputs, op_kwargs)
-    logps = sequence_logps(stats.log_probs, mask, average=loss_type in ("ipo", "simpo"))
+    head = LogprobHead(ignore_index, temperature, softcap, logit_scale, chunk_size, accum_dtype=accum_dtype)
+    n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, head, outputs)
+    logps = sequence_logps(stats.log_probs, mask, average=options.loss_type in ("ipo", "simpo"))
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
     losses, chosen_rewards, rejected_rewards = cpo_loss_from_logps(
-        chosen_logps,
-        rejected_logps,
-        beta=beta,
-        loss_type=loss_type,
-        label_smoothing=label_smoothing,
-        simpo_gamma=simpo_gamma,
-        alpha=alpha,
+        chosen_logps, rejected_logps, options=options
     )
-    if cpo_alpha != 0.0:
-        nll = _chosen_nll(stats.log_probs, mask, n_pairs, hidden, weight, bias, None, ignore_index, op_kwargs)
+    if options.cpo_alpha != 0.0:
+        nll = _chosen_nll(stats.log_probs, mask, n_pairs, hidden, weight, bias, None, head)
     else:
         nll = losses.new_zeros(())
-    loss = losses.mean() + cpo_alpha * nll
+    loss = losses.mean() + options.cpo_alpha * nll
     metrics = preference_metrics(chosen_logps, rejected_logps, chosen_rewards, rejected_rewards)
     metrics.update(token_metrics(stats, mask, n_pairs))
     metrics["nll_loss"] = nll.detach()
@@ -629,28 +673,17 @@ def fused_linear_simpo_loss(
     target: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    beta: float = 2.0,
-    simpo_gamma: float = 0.5,
-    label_smoothing: float = 0.0,
-    cpo_alpha: float = 0.0,
-    alpha: float = 0.0,
+    options: CPOOptions | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SimPO: ``fused_linear_cpo_loss(loss_type="simpo")`` (average log-probs, target margin ``simpo_gamma``)
-    with the SimPO paper's defaults (beta 2, no NLL term); ``alpha != 0`` is AlphaPO."""
-    return fused_linear_cpo_loss(
-        hidden,
-        weight,
-        target,
-        bias,
-        beta=beta,
-        loss_type="simpo",
-        label_smoothing=label_smoothing,
-        cpo_alpha=cpo_alpha,
-        simpo_gamma=simpo_gamma,
-        alpha=alpha,
-        **kwargs,
-    )
+    with the SimPO paper's defaults (beta 2, no NLL term, see ``simpo_options``); ``alpha != 0`` is AlphaPO.
+    ``kwargs``: the hyper-parameters (or ``options``) and ``fused_linear_cpo_loss``' other keywords."""
+    hyper = {name: kwargs.pop(name) for name in CPOOptions._fields if name in kwargs}
+    options = _resolve(options, simpo_options, hyper)
+    if options.loss_type != "simpo":
+        raise ValueError(f"SimPO takes options with loss_type='simpo', got {options.loss_type!r}")
+    return fused_linear_cpo_loss(hidden, weight, target, bias, options=options, **kwargs)
 
 
 class _FusedLinearPreferenceLoss(nn.Module):

@@ -13,20 +13,46 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from liger_core.ops.cross_entropy import REDUCTIONS, cross_entropy
+from liger_core.loss_options import CrossEntropyOptions
+from liger_core.ops.cross_entropy import cross_entropy
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 
 
-def _check_options(reduction: str, label_smoothing: float, softcap: float | None) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is not supported; choose one of {REDUCTIONS}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1]")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap={softcap} must be positive (or None)")
+class _CrossEntropyOptionsView:
+    """The loss options as attributes (``module.reduction``, ...) read from ``module.options``, the
+    ``CrossEntropyOptions`` (without class weights: those are the module's buffer) that ``forward`` passes
+    whole to the op. Setting an attribute replaces ``options`` by a checked copy."""
+
+    options: CrossEntropyOptions
+
+    def _call_options(self, weight: torch.Tensor | None) -> CrossEntropyOptions:
+        return self.options if weight is None else self.options.replace(weight=weight)
+
+    def _options_repr(self) -> str:
+        o = self.options
+        return (
+            f"ignore_index={o.ignore_index}, reduction={o.reduction!r}, "
+            f"label_smoothing={o.label_smoothing}, lse_square_scale={o.lse_square_scale}, "
+            f"softcap={o.softcap}, return_z_loss={o.return_z_loss}"
+        )
 
 
-class LigerCrossEntropyLoss(nn.Module):
+def _option_property(name: str) -> property:
+    def get(self):
+        return getattr(self.options, name)
+
+    def set_(self, value):
+        self.options = self.options.replace(**{name: value})
+
+    return property(get, set_, doc=f"``options.{name}``")
+
+
+for _name in ("ignore_index", "reduction", "label_smoothing", "lse_square_scale", "softcap", "return_z_loss"):
+    setattr(_CrossEntropyOptionsView, _name, _option_property(_name))
+del _name
+
+
+class LigerCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
     """``torch.nn.CrossEntropyLoss`` (class indices) with z-loss and softcap, gradient computed in forward.
 
     The loss is fp32 whatever the logits' dtype (the gradient has the logits' dtype), with torch's semantics
@@ -50,14 +76,10 @@ class LigerCrossEntropyLoss(nn.Module):
         inplace_backward: bool = False,
     ) -> None:
         super().__init__()
-        _check_options(reduction, label_smoothing, softcap)
+        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
+        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        self.options = CrossEntropyOptions(None, *options)
         self.register_buffer("weight", weight)
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.label_smoothing = label_smoothing
-        self.lse_square_scale = lse_square_scale
-        self.softcap = softcap
-        self.return_z_loss = return_z_loss
         self.inplace_backward = inplace_backward
 
     def forward(
@@ -68,26 +90,16 @@ class LigerCrossEntropyLoss(nn.Module):
         return cross_entropy(
             logits,
             target,
-            self.weight,
-            self.ignore_index,
-            self.reduction,
-            self.label_smoothing,
-            self.lse_square_scale,
-            self.softcap,
-            self.return_z_loss,
+            options=self._call_options(self.weight),
             inplace_backward=self.inplace_backward,
             denominator=denominator,
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-            f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
-            f"softcap={self.softcap}, return_z_loss={self.return_z_loss}"
-        )
+        return self._options_repr()
 
 
-class LigerFusedLinearCrossEntropyLoss(nn.Module):
+class LigerFusedLinearCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
     """lm_head projection + cross-entropy, never materialising the logits (``fused_linear_cross_entropy``).
 
     An fp32 loss, gradients at eager's accuracy. ``max_chunk_bytes`` bounds the working memory beside the
@@ -112,15 +124,11 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
         max_chunk_bytes: int | None = None,
     ) -> None:
         super().__init__()
-        _check_options(reduction, label_smoothing, softcap)
+        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
+        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        self.options = CrossEntropyOptions(None, *options)
         self.register_buffer("ce_weight", ce_weight)
         self.max_chunk_bytes = max_chunk_bytes
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.label_smoothing = label_smoothing
-        self.lse_square_scale = lse_square_scale
-        self.softcap = softcap
-        self.return_z_loss = return_z_loss
         self.accum_dtype = accum_dtype
 
     def forward(
@@ -139,22 +147,13 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             lin_weight,
             target,
             bias,
-            self.ignore_index,
-            self.reduction,
-            self.label_smoothing,
-            self.lse_square_scale,
-            self.softcap,
-            self.return_z_loss,
-            self.ce_weight,
-            self.accum_dtype,
+            options=self._call_options(self.ce_weight),
+            accum_dtype=self.accum_dtype,
             max_chunk_bytes=self.max_chunk_bytes,
             denominator=denominator,
         )
 
     def extra_repr(self) -> str:
         return (
-            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-            f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
-            f"softcap={self.softcap}, return_z_loss={self.return_z_loss}, accum_dtype={self.accum_dtype}, "
-            f"max_chunk_bytes={self.max_chunk_bytes}"
+            f"{self._options_repr()}, accum_dtype={self.accum_dtype}, max_chunk_bytes={self.max_chunk_bytes}"
         )

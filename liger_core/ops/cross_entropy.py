@@ -57,16 +57,16 @@ from liger_core import reference
 from liger_core.dispatch import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
-    check_choice,
     check_same_device,
     check_shape,
     check_tensor,
     launcher,
     use_triton,
 )
+from liger_core.loss_options import CrossEntropyOptions
+from liger_core.loss_options import resolve as resolve_options
 from liger_core.ops._ce_kernel import launch_cross_entropy
 from liger_core.ops._ce_math import (
-    REDUCTIONS,
     _scale_rows,
     _scale_rows_impl,
     check_targets_host,
@@ -369,6 +369,7 @@ def cross_entropy(
     softcap: float | None = None,
     return_z_loss: bool = False,
     *,
+    options: CrossEntropyOptions | None = None,
     inplace_backward: bool = False,
     check_targets: bool = True,
     denominator: torch.Tensor | float | None = None,
@@ -413,7 +414,14 @@ def cross_entropy(
     read back with one host sync after the kernels are queued. ``check_targets=False`` skips that sync for
     callers whose targets are known to be valid; an out-of-range target then gets a meaningless loss and
     gradient for its row (the kernel clamps the index: never an out-of-bounds access).
+
+    ``options``: the seven loss options (``weight`` to ``return_z_loss``) as one ``CrossEntropyOptions``,
+    instead of the keywords (which then keep their defaults).
     """
+    options = resolve_options(
+        options, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    )
+    weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
     check_tensor("logits", logits, min_ndim=1)
     check_tensor("target", target, dtypes=INDEX_DTYPES)
     check_shape("target", target, tuple(logits.shape[:-1]), "target must have the shape of logits[..., 0]")
@@ -424,27 +432,11 @@ def cross_entropy(
         check_tensor("weight", weight, dtypes=FLOAT_DTYPES + (torch.float64,))
         check_shape("weight", weight, (vocab,), "one weight per class")
     check_same_device("logits", logits, target=target, weight=weight)
-    check_choice("reduction", reduction, REDUCTIONS)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1]")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap={softcap} must be positive (or None)")
-    if not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
     denominator = denominator_tensor(denominator, reduction, logits.device)
-    options = (
-        ignore_index,
-        reduction,
-        float(label_smoothing),
-        float(lse_square_scale),
-        float(softcap) if softcap is not None else None,
-    )
 
     if not use_triton(logits):
         check_targets_host(target.reshape(-1), ignore_index, vocab)  # same ValueError as the kernel path
-        return reference.cross_entropy(
-            logits, target, weight, *options, return_z_loss, denominator=denominator
-        )
+        return reference.cross_entropy(logits, target, options=options, denominator=denominator)
 
     out_shape = target.shape
     logits2d = logits.reshape(-1, vocab)
@@ -462,12 +454,12 @@ def cross_entropy(
     check_targets = bool(check_targets)
     if torch.is_grad_enabled() and logits.requires_grad:
         loss, z = CrossEntropyFunction.apply(
-            logits2d, target1d, weight, *options, inplace_backward, check_targets, denominator
+            logits2d, target1d, weight, *options.row_options(), inplace_backward, check_targets, denominator
         )
     else:  # no gradient wanted: one read of the logits, nothing written
         loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
-            logits2d, target1d, weight, *options, False, check_targets, denominator
+            logits2d, target1d, weight, *options.row_options(), False, check_targets, denominator
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)
-    return (loss, z) if return_z_loss else loss
+    return (loss, z) if options.return_z_loss else loss

@@ -59,15 +59,15 @@ import torch
 from liger_core import reference, tuning
 from liger_core.dispatch import (
     FLOAT_DTYPES,
-    check_choice,
     check_same_device,
     check_shape,
     check_tensor,
     launcher,
     use_triton,
 )
+from liger_core.loss_options import CrossEntropyOptions
+from liger_core.loss_options import resolve as resolve_options
 from liger_core.ops._ce_math import (
-    REDUCTIONS,
     _scale_rows,
     _scale_rows_impl,
     check_targets_host,
@@ -433,6 +433,7 @@ def fused_linear_cross_entropy(
     ce_weight: torch.Tensor | None = None,
     accum_dtype: torch.dtype | None = None,
     *,
+    options: CrossEntropyOptions | None = None,
     chunk_size: int | None = None,
     max_chunk_bytes: int | None = None,
     check_targets: bool = True,
@@ -462,7 +463,14 @@ def fused_linear_cross_entropy(
     Liger-Kernel's; faster at small vocabularies). ``check_targets``: as in
     ``cross_entropy``. Tied weights work (autograd adds this gradient to the embedding's). Under autocast,
     hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
+
+    ``options``: the seven loss options as one ``CrossEntropyOptions`` (its ``weight`` is ``ce_weight``),
+    instead of the keywords (which then keep their defaults).
     """
+    options = resolve_options(
+        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    )
+    ce_weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
     if any_dtensor(hidden, weight, bias, target):
         inputs = {"hidden": hidden, "target": target}
         gathered = gather_weights("fused_linear_cross_entropy", inputs, {"weight": weight, "bias": bias})
@@ -473,28 +481,15 @@ def fused_linear_cross_entropy(
         check_tensor("ce_weight", ce_weight, dtypes=FLOAT_DTYPES + (torch.float64,))
         check_shape("ce_weight", ce_weight, (vocab,), "one class weight per vocabulary entry")
     check_same_device("hidden", hidden, weight=weight, target=target, bias=bias, ce_weight=ce_weight)
-    check_choice("reduction", reduction, REDUCTIONS)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1]")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap={softcap} must be positive (or None)")
     check_chunk_options(accum_dtype, chunk_size, max_chunk_bytes)
     denominator = denominator_tensor(denominator, reduction, hidden.device)
     hidden, weight, bias = autocast_linear_inputs(hidden, weight, bias)
-    options = (
-        ignore_index,
-        reduction,
-        float(label_smoothing),
-        float(lse_square_scale),
-        float(softcap) if softcap is not None else None,
-    )
 
     if not use_triton(hidden):
         check_targets_host(target.reshape(-1), ignore_index, vocab)  # same ValueError as the kernel path
         return reference.fused_linear_cross_entropy(
-            hidden, weight, target, bias, *options, return_z_loss, ce_weight, accum_dtype,
-            denominator=denominator,
-        )  # fmt: skip
+            hidden, weight, target, bias, options=options, accum_dtype=accum_dtype, denominator=denominator
+        )
 
     out_shape = target.shape
     # max_chunk_bytes stays a byte budget: it bounds the two-pass loop's vocabulary slice
@@ -507,7 +502,7 @@ def fused_linear_cross_entropy(
             target1d,
             bias,
             ce_weight,
-            *options,
+            *options.row_options(),
             accum_dtype,
             chunk_size,
             bool(check_targets),
@@ -521,7 +516,7 @@ def fused_linear_cross_entropy(
             target1d,
             bias,
             ce_weight,
-            *options,
+            *options.row_options(),
             False,
             False,
             False,
@@ -533,4 +528,4 @@ def fused_linear_cross_entropy(
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)
-    return (loss, z) if return_z_loss else loss
+    return (loss, z) if options.return_z_loss else loss

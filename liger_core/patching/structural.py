@@ -612,7 +612,7 @@ def _probe_rope_without_k(fn, chosen, layout: RopeLayout, like: torch.Tensor, ge
     """A function whose ``k`` defaults to None is also called without keys (Qwen4-Exp's indexer): what it
     returns then (q alone, or a tuple) and q's gradient must match the replacement's too. None if they do."""
     q0, _, tables = _rope_probe_inputs(layout, layout.tokens[0], 8, None, like, gen)
-    q, q2 = _leaf(q0), _leaf(q0)
+    q, q2 = pr.leaf(q0), pr.leaf(q0)
     try:
         with torch.enable_grad():
             ref, ours = fn(q, None, *tables), chosen(q2, None, *tables)
@@ -626,12 +626,12 @@ def _probe_rope_without_k(fn, chosen, layout: RopeLayout, like: torch.Tensor, ge
     if not same_structure or any(type(a) is not type(b) for a, b in zip(ref_t, ours_t)):
         return f"called without k, {fn.__name__} returns another structure than the replacement"
     pairs = [(a, b) for a, b in zip(ours_t, ref_t) if isinstance(a, torch.Tensor)]
-    douts = [_randn(b.shape, b, gen) for _, b in pairs]
+    douts = [pr.randn(b.shape, b, gen) for _, b in pairs]
     with torch.enable_grad():
         (g_ref,) = torch.autograd.grad([b for _, b in pairs], (q,), douts)
         (g_ours,) = torch.autograd.grad([a for a, _ in pairs], (q2,), douts)
-    err = _max_err([*pairs, (g_ours, g_ref)])
-    if err > _tolerance(q0.dtype):
+    err = pr.max_err([*pairs, (g_ours, g_ref)])
+    if err > pr.tolerance(q0.dtype):
         return f"called without k: probe rel. error {err:.1e}"
     return None
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from liger_core.loss_options import CrossEntropyOptions
+from liger_core.loss_options import resolve as resolve_options
+
 
 def cross_entropy(
     logits: torch.Tensor,
@@ -31,9 +34,17 @@ def cross_entropy(
     softcap: float | None = None,
     return_z_loss: bool = False,
     *,
+    options: CrossEntropyOptions | None = None,
     inplace_backward: bool = False,  # accepted for signature parity; the reference never writes in place
     denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``options``: the loss options as one object, instead of the keywords (``liger_core.loss_options``)."""
+    options = resolve_options(
+        options, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    )
+    weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
+    label_smoothing, lse_square_scale = options.label_smoothing, options.lse_square_scale
+    softcap, return_z_loss = options.softcap, options.return_z_loss
     vocab = logits.shape[-1]
     out_shape = target.shape
     target = target.reshape(-1).long()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from liger_core.loss_options import CrossEntropyOptions
+from liger_core.loss_options import resolve as resolve_options
 from liger_core.reference.cross_entropy import cross_entropy
 
 
@@ -27,20 +29,15 @@ def fused_linear_cross_entropy(
     ce_weight: torch.Tensor | None = None,
     accum_dtype: torch.dtype | None = None,  # signature parity: one unchunked GEMM has nothing to accumulate
     *,
+    options: CrossEntropyOptions | None = None,
     chunk_size: int | None = None,  # signature parity: the reference does not chunk
     denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``options``: the loss options as one object (its ``weight`` is ``ce_weight``), instead of the
+    keywords."""
+    options = resolve_options(
+        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    )
     logits = F.linear(hidden, weight, bias)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return cross_entropy(
-        logits,
-        target,
-        ce_weight,
-        ignore_index,
-        reduction,
-        label_smoothing,
-        lse_square_scale,
-        softcap,
-        return_z_loss,
-        denominator=denominator,
-    )
+    return cross_entropy(logits, target, options=options, denominator=denominator)

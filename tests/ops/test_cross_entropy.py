@@ -4,24 +4,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SLACK, assert_no_worse_than_eager, devices, leaf, rel_err
+from helpers import SLACK, assert_no_worse_than_eager, assert_same_values, devices, leaf, rel_err
 
-from liger_core import dispatch, reference, tuning
+from liger_core import reference, tuning
 from liger_core.modules import LigerCrossEntropyLoss
 from liger_core.ops import _cross_entropy_resident as resident
 from liger_core.ops import cross_entropy
 
 IGNORE = -100
-
-
-@pytest.fixture(params=["triton", "reference"])
-def path(request, monkeypatch):
-    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
-    tensors take where Triton is missing."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)
-    return request.param
 
 
 # option sets (CPU shapes are small: the Triton interpreter runs one row at a time)
@@ -617,17 +607,6 @@ def _eager64(logits, target, weight, reduction, label_smoothing=0.0, lse_square_
         z = (lse_square_scale * torch.logsumexp(x, -1).square()).masked_fill(~valid, 0.0)
         loss = loss + {"none": z, "sum": z.sum(), "mean": z.sum() / valid.sum()}[reduction]
     return loss
-
-
-def assert_same_values(name, ours, want, rtol=1e-5):
-    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
-    ours = ours.detach().double()
-    assert ours.shape == want.shape, name
-    for what in (torch.isnan, torch.isposinf, torch.isneginf):
-        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
-    finite = torch.isfinite(want)
-    scale = want[finite].abs().max().item() if finite.any() else 1.0
-    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from helpers import (
     SLACK,
     assert_no_worse_than_eager,
+    assert_same_values,
     devices,
     dyadic_linear_inputs,
     leaf,
@@ -16,7 +17,7 @@ from helpers import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from liger_core import dispatch, reference, tuning
+from liger_core import reference, tuning
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss
 from liger_core.ops import fused_linear_cross_entropy
 from liger_core.ops._ce_kernel import resident_kernel_runs
@@ -25,27 +26,6 @@ from liger_core.ops._flce_two_pass import _two_pass_loop, two_pass_sizes, vocab_
 
 IGNORE = -100
 HALF_ULP = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-9}
-
-
-@pytest.fixture(params=["triton", "reference"])
-def path(request, monkeypatch):
-    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
-    tensors take where Triton is missing."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)
-    return request.param
-
-
-def assert_same_values(name, ours, want, rtol=1e-5):
-    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
-    ours = ours.detach().double()
-    assert ours.shape == want.shape, name
-    for what in (torch.isnan, torch.isposinf, torch.isneginf):
-        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
-    finite = torch.isfinite(want)
-    scale = want[finite].abs().max().item() if finite.any() else 1.0
-    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
 
 
 # per reduction, a different mix of options (keeps the CPU interpreter time down while covering each option)

@@ -10,13 +10,14 @@ from helpers import (
     HAS_CUDA,
     SLACK,
     assert_no_worse_than_eager,
+    assert_same_values,
     dyadic_linear_inputs,
     half_ulp,
     leaf,
     noncontiguous,
 )
 
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.modules import LigerFusedLinearJSD
 from liger_core.ops import fused_linear_jsd
 from liger_core.reference.jsd import jsd_rows
@@ -297,27 +298,6 @@ def test_fused_linear_jsd_llama_shapes_cuda(beta):
 # ----------------------------------------------------------------------------------------------------------
 # Edge cases on both paths: empty batches, non-finite inputs, any strides
 # ----------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["triton", "reference"])
-def path(request, monkeypatch):
-    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
-    tensors take where Triton is missing."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)
-    return request.param
-
-
-def assert_same_values(name, ours, want, rtol=1e-5):
-    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
-    ours = ours.detach().double()
-    assert ours.shape == want.shape, name
-    for what in (torch.isnan, torch.isposinf, torch.isneginf):
-        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
-    finite = torch.isfinite(want)
-    scale = want[finite].abs().max().item() if finite.any() else 1.0
-    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])

@@ -4,9 +4,16 @@ compensated bf16 dW accumulator against an exactly rounded sum."""
 
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, devices, dyadic_linear_inputs, leaf, rel_err
+from helpers import (
+    assert_no_worse_than_eager,
+    assert_same_values,
+    devices,
+    dyadic_linear_inputs,
+    leaf,
+    rel_err,
+)
 
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.ops.fused_linear_logprob_loss import (
     _compensated_add_kernel,
     _WeightGradAccumulator,
@@ -198,27 +205,6 @@ def test_bad_groups_and_losses():
 # ----------------------------------------------------------------------------------------------------------
 # Edge cases on both paths: empty and all-ignored batches, non-finite inputs, any strides
 # ----------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["triton", "reference"])
-def path(request, monkeypatch):
-    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
-    tensors take where Triton is missing."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)
-    return request.param
-
-
-def assert_same_values(name, ours, want, rtol=1e-5):
-    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
-    ours = ours.detach().double()
-    assert ours.shape == want.shape, name
-    for what in (torch.isnan, torch.isposinf, torch.isneginf):
-        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
-    finite = torch.isfinite(want)
-    scale = want[finite].abs().max().item() if finite.any() else 1.0
-    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
 
 
 def _sequence_loss(g, stats):

@@ -2,9 +2,16 @@ import importlib
 
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager, devices, dyadic_linear_inputs, leaf, noncontiguous
+from helpers import (
+    assert_no_worse_than_eager,
+    assert_same_values,
+    devices,
+    dyadic_linear_inputs,
+    leaf,
+    noncontiguous,
+)
 
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.ops import FusedLogProbs, fused_linear_logprobs
 from liger_core.ops.fused_linear_logprobs import OUTPUTS
 from liger_core.reference.fused_linear_logprobs import transform_logits
@@ -382,27 +389,6 @@ def test_logprobs_torch_compile_fullgraph():
 # ----------------------------------------------------------------------------------------------------------
 # Edge cases on both paths: empty and all-ignored batches, non-finite inputs, any strides
 # ----------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["triton", "reference"])
-def path(request, monkeypatch):
-    """Run the test on the Triton kernels (the interpreter on CPU) and on the pure-PyTorch path, which CPU
-    tensors take where Triton is missing."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)
-    return request.param
-
-
-def assert_same_values(name, ours, want, rtol=1e-5):
-    """NaN and +-inf where ``want`` has them, and close values elsewhere."""
-    ours = ours.detach().double()
-    assert ours.shape == want.shape, name
-    for what in (torch.isnan, torch.isposinf, torch.isneginf):
-        assert torch.equal(what(ours), what(want)), f"{name}: {what.__name__} positions differ"
-    finite = torch.isfinite(want)
-    scale = want[finite].abs().max().item() if finite.any() else 1.0
-    torch.testing.assert_close(ours[finite], want[finite], rtol=rtol, atol=1e-6 * scale)
 
 
 def test_logprobs_empty_and_all_ignored_both_paths(path):

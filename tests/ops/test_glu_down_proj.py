@@ -3,9 +3,20 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import (
+    INF,
+    NAN,
+    assert_no_worse_than_eager,
+    assert_same_nonfinite,
+    devices,
+    leaf,
+    noncontiguous,
+    special_pairs,
+    strided,
+    with_values_at_random,
+)
 
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.ops import glu_down_proj
 
 SHAPES = {
@@ -172,43 +183,6 @@ def test_glu_down_proj_recomputation_skips_the_product(device, use_reentrant, mo
 # the GPU) and the pure-PyTorch reference path.
 # ----------------------------------------------------------------------------------------------------------
 
-PATHS = [
-    pytest.param("interpreter", id="interpreter"),
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
-    ),
-]
-
-
-@pytest.fixture(params=PATHS)
-def path_device(request, monkeypatch):
-    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
-    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
-    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    return "cuda" if request.param == "cuda" else "cpu"
-
-
-def _strided(t, how):
-    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension (NaN in
-    between), "transposed" reverses the storage order of the dimensions (1-D: a column of a row-major matrix,
-    NaN beside it), so a kernel that assumes a contiguous layout reads the wrong elements."""
-    if how == "step2":
-        return noncontiguous(t)
-    if t.dim() == 1:
-        buf = torch.full((t.shape[0], 3), float("nan"), dtype=t.dtype, device=t.device)
-        buf[:, 1] = t
-        out = buf[:, 1]
-    else:
-        dims = list(reversed(range(t.dim())))
-        out = t.permute(dims).contiguous().permute(dims)
-    assert not out.is_contiguous()
-    return out
-
 
 def _inputs(shape, out_features, dtype, device):
     """a, b (shape), weight (out_features, shape[-1]) and bias (out_features,): float64 draws in ``dtype``."""
@@ -232,7 +206,7 @@ def test_glu_down_proj_strided_arguments(path_device, dtype, activation, approxi
     # weight and dy dyadic (k/128, k/8): dh = dy @ weight is exact, so da and db measure the activation's
     # math, not dh's rounding, which eager's (less exact) activation may happen to cancel more often
     tensors[2] = (torch.randint(-16, 17, tensors[2].shape, device=device) / 128).to(dtype)
-    ours = [_strided(t, how).requires_grad_() for t in tensors]
+    ours = [strided(t, how).requires_grad_() for t in tensors]
     before = [t.detach().clone() for t in ours[:2]]
     # eager on contiguous copies of a, b and dy, as the op reads them, and on the same weight and bias views:
     # otherwise its GEMMs and sums take other summation orders, and the error ratio would measure those
@@ -244,7 +218,7 @@ def test_glu_down_proj_strided_arguments(path_device, dtype, activation, approxi
     assert y.dtype == dtype and y.shape == (*shape[:-1], out_features)
     assert_no_worse_than_eager("y", y, y_e, y_r)
 
-    dy = _strided((torch.randint(-8, 9, y.shape, device=device) / 8).to(dtype), how)
+    dy = strided((torch.randint(-8, 9, y.shape, device=device) / 8).to(dtype), how)
     grads = torch.autograd.grad(y, ours, dy)
     grads_e = torch.autograd.grad(y_e, eager, dy.contiguous())
     grads_r = torch.autograd.grad(y_r, ref, dy.double())
@@ -252,42 +226,6 @@ def test_glu_down_proj_strided_arguments(path_device, dtype, activation, approxi
         assert g.shape == t.shape
         assert_no_worse_than_eager(name, g, g_e, g_r)
     assert all(torch.equal(t.detach(), t_before) for t, t_before in zip(ours, before))
-
-
-INF, NAN = float("inf"), float("nan")
-# a and b values crossed (every pair once): non-finite ones, zeros of both signs, the activation saturated
-# (+-200) and ordinary values
-SPECIAL_A = [INF, -INF, NAN, 0.0, -0.0, 200.0, -200.0, 1.5, -1.5]
-SPECIAL_B = [INF, -INF, NAN, 0.0, 1.0, -2.0]
-
-
-def _special_pairs(dtype, device, n_random=2157):
-    """(a, b) of shape (201, 11): every pair of SPECIAL_A x SPECIAL_B, then random values (many rows of them:
-    a row holding a non-finite product has a non-finite output row)."""
-    grid_a = torch.tensor(SPECIAL_A).repeat_interleave(len(SPECIAL_B))
-    grid_b = torch.tensor(SPECIAL_B).repeat(len(SPECIAL_A))
-    a = torch.cat([grid_a, torch.randn(n_random, dtype=torch.float64) * 3])
-    b = torch.cat([grid_b, torch.randn(n_random, dtype=torch.float64)])
-    return [t.view(-1, 11).to(device=device, dtype=dtype) for t in (a, b)]
-
-
-def _with_values_at_random(t, values):
-    """A copy of t with ``values`` written at distinct random positions."""
-    out = t.detach().clone()
-    flat = out.view(-1)
-    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(
-        values, dtype=t.dtype, device=t.device
-    )
-    return out
-
-
-def _assert_same_nonfinite(name, ours, eager, ref64):
-    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
-    against the float64 reference."""
-    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
-    finite = torch.isfinite(eager)
-    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
 
 
 # bf16 as fp32: eager's act(a), rounded to bf16, is inf/NaN where the kernel's is; the GEMMs are the same
@@ -302,10 +240,10 @@ def test_glu_down_proj_nonfinite_inputs_follow_eager(path_device, dtype, activat
     device = path_device
     tensors = _inputs((201, 11), 15, dtype, device)  # finite rows and columns enough for stable error ratios
     if target == "a,b":
-        tensors[:2] = _special_pairs(dtype, device)
+        tensors[:2] = special_pairs(dtype, device)
     else:
         i = 2 if target == "weight" else 3
-        tensors[i] = _with_values_at_random(tensors[i], [INF, -INF, NAN])
+        tensors[i] = with_values_at_random(tensors[i], [INF, -INF, NAN])
         # an infinite dh meets every a of its column: below a = -5.2 eager's tanh-GELU derivative is exactly 0
         # (fp32 tanh saturates; inf * 0 = NaN) where the kernel's is its true tiny value (+-inf); keep a above
         tensors[0] = tensors[0].clamp(-4.0, 4.0)
@@ -316,7 +254,7 @@ def test_glu_down_proj_nonfinite_inputs_follow_eager(path_device, dtype, activat
     )
     y = glu_down_proj(ours[0] * 1, ours[1] * 1, *ours[2:], activation, approximate)
     y_e, y_r = _eager(*eager, activation, approximate), _eager(*ref, activation, approximate)
-    _assert_same_nonfinite("y", y, y_e, y_r)
+    assert_same_nonfinite("y", y, y_e, y_r)
     assert not torch.isfinite(y_e).all()  # the case does reach the output
 
     dy = torch.randn(y.shape, dtype=torch.float64, device=device).to(dtype)
@@ -324,7 +262,7 @@ def test_glu_down_proj_nonfinite_inputs_follow_eager(path_device, dtype, activat
     grads_e = torch.autograd.grad(y_e, eager, dy)
     grads_r = torch.autograd.grad(y_r, ref, dy.double())
     for name, g, g_e, g_r in zip(["da", "db", "dW", "dbias"], grads, grads_e, grads_r):
-        _assert_same_nonfinite(name, g, g_e, g_r)
+        assert_same_nonfinite(name, g, g_e, g_r)
 
 
 @pytest.mark.parametrize("shape", [(0, 45), (0, 5, 45)])

@@ -4,10 +4,20 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import (
+    INF,
+    NAN,
+    assert_no_worse_than_eager,
+    assert_same_nonfinite,
+    devices,
+    leaf,
+    noncontiguous,
+    strided,
+    with_values_at_random,
+)
 
 import liger_core.ops._launch as launch
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.ops import layer_norm
 
 # >= ~20 rows per CPU shape: a row's (mean, rstd) error is shared by its whole row (see test_rms_norm)
@@ -253,43 +263,6 @@ def test_layer_norm_bad_input():
 # the GPU) and the pure-PyTorch reference path.
 # ----------------------------------------------------------------------------------------------------------
 
-PATHS = [
-    pytest.param("interpreter", id="interpreter"),
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
-    ),
-]
-
-
-@pytest.fixture(params=PATHS)
-def path_device(request, monkeypatch):
-    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
-    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
-    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    return "cuda" if request.param == "cuda" else "cpu"
-
-
-def _strided(t, how):
-    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension (NaN in
-    between), "transposed" reverses the storage order of the dimensions (1-D: a column of a row-major matrix,
-    NaN beside it), so a kernel that assumes unit or row-major strides reads the wrong elements."""
-    if how == "step2":
-        return noncontiguous(t)
-    if t.dim() == 1:
-        buf = torch.full((t.shape[0], 3), float("nan"), dtype=t.dtype, device=t.device)
-        buf[:, 1] = t
-        out = buf[:, 1]
-    else:
-        dims = list(reversed(range(t.dim())))
-        out = t.permute(dims).contiguous().permute(dims)
-    assert not out.is_contiguous()
-    return out
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("how", ["step2", "transposed"])
@@ -301,8 +274,8 @@ def test_layer_norm_strided_arguments(path_device, dtype, how, bias):
     shape = SHAPES[device][0]
     w, b = _make_params(shape[-1], dtype, device, bias)
     tensors = [_make_x(shape, dtype, device), w] + ([b] if bias else [])
-    ours = [_strided(t, how).requires_grad_() for t in tensors]
-    eager = [_strided(t.detach(), how).requires_grad_() for t in ours]
+    ours = [strided(t, how).requires_grad_() for t in tensors]
+    eager = [strided(t.detach(), how).requires_grad_() for t in ours]
     ref = [leaf(t, torch.float64) for t in ours]
 
     def run(fn, tensors):
@@ -312,35 +285,13 @@ def test_layer_norm_strided_arguments(path_device, dtype, how, bias):
     assert y.dtype == y_e.dtype and y.shape == ours[0].shape
     assert_no_worse_than_eager("y", y, y_e, y_r)
 
-    dy = _strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
+    dy = strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
     grads = torch.autograd.grad(y, ours, dy)
     grads_e = torch.autograd.grad(y_e, eager, dy)
     grads_r = torch.autograd.grad(y_r, ref, dy.double())
     for name, g, g_e, g_r, t in zip(("dx", "dw", "db"), grads, grads_e, grads_r, ours):
         assert g.shape == t.shape
         assert_no_worse_than_eager(name, g, g_e, g_r)
-
-
-def _with_values_at_random(t, values):
-    """A copy of t with ``values`` written at distinct random positions."""
-    out = t.detach().clone()
-    flat = out.view(-1)
-    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(
-        values, dtype=t.dtype, device=t.device
-    )
-    return out
-
-
-def _assert_same_nonfinite(name, ours, eager, ref64):
-    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
-    against the float64 reference."""
-    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
-    finite = torch.isfinite(eager)
-    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
-
-
-INF, NAN = float("inf"), float("nan")
 
 
 NONFINITE_CASES = [
@@ -361,7 +312,7 @@ def test_layer_norm_nonfinite_inputs_follow_eager(path_device, dtype, target, va
     shape = SHAPES[device][0]
     w, b = _make_params(shape[-1], dtype, device, bias)
     tensors = {"x": _make_x(shape, dtype, device, constant_rows=False), "w": w, "b": b}
-    tensors[target] = _with_values_at_random(tensors[target], values)
+    tensors[target] = with_values_at_random(tensors[target], values)
     tensors = [tensors["x"], tensors["w"]] + ([tensors["b"]] if bias else [])
     ours, eager, ref = (
         [leaf(t) for t in tensors],
@@ -373,7 +324,7 @@ def test_layer_norm_nonfinite_inputs_follow_eager(path_device, dtype, target, va
         return fn(tensors[0], tensors[1], tensors[2] if bias else None, EPS)
 
     y, y_e, y_r = run(layer_norm, ours), run(reference.layer_norm, eager), run(reference.layer_norm, ref)
-    _assert_same_nonfinite("y", y, y_e, y_r)
+    assert_same_nonfinite("y", y, y_e, y_r)
     assert not torch.isfinite(y_e).all()  # the case does reach the output
 
     dy = torch.randn(shape, dtype=torch.float64, device=device).to(dtype)
@@ -387,7 +338,7 @@ def test_layer_norm_nonfinite_inputs_follow_eager(path_device, dtype, target, va
             # kernel folds the mean into them): every element is non-finite on both sides
             assert not torch.isfinite(g).any() and not torch.isfinite(g_e).any()
             continue
-        _assert_same_nonfinite(name, g, g_e, g_r)
+        assert_same_nonfinite(name, g, g_e, g_r)
 
 
 @pytest.mark.parametrize(
@@ -424,7 +375,7 @@ def test_layer_norm_grouped_matches_float64(path_device, dtype, bias, layout, va
     position in the row: y, dx, dw and db match the float64 grouped reference no worse than the reference
     in the inputs' dtypes, non-finite values (confined to their group) where it has them."""
     for shape, group_size in GROUPED_SHAPES:
-        x = _with_values_at_random(_make_x(shape, dtype, path_device, constant_rows=not values), values)
+        x = with_values_at_random(_make_x(shape, dtype, path_device, constant_rows=not values), values)
         x = noncontiguous(x) if layout == "noncontiguous" else x
         w, b = _make_params(shape[-1], dtype, path_device, bias)
         tensors = [x, w] + ([b] if bias else [])
@@ -436,7 +387,7 @@ def test_layer_norm_grouped_matches_float64(path_device, dtype, bias, layout, va
 
         y, y_e, y_r = run(layer_norm, ours), run(reference.layer_norm, eager), run(reference.layer_norm, ref)
         assert y.dtype == y_e.dtype == x.dtype and y.shape == x.shape
-        _assert_same_nonfinite("y", y, y_e, y_r)
+        assert_same_nonfinite("y", y, y_e, y_r)
         if values and not all(abs(v) == 1e4 for v in values):
             assert not torch.isfinite(y).all() and torch.isfinite(y).view(-1, group_size).all(-1).any()
         dy = torch.randn(y.shape, dtype=torch.float64, device=path_device).to(dtype)
@@ -444,7 +395,7 @@ def test_layer_norm_grouped_matches_float64(path_device, dtype, bias, layout, va
         grads_e = torch.autograd.grad(y_e, eager, dy)
         grads_r = torch.autograd.grad(y_r, ref, dy.double())
         for name, g, g_e, g_r in zip(("dx", "dw", "db"), grads, grads_e, grads_r):
-            _assert_same_nonfinite(name, g, g_e, g_r)
+            assert_same_nonfinite(name, g, g_e, g_r)
 
 
 def test_layer_norm_grouped_is_per_group_layer_norm():

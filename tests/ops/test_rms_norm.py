@@ -1,9 +1,19 @@
 import pytest
 import torch
-from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import (
+    INF,
+    NAN,
+    assert_no_worse_than_eager,
+    assert_same_nonfinite,
+    devices,
+    leaf,
+    noncontiguous,
+    strided,
+    with_values_at_random,
+)
 
 import liger_core.ops._launch as launch
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.dispatch import use_triton
 from liger_core.ops import rms_norm
 
@@ -269,43 +279,6 @@ def test_sum_partials_one_and_two_launches(n_partials, stacked):
 # the GPU) and the pure-PyTorch reference path.
 # ----------------------------------------------------------------------------------------------------------
 
-PATHS = [
-    pytest.param("interpreter", id="interpreter"),
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
-    ),
-]
-
-
-@pytest.fixture(params=PATHS)
-def path_device(request, monkeypatch):
-    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
-    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
-    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    return "cuda" if request.param == "cuda" else "cpu"
-
-
-def _strided(t, how):
-    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension (NaN in
-    between), "transposed" reverses the storage order of the dimensions (1-D: a column of a row-major matrix,
-    NaN beside it), so a kernel that assumes unit or row-major strides reads the wrong elements."""
-    if how == "step2":
-        return noncontiguous(t)
-    if t.dim() == 1:
-        buf = torch.full((t.shape[0], 3), float("nan"), dtype=t.dtype, device=t.device)
-        buf[:, 1] = t
-        out = buf[:, 1]
-    else:
-        dims = list(reversed(range(t.dim())))
-        out = t.permute(dims).contiguous().permute(dims)
-    assert not out.is_contiguous()
-    return out
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("how", ["step2", "transposed"])
@@ -315,9 +288,9 @@ def test_rms_norm_strided_arguments(path_device, dtype, how, mode, offset):
     the gradients reach the strided tensors in their shapes."""
     device = path_device
     shape = SHAPES[device][0]
-    x = _strided(_make_x(shape, dtype, device), how).requires_grad_()
-    w = _strided(_make_w(shape[-1], dtype, device, offset), how).requires_grad_()
-    x_e, w_e = _strided(x.detach(), how).requires_grad_(), _strided(w.detach(), how).requires_grad_()
+    x = strided(_make_x(shape, dtype, device), how).requires_grad_()
+    w = strided(_make_w(shape[-1], dtype, device, offset), how).requires_grad_()
+    x_e, w_e = strided(x.detach(), how).requires_grad_(), strided(w.detach(), how).requires_grad_()
     x_r, w_r = leaf(x, torch.float64), leaf(w, torch.float64)
 
     y = rms_norm(x, w, EPS, offset, mode)
@@ -326,35 +299,13 @@ def test_rms_norm_strided_arguments(path_device, dtype, how, mode, offset):
     assert y.dtype == y_e.dtype and y.shape == x.shape
     assert_no_worse_than_eager("y", y, y_e, y_r)
 
-    dy = _strided(torch.randn(shape, dtype=torch.float64, device=device).to(y.dtype), how)
+    dy = strided(torch.randn(shape, dtype=torch.float64, device=device).to(y.dtype), how)
     dx, dw = torch.autograd.grad(y, (x, w), dy)
     dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy)
     dx_r, dw_r = torch.autograd.grad(y_r, (x_r, w_r), dy.double())
     assert dx.shape == x.shape and dw.shape == w.shape
     assert_no_worse_than_eager("dx", dx, dx_e, dx_r)
     assert_no_worse_than_eager("dw", dw, dw_e, dw_r)
-
-
-def _with_values_at_random(t, values):
-    """A copy of t with ``values`` written at distinct random positions."""
-    out = t.detach().clone()
-    flat = out.view(-1)
-    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(
-        values, dtype=t.dtype, device=t.device
-    )
-    return out
-
-
-def _assert_same_nonfinite(name, ours, eager, ref64):
-    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
-    against the float64 reference."""
-    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
-    finite = torch.isfinite(eager)
-    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
-
-
-INF, NAN = float("inf"), float("nan")
 
 
 # bf16 as fp32 (same exponent range); fp16 differs in "none" mode: eager's fp16 x**2 overflows from |x| > 256
@@ -371,24 +322,24 @@ def test_rms_norm_nonfinite_inputs_follow_eager(path_device, dtype, target, valu
     shape = SHAPES[device][0]
     x, w = _make_x(shape, dtype, device), _make_w(shape[-1], dtype, device, offset)
     if target == "x":
-        x = _with_values_at_random(x, values)
+        x = with_values_at_random(x, values)
     else:
-        w = _with_values_at_random(w, values)
+        w = with_values_at_random(w, values)
     x_e, w_e = leaf(x), leaf(w)
     x_r, w_r = leaf(x, torch.float64), leaf(w, torch.float64)
     x, w = leaf(x), leaf(w)
     y = rms_norm(x, w, EPS, offset, mode)
     y_e = reference.rms_norm(x_e, w_e, EPS, offset, mode)
     y_r = reference.rms_norm(x_r, w_r, EPS, offset, mode)
-    _assert_same_nonfinite("y", y, y_e, y_r)
+    assert_same_nonfinite("y", y, y_e, y_r)
     assert not torch.isfinite(y_e).all()  # the case does reach the output
 
     dy = torch.randn(shape, dtype=torch.float64, device=device).to(dtype)
     dx, dw = torch.autograd.grad(y, (x, w), dy)
     dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy)
     dx_r, dw_r = torch.autograd.grad(y_r, (x_r, w_r), dy.double())
-    _assert_same_nonfinite("dx", dx, dx_e, dx_r)
-    _assert_same_nonfinite("dw", dw, dw_e, dw_r)
+    assert_same_nonfinite("dx", dx, dx_e, dx_r)
+    assert_same_nonfinite("dw", dw, dw_e, dw_r)
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32)])
@@ -430,7 +381,7 @@ def _grouped_check(x, w, mode, offset, group_size):
     dx_e, dw_e = torch.autograd.grad(y_e, (x_e, w_e), dy)
     dx_r, dw_r = torch.autograd.grad(y_r, (x_r, w_r), dy.double())
     for name, ours, eager, ref in (("y", y, y_e, y_r), ("dx", dx, dx_e, dx_r), ("dw", dw, dw_e, dw_r)):
-        _assert_same_nonfinite(name, ours, eager, ref)
+        assert_same_nonfinite(name, ours, eager, ref)
     return y, dx, dw
 
 
@@ -444,7 +395,7 @@ def test_rms_norm_grouped_matches_float64(path_device, dtype, mode, offset, layo
     position in the row: y, dx and dw match the float64 reference no worse than eager, non-finite values
     (confined to their group) where eager has them."""
     for shape, group_size in GROUPED_SHAPES:
-        x = _with_values_at_random(_make_x(shape, dtype, path_device), values)
+        x = with_values_at_random(_make_x(shape, dtype, path_device), values)
         x = noncontiguous(x) if layout == "noncontiguous" else x
         y, _, _ = _grouped_check(x, _make_w(shape[-1], dtype, path_device, offset), mode, offset, group_size)
         if values and not all(abs(v) == 1e4 for v in values):

@@ -3,10 +3,10 @@ import inspect
 
 import pytest
 import torch
-from helpers import HAS_CUDA, assert_no_worse_than_eager, leaf, noncontiguous
+from helpers import INF, NAN, assert_no_worse_than_eager, assert_same_nonfinite, leaf, noncontiguous
 
 import liger_core.ops._launch as launch
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.modules.norms import LigerRMSNormGated
 from liger_core.ops import rms_norm_gated
 
@@ -167,22 +167,6 @@ def test_rms_norm_gated_module_without_gate_is_rms_norm():
 # ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(
-    params=[
-        "interpreter",
-        "reference",
-        pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]),
-    ]
-)
-def path_device(request, monkeypatch):
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)
-    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    return "cuda" if request.param == "cuda" else "cpu"
-
-
 def _transposed(t):
     dims = list(reversed(range(t.dim())))
     return t.permute(dims).contiguous().permute(dims)
@@ -199,16 +183,6 @@ def test_rms_norm_gated_strided_arguments(path_device, dtype, how, mode, nbg, ac
     dy_dtype = dtype
     dy = strided(torch.randn(shape, dtype=torch.float64, device=path_device).to(dy_dtype))
     _check(strided(x), strided(gate), w_strided, _settings_kwargs(mode, nbg, act, groups, 96), dy=dy)
-
-
-def _assert_same_nonfinite(name, ours, eager, ref64):
-    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
-    finite = torch.isfinite(eager)
-    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
-
-
-INF, NAN = float("inf"), float("nan")
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
@@ -229,14 +203,14 @@ def test_rms_norm_gated_nonfinite_inputs_follow_eager(path_device, dtype, target
     y = rms_norm_gated(x, gate, w, EPS, **kwargs)
     y_e = reference.rms_norm_gated(x_e, g_e, w_e, EPS, **kwargs)
     y_r = reference.rms_norm_gated(x_r, g_r, w_r, EPS, **kwargs)
-    _assert_same_nonfinite("y", y, y_e, y_r)
+    assert_same_nonfinite("y", y, y_e, y_r)
     assert not torch.isfinite(y_e).all()
     dy = torch.randn(shape, dtype=torch.float64, device=path_device).to(y.dtype)
     grads = torch.autograd.grad(y, (x, gate, w), dy)
     grads_e = torch.autograd.grad(y_e, (x_e, g_e, w_e), dy)
     grads_r = torch.autograd.grad(y_r, (x_r, g_r, w_r), dy.double())
     for name, g, g_e, g_r in zip(("dx", "dgate", "dw"), grads, grads_e, grads_r):
-        _assert_same_nonfinite(name, g, g_e, g_r)
+        assert_same_nonfinite(name, g, g_e, g_r)
 
 
 @pytest.mark.parametrize("shape", [(0, 48), (0, 5, 48)])

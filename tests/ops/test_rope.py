@@ -3,10 +3,19 @@ import importlib
 
 import pytest
 import torch
-from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import (
+    INF,
+    NAN,
+    assert_no_worse_than_eager,
+    assert_same_nonfinite,
+    devices,
+    leaf,
+    noncontiguous,
+    with_values_at_random,
+)
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.ops import rope
 
 # (batch, q heads, kv heads, tokens, head_dim): odd sizes, GQA, head_dim/2 not a power of two. The interpreter
@@ -335,26 +344,6 @@ def test_rope_fused_qkv_slices(device):
 # the GPU) and the pure-PyTorch reference path.
 # ----------------------------------------------------------------------------------------------------------
 
-PATHS = [
-    pytest.param("interpreter", id="interpreter"),
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
-    ),
-]
-
-
-@pytest.fixture(params=PATHS)
-def path_device(request, monkeypatch):
-    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
-    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
-    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    return "cuda" if request.param == "cuda" else "cpu"
-
 
 def _strided(t, how):
     """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension and
@@ -454,28 +443,6 @@ def test_rope_broadcast_tables_and_heads(path_device, dtype):
     assert_no_worse_than_eager("dk", dk, dk_e, dk_r)
 
 
-def _with_values_at_random(t, values):
-    """A copy of t with ``values`` written at distinct random positions."""
-    out = t.detach().clone()
-    flat = out.view(-1)
-    flat[torch.randperm(flat.numel(), device=t.device)[: len(values)]] = torch.tensor(
-        values, dtype=t.dtype, device=t.device
-    )
-    return out
-
-
-def _assert_same_nonfinite(name, ours, eager, ref64):
-    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
-    against the float64 reference."""
-    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
-    finite = torch.isfinite(eager)
-    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
-
-
-INF, NAN = float("inf"), float("nan")
-
-
 # bf16 as fp32: HF's bf16 products and sum overflow nowhere here (|cos|, |sin| <= 1), so NaN/inf are alike
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on inf - inf
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -492,22 +459,28 @@ def test_rope_nonfinite_inputs_follow_eager(path_device, dtype, target, rotary):
     )
     values = [INF, -INF, NAN, INF, -INF, NAN]
     if target == "q,k":
-        q, k = (_with_values_at_random(t, values) for t in (q, k))
+        q, k = (with_values_at_random(t, values) for t in (q, k))
     else:
-        cos, sin = (_with_values_at_random(t, values[:3]) for t in (cos, sin))
+        cos, sin = (with_values_at_random(t, values[:3]) for t in (cos, sin))
+    _check_nonfinite_like_eager(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+def _check_nonfinite_like_eager(q, k, cos, sin, **options):
+    """q_embed, k_embed, dq and dk NaN / +-inf where the reference (HF's code) and its autograd give them, and
+    no worse than it elsewhere (against the float64 reference)."""
     q_e, k_e, q_r, k_r = leaf(q), leaf(k), leaf(q, torch.float64), leaf(k, torch.float64)
     q, k = leaf(q), leaf(k)
-    out = rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-    out_e = reference.rope(q_e, k_e, cos, sin, unsqueeze_dim=unsqueeze_dim)
-    out_r = reference.rope(q_r, k_r, cos.double(), sin.double(), unsqueeze_dim=unsqueeze_dim)
+    out = rope(q, k, cos, sin, **options)
+    out_e = reference.rope(q_e, k_e, cos, sin, **options)
+    out_r = reference.rope(q_r, k_r, cos.double(), sin.double(), **options)
     for name, o, o_e, o_r in zip(("q_embed", "k_embed"), out, out_e, out_r):
-        _assert_same_nonfinite(name, o, o_e, o_r)
-    dy = [torch.randn(o.shape, dtype=torch.float64, device=device).to(o.dtype) for o in out]
+        assert_same_nonfinite(name, o, o_e, o_r)
+    dy = [torch.randn(o.shape, dtype=torch.float64, device=q.device).to(o.dtype) for o in out]
     grads = torch.autograd.grad(out, (q, k), dy)
     grads_e = torch.autograd.grad(out_e, (q_e, k_e), dy)
     grads_r = torch.autograd.grad(out_r, (q_r, k_r), [g.double() for g in dy])
     for name, g, g_e, g_r in zip(("dq", "dk"), grads, grads_e, grads_r):
-        _assert_same_nonfinite(name, g, g_e, g_r)
+        assert_same_nonfinite(name, g, g_e, g_r)
 
 
 @pytest.mark.parametrize("empty", ["batch", "tokens"])
@@ -622,26 +595,13 @@ def test_rope_interleaved_nonfinite_inputs_follow_eager(path_device, dtype, targ
     cos, sin = make_cos_sin(batch, seq_len, head_dim, dtype, device)
     values = [INF, -INF, NAN, INF, -INF, NAN]
     if target == "q,k":
-        q, k = (_with_values_at_random(t, values) for t in (q, k))
+        q, k = (with_values_at_random(t, values) for t in (q, k))
     else:  # in the first halves: the angles HF reads
         half = head_dim // 2
         cos, sin = (
-            torch.cat((_with_values_at_random(t[..., :half], values[:3]),) * 2, -1) for t in (cos, sin)
+            torch.cat((with_values_at_random(t[..., :half], values[:3]),) * 2, -1) for t in (cos, sin)
         )
-    q_e, k_e, q_r, k_r = leaf(q), leaf(k), leaf(q, torch.float64), leaf(k, torch.float64)
-    q, k = leaf(q), leaf(k)
-    options = dict(unsqueeze_dim=unsqueeze_dim, interleaved=True)
-    out = rope(q, k, cos, sin, **options)
-    out_e = reference.rope(q_e, k_e, cos, sin, **options)
-    out_r = reference.rope(q_r, k_r, cos.double(), sin.double(), **options)
-    for name, o, o_e, o_r in zip(("q_embed", "k_embed"), out, out_e, out_r):
-        _assert_same_nonfinite(name, o, o_e, o_r)
-    dy = [torch.randn(o.shape, dtype=torch.float64, device=device).to(o.dtype) for o in out]
-    grads = torch.autograd.grad(out, (q, k), dy)
-    grads_e = torch.autograd.grad(out_e, (q_e, k_e), dy)
-    grads_r = torch.autograd.grad(out_r, (q_r, k_r), [g.double() for g in dy])
-    for name, g, g_e, g_r in zip(("dq", "dk"), grads, grads_e, grads_r):
-        _assert_same_nonfinite(name, g, g_e, g_r)
+    _check_nonfinite_like_eager(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=True)
 
 
 @pytest.mark.parametrize("empty", ["batch", "tokens"])

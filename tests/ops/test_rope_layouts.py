@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 from helpers import assert_no_worse_than_eager, devices, leaf
-from test_rope import PARTIAL_ROTARY, SHAPES, _check_strided, _strided, make_qk, path_device  # noqa: F401
+from test_rope import PARTIAL_ROTARY, SHAPES, _check_strided, _strided, make_qk
 
 from liger_core import reference
 from liger_core.ops import rope

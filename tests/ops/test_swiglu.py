@@ -1,9 +1,17 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import HAS_CUDA, assert_no_worse_than_eager, devices, leaf, noncontiguous
+from helpers import (
+    assert_no_worse_than_eager,
+    check_gated_empty,
+    check_gated_nonfinite,
+    check_gated_strided,
+    devices,
+    leaf,
+    noncontiguous,
+)
 
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.ops import swiglu
 
 SHAPES = {"cpu": [(3, 7, 123), (5, 257), (2, 1031)], "cuda": [(4, 2048, 14336), (3, 1001, 11008)]}
@@ -126,38 +134,6 @@ def test_swiglu_inplace_backward_refuses_stale_inputs():
 # the GPU) and the pure-PyTorch reference path.
 # ----------------------------------------------------------------------------------------------------------
 
-PATHS = [
-    pytest.param("interpreter", id="interpreter"),
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
-    ),
-]
-
-
-@pytest.fixture(params=PATHS)
-def path_device(request, monkeypatch):
-    """The device of a test's tensors, with the path the op takes there selected: 'reference' routes CPU
-    tensors to the pure-PyTorch path, 'interpreter' runs the Triton kernels in Triton's interpreter."""
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)  # chosen on purpose: no warning
-    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    return "cuda" if request.param == "cuda" else "cpu"
-
-
-def _strided(t, how):
-    """t's values in a non-contiguous layout: "step2" takes every other element of the last dimension (NaN in
-    between), "transposed" reverses the storage order of the dimensions, so a kernel that assumes a
-    contiguous layout reads the wrong elements."""
-    if how == "step2":
-        return noncontiguous(t)
-    dims = list(reversed(range(t.dim())))
-    out = t.permute(dims).contiguous().permute(dims)
-    assert not out.is_contiguous()
-    return out
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("how", ["step2", "transposed"])
@@ -166,54 +142,10 @@ def test_swiglu_strided_arguments(path_device, dtype, how, inplace_backward):
     """a, b and the incoming gradient non-contiguous: y, da and db no worse than eager on the same views, the
     gradients in the views' shapes, and the caller's a and b untouched (the in-place backward writes over
     the op's own contiguous copies)."""
-    device = path_device
-    shape = SHAPES[device][0]
-    a = _strided((torch.randn(shape, dtype=torch.float64, device=device) * 3).to(dtype), how)
-    b = _strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
-    a_before, b_before = a.clone(), b.clone()
-    a.requires_grad_(), b.requires_grad_()
-    a_e, b_e = _strided(a.detach(), how).requires_grad_(), _strided(b.detach(), how).requires_grad_()
-    a_r, b_r = leaf(a, torch.float64), leaf(b, torch.float64)
-
-    y = swiglu(a, b, inplace_backward)
-    y_e, y_r = reference.swiglu(a_e, b_e), reference.swiglu(a_r, b_r)
-    assert y.dtype == dtype and y.shape == shape
-    assert_no_worse_than_eager("y", y, y_e, y_r)
-
-    dy = _strided(torch.randn(shape, dtype=torch.float64, device=device).to(dtype), how)
-    da, db = torch.autograd.grad(y, (a, b), dy)
-    da_e, db_e = torch.autograd.grad(y_e, (a_e, b_e), dy)
-    da_r, db_r = torch.autograd.grad(y_r, (a_r, b_r), dy.double())
-    assert da.shape == db.shape == shape
-    assert_no_worse_than_eager("da", da, da_e, da_r)
-    assert_no_worse_than_eager("db", db, db_e, db_r)
-    assert torch.equal(a.detach(), a_before) and torch.equal(b.detach(), b_before)
-
-
-INF, NAN = float("inf"), float("nan")
-# a and b values crossed (every pair once): non-finite ones, zeros of both signs, the sigmoid saturated
-# (+-200: exactly 1 or, in fp32, 0) and ordinary values
-SPECIAL_A = [INF, -INF, NAN, 0.0, -0.0, 200.0, -200.0, 1.5, -1.5]
-SPECIAL_B = [INF, -INF, NAN, 0.0, 1.0, -2.0]
-
-
-def _special_pairs(dtype, device, n_random=2157):
-    """(a, b) of shape (201, 11): every pair of SPECIAL_A x SPECIAL_B, then random values (enough of them for
-    a stable error ratio)."""
-    grid_a = torch.tensor(SPECIAL_A).repeat_interleave(len(SPECIAL_B))
-    grid_b = torch.tensor(SPECIAL_B).repeat(len(SPECIAL_A))
-    a = torch.cat([grid_a, torch.randn(n_random, dtype=torch.float64) * 3])
-    b = torch.cat([grid_b, torch.randn(n_random, dtype=torch.float64)])
-    return (t.view(-1, 11).to(device=device, dtype=dtype) for t in (a, b))
-
-
-def _assert_same_nonfinite(name, ours, eager, ref64):
-    """NaN, +inf and -inf exactly where torch's eager result has them; the other values no worse than eager's
-    against the float64 reference."""
-    for kind, where in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        assert torch.equal(where(ours), where(eager)), f"{name}: {kind} at other positions than eager's"
-    finite = torch.isfinite(eager)
-    assert_no_worse_than_eager(name, ours[finite], eager[finite], ref64[finite])
+    shape = SHAPES[path_device][0]
+    check_gated_strided(
+        lambda a, b: swiglu(a, b, inplace_backward), reference.swiglu, shape, dtype, path_device, how
+    )
 
 
 # bf16 as fp32: eager's silu(a), rounded to bf16 before the product, is inf/NaN exactly where the kernel's is
@@ -222,29 +154,13 @@ def _assert_same_nonfinite(name, ours, eager, ref64):
 def test_swiglu_nonfinite_inputs_follow_eager(path_device, dtype):
     """+-inf and NaN in a and b: y, da and db are NaN / +-inf where ``F.silu(a) * b`` and its autograd give
     them (silu(+inf) = +inf, silu(-inf) = NaN, 0 * inf = NaN, ...), and exact elsewhere."""
-    a, b = _special_pairs(dtype, path_device)
-    a_e, b_e, a_r, b_r = leaf(a), leaf(b), leaf(a, torch.float64), leaf(b, torch.float64)
-    a, b = leaf(a), leaf(b)
-    y, y_e, y_r = swiglu(a, b), F.silu(a_e) * b_e, F.silu(a_r) * b_r
-    _assert_same_nonfinite("y", y, y_e, y_r)
-    dy = torch.randn(a.shape, dtype=torch.float64, device=a.device).to(dtype)
-    for name, g, g_e, g_r in zip(
-        ("da", "db"),
-        torch.autograd.grad(y, (a, b), dy),
-        torch.autograd.grad(y_e, (a_e, b_e), dy),
-        torch.autograd.grad(y_r, (a_r, b_r), dy.double()),
-    ):
-        _assert_same_nonfinite(name, g, g_e, g_r)
+    check_gated_nonfinite(swiglu, lambda a, b: F.silu(a) * b, dtype, path_device)
 
 
 @pytest.mark.parametrize("shape", [(0, 45), (0, 5, 45)])
 @pytest.mark.parametrize("inplace_backward", [False, True])
 def test_swiglu_empty_like_eager(path_device, shape, inplace_backward):
     """0 rows: the same empty y, da and db as eager on every path."""
-    a, b = leaf(torch.randn(shape, device=path_device)), leaf(torch.randn(shape, device=path_device))
-    a_e, b_e = leaf(a), leaf(b)
-    y, y_e = swiglu(a * 1, b * 1, inplace_backward), F.silu(a_e) * b_e
-    assert y.dtype == y_e.dtype and y.shape == y_e.shape == shape
-    dy = torch.randn(shape, device=path_device)
-    for g, g_e in zip(torch.autograd.grad(y, (a, b), dy), torch.autograd.grad(y_e, (a_e, b_e), dy)):
-        assert g.dtype == g_e.dtype and torch.equal(g, g_e)
+    check_gated_empty(
+        lambda a, b: swiglu(a, b, inplace_backward), lambda a, b: F.silu(a) * b, shape, path_device
+    )

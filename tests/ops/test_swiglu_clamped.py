@@ -4,9 +4,9 @@ reference of transformers' eager composition, forward and backward, on every pat
 
 import pytest
 import torch
-from helpers import HAS_CUDA, assert_no_worse_than_eager, leaf, noncontiguous
+from helpers import INF, NAN, assert_no_worse_than_eager, leaf, noncontiguous
 
-from liger_core import dispatch, reference
+from liger_core import reference
 from liger_core.ops.swiglu import swiglu, swiglu_packed
 
 GPT_OSS = dict(alpha=1.702, limit=7.0, up_offset=1.0)
@@ -16,23 +16,6 @@ VARIANTS = [
     pytest.param(dict(alpha=0.5, up_offset=-2.0), id="alpha_offset"),
     pytest.param({}, id="plain"),
 ]
-PATHS = [
-    pytest.param("interpreter", id="interpreter"),
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")]
-    ),
-]
-
-
-@pytest.fixture(params=PATHS)
-def path_device(request, monkeypatch):
-    if request.param == "reference":
-        monkeypatch.setattr(dispatch, "_STATUS", "missing")
-        monkeypatch.setattr(dispatch, "_warned_reference", True)
-    elif request.param == "interpreter" and dispatch.triton_status() != "interpreted":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 on a machine without a GPU)")
-    return "cuda" if request.param == "cuda" else "cpu"
 
 
 def _halves(x, interleaved):
@@ -94,7 +77,6 @@ def test_swiglu_packed_matches_float64(path_device, variant, dtype, interleaved,
     assert_no_worse_than_eager("dx", dx, dx_e, dx_r)
 
 
-INF, NAN = float("inf"), float("nan")
 # the clamp boundary itself (7.0: the gradient passes, as torch.clamp's), beyond it, non-finite values
 SPECIAL = [INF, -INF, NAN, 0.0, 7.0, -7.0, 7.5, -7.5, 200.0, -200.0, 1.5]
 

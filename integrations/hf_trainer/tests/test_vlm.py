@@ -1,9 +1,9 @@
 """A vision-language model fine-tuned on images through the flag: a tiny Qwen2.5-VL (no recipe: patched
 structurally), batches of `pixel_values` + `image_grid_thw` + `input_ids` with image tokens.
 
-The patch report names every kernel swapped in (text model and vision tower, whose tokens-first rotary function
-gets liger_core's RoPE too) and nothing left out; counting the calls
-into `liger_core.ops` during training shows each swapped module ran once a step; the losses and trained
+The patch report names every kernel swapped in (text model and vision tower, whose tokens-first rotary
+function gets liger_core's RoPE too) and nothing left out; counting the calls into `liger_core.ops` during
+training shows each swapped module ran once a step; the losses and trained
 weights equal an unpatched run on the same batches (fp32).
 """
 
