@@ -26,10 +26,10 @@ from liger_core.ops._ce_math import (
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import next_power_of_2
 
-# Launch knobs of the cross-entropy kernel on a GPU (module globals so that benchmarks/variants_ce.py can
-# compare settings in one GPU call). Columns per block and warps: see ``looped_row_settings``.
-# 16384 with the pass-1 prefetch (H100, 8192 x 128256 bf16, benchmarks/ce_kernel_study.py: 1.710 ms, 53
-# registers; 32768 columns with the prefetch spill: 1.914; 32768 without it 1.751)
+# Launch knobs of the cross-entropy kernel on a GPU (module globals so that a benchmark can compare settings
+# in one process). Columns per block and warps: see ``looped_row_settings``. 16384 with the pass-1 prefetch
+# (H100, 8192 x 128256 bf16: 1.710 ms, 53 registers; 32768 columns with the prefetch spill: 1.914; 32768
+# without it 1.751; script at 0aa2349: `python benchmarks/ce_kernel_study.py`)
 CE_MAX_BLOCK = 16384
 # fp32 logits (fp64 math, twice the registers): 16384 columns with 16 warps 6.2 ms, 8192 columns 7.4 ms
 CE_MAX_BLOCK_FP64_MATH = 16384

@@ -175,7 +175,7 @@ def linear_into(logits, hidden_c, weight, bias, logit_scale=1.0) -> None:
     """``logits = logit_scale * (hidden_c @ weight.T + bias)`` into the given buffer (one GEMM, the factor in
     its epilogue). Rounded once, except a bias with a factor: cuBLAS's beta path then rounds 0.09 % of the
     logits differently (H100, factor 1/0.7: error 1.662e-3 against 1.661e-3 for one rounding and eager's
-    2.338e-3, which rounds the logits before scaling them; session 14)."""
+    2.338e-3, which rounds the logits before scaling them)."""
     weight_t = weight.t()
     if logit_scale != 1.0:
         if bias is None:  # beta=0: the (uninitialised) buffer is ignored, not read
@@ -297,7 +297,7 @@ def _allocator_bytes(device: torch.device) -> dict:
     """The caching allocator's statistics as nested dicts. Not ``torch.cuda.memory_allocated`` and friends:
     each of those flattens every statistic through a self-referencing closure, a reference cycle of thousands
     of tuples per call that only the garbage collector frees; a training step's worth of them made Python run
-    a full collection every few dozen steps (a 285 ms pause, Llama-1B shape on the H100, session 12)."""
+    a full collection every few dozen steps (a 285 ms pause, Llama-1B shape on the H100)."""
     return torch.cuda.memory_stats_as_nested_dict(device)
 
 

@@ -3,8 +3,9 @@
 Why: ``_cross_entropy_kernel`` streams each row twice (pass 1: max and sum; pass 2: gradient) and relies on L2
 for the second read. With one 32-warp program per SM, ~132 rows of 256 KB (V = 128256, bf16) are live in a
 50 MB L2 that the gradient stores also pass through, so a part of the second read goes to HBM again: 82 % of
-the floor (one read + one write) at 8192 x 128256 on the H100 (``python benchmarks/ce_kernel_study.py``,
-script at 0aa2349); this kernel reaches 90 % (``benchmarks/results/h100/ops.csv``, 2026-11-24).
+the floor (one read + one write) at 8192 x 128256 on the H100
+(``python benchmarks/ce_kernel_study.py``, script at 0aa2349); this kernel reaches 90 %
+(``benchmarks/results/h100/ops.csv``, 2026-11-24).
 
 Here the row never leaves the SM between the passes: the first ``NUM_SLOTS * SLOT`` columns are copied into
 shared memory (``cp.async``, all slots in flight at once), the rest (at most ``REG_COLS``) into registers.

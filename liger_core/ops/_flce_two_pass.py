@@ -204,9 +204,9 @@ def _slice_grad_kernel(
 # Kernels on vocabulary-major logits (classes x tokens: the two-pass loop's kept chunk), in (classes, tokens)
 # tiles (BLOCK_V, BLOCK_T, num_warps). The statistics pass splits the classes among programs (COLUMNS_SPLIT
 # classes each) so that a few thousand tokens still fill the GPU; a second kernel merges the splits. Tiles
-# from a sweep (H100 session 14, `call7_columns_tiles.log`, bf16 V 128256 x 4096 tokens, 0.98 GiB): stats
-# 128 x 64, 4 warps 0.505 ms (64 x 64: 0.72; floor 0.35), gradient 64 x 128 (256 contiguous bytes per class
-# row), 4 warps 0.732 ms (64 x 64: 1.26; floor 0.70).
+# from a sweep (H100, `benchmarks/results/h100/flce_columns_tiles.log`, bf16 V 128256 x 4096 tokens, 0.98
+# GiB): stats 128 x 64, 4 warps 0.505 ms (64 x 64: 0.72; floor 0.35), gradient 64 x 128 (256 contiguous bytes
+# per class row), 4 warps 0.732 ms (64 x 64: 1.26; floor 0.70).
 COLUMNS_STATS_TILE = (128, 64, 4)
 COLUMNS_GRAD_TILE = (64, 128, 4)
 COLUMNS_SPLIT = 2048
@@ -235,7 +235,7 @@ def _columns_stats_kernel(
     shifted by each token's first logit as in ``_row_stats_kernel``."""
     split = tl.program_id(1)
     # tokens stay an unclamped arange (masked instead): Triton then proves each class row's run contiguous
-    # and vectorises the loads (a clamp made them 2-byte loads: 10x slower, H100 session 13)
+    # and vectorises the loads (a clamp made them 2-byte loads: 10x slower on the H100)
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = tokens < n_tokens
     softcap = _f64(softcap_hi, softcap_lo).to(COMPUTE_DTYPE)
@@ -392,7 +392,7 @@ def _transpose_kernel(
 ):
     """dst = src.T by (BLOCK_R, BLOCK_C) tiles: both sides read and written along their contiguous rows
     (Triton reorders the tile through shared memory between the two); torch's strided copy reads one side
-    element by element (4.1 ms vs a 0.7 ms floor for pass 2's kept slices, H100 session 13)."""
+    element by element (4.1 ms vs a 0.7 ms floor for pass 2's kept slices on the H100)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -582,7 +582,7 @@ def _two_pass_loop(
         logits_store = storage.view(hidden.dtype)
         capacity = logits_store.numel() // vocab  # tokens per chunk; H for equal dtypes
         # no kept chunk with a bias: a vocabulary-major GEMM adds a per-class bias only through cuBLAS's beta
-        # path, which rounds twice (7 % of the logits one ulp off, H100 session 14); the token-major GEMM adds
+        # path, which rounds twice (7 % of the logits one ulp off on the H100); the token-major GEMM adds
         # it in its epilogue, rounded once, as eager's
         kept_tokens = min(n_tokens, capacity) if bias is None else 0
         if on_gpu:  # a multiple of 8: the kept chunk's GEMMs run over it contiguously (odd counts: slow

@@ -42,9 +42,9 @@ def num_sms(device) -> int:
 # Rows up to this many columns stay in registers (forward: one read of x; backward: one read of dy and x).
 # Longer rows loop over column chunks of NORM_CHUNK_COLS, re-reading the row once per pass. The backward holds
 # ~11 registers per element (dy, x, w, dW accumulator, temporaries) and spills at 16384 columns, yet one
-# spilling pass beats the two-pass loop there (H100, bf16 RMSNorm bwd, `python benchmarks/variants_norm.py
-# --shapes ...`, script at 0aa2349: 16384x16384 0.729 vs 1.489 ms, 4093x16384 0.207 vs 0.382; the shape
-# sweep's losers).
+# spilling pass beats the two-pass loop there (H100, bf16 RMSNorm bwd: 16384x16384 0.729 vs 1.489 ms,
+# 4093x16384 0.207 vs 0.382, the shape sweep's losers; script at 0aa2349: `python benchmarks/variants_norm.py
+# --shapes ...`).
 NORM_FUSED_MAX_COLS = 16384
 NORM_BWD_FUSED_MAX_COLS = 16384
 NORM_CHUNK_COLS = 4096
@@ -52,8 +52,8 @@ NORM_CHUNK_COLS = 4096
 # enough bytes per program.
 NORM_TILE_ELEMENTS = 4096
 # LayerNorm backward at rows of 4096 columns: two rows per tile (16 warps) keep more bytes in flight for its
-# one program per SM (H100, bf16, `python benchmarks/variants_norm.py`, script at 0aa2349: 16384x4096 0.183 ->
-# 0.161 ms, 4093x4096 0.061 -> 0.055; RMSNorm 0.156 either way). Shorter rows keep NORM_TILE_ELEMENTS
+# one program per SM (H100, bf16: 16384x4096 0.183 -> 0.161 ms, 4093x4096 0.061 -> 0.055; RMSNorm 0.156
+# either way; script at 0aa2349: `python benchmarks/variants_norm.py`). Shorter rows keep NORM_TILE_ELEMENTS
 # (16384x1024: 0.066 vs 0.082 ms with 8192-element tiles, 16384x2048: 0.105 vs 0.115).
 NORM_BWD_TILE_ELEMENTS_LAYER_NORM = 8192
 # Elements of a tile per thread (sets num_warps). Forward: 16. Backward: 16 with a software prefetch of the
@@ -73,9 +73,9 @@ NORM_BWD_PREFETCH = True
 # are loaded again (L1/L2: the row was just read) after the row's reductions instead of holding dy * w and the
 # normalised x across them; the held values spill at 16384 columns (LayerNorm: w, dW and dB accumulators, g,
 # xhat at the 64-register cap of 32 warps). One program per SM (NORM_BWD_WIDE_PROGRAMS_PER_SM): a second one
-# does not fit beside it in registers, so it only formed a second wave. H100, bf16, kernel alone, ms
-# (`python benchmarks/variants_norm.py --shapes 16384x16384,32768x16384,4093x16384,16384x8192,65536x8192`,
-# script at 0aa2349):
+# does not fit beside it in registers, so it only formed a second wave. H100, bf16, kernel alone, ms (script
+# at 0aa2349: `python benchmarks/variants_norm.py --shapes 16384x16384,32768x16384,4093x16384,16384x8192,
+# 65536x8192`):
 # RMSNorm 16384 cols: 32 elements + reload 0.578 / 1.134 / 0.160 vs 16 elements 0.619 / 1.207 / 0.195 (held
 #   or reloaded alike); 8192 cols: held 0.321 / 1.223, reloaded 0.346 / 1.296.
 # LayerNorm 16384 cols: 16 elements + reload 0.848 / 1.663 / 0.242 vs held 1.104 / 2.172 / 0.307 (32
@@ -94,8 +94,8 @@ NORM_BWD_ROWWISE_WARPS = 16
 # LayerNorm backward of 16-bit rows of these padded widths: one row per tile (TILE_ELEMENTS below), its dW/dB
 # terms added into one row of fp32 accumulators, 4 warps, 8 programs per SM, no prefetch (few registers, many
 # programs in flight: torch.compile's structure at this width). H100, bf16, kernel + partial sums alone
-# (CUDA-graph timing, `python benchmarks/variants_norm.py --quick --graph --only kernels --ops layer_norm
-# --variants "P2 E8 pf (current),TS"`, script at 0aa2349): 65536 x 1024 0.1563 ms vs 0.1831 for the 2-D tile
+# (CUDA-graph timing; script at 0aa2349: `python benchmarks/variants_norm.py --quick --graph --only kernels
+# --ops layer_norm --variants "P2 E8 pf (current),TS"`): 65536 x 1024 0.1563 ms vs 0.1831 for the 2-D tile
 # kernel, 16384 x 1024 0.0505 vs 0.0575, 4093 x 1024 0.0188 vs 0.0201; it loses at 2048 columns (16384 x 2048
 # 0.1060 vs 0.0936), which keep the 2-D kernel.
 NORM_BWD_TILE_SUM_LAYER_NORM: tuple[int, ...] = (1024,)

@@ -26,10 +26,10 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
    FLOPs: 6 BT H V where every token is kept (BT <= H), 8 BT H V at most (the other tokens' logits computed
    twice). Peak extra memory: dW + dh + one slice (default: half the hidden-state gradient's size, >= 32 MiB
    on a GPU; ``max_chunk_bytes``). Rows s of dW are written over storage whose kept slice was just copied out;
-   with the last slice first, every lower slice's kept gradient lies below them. H100, bf16, H 4096, V 128256
-   (session 13, kernels of one fwd+bwd): 8192 tokens 41.9 ms at 1.073 GiB (4096 kept), 4096 tokens 18.6 ms
-   (all kept; torch.compile 19.1 ms at 1.99 GiB); before the kept chunk 52.6 ms at 8192 tokens, and the
-   vocabulary-major loop before that (fp32 dh across slices) 53.7 ms at 1.167 GiB (session 5).
+   with the last slice first, every lower slice's kept gradient lies below them. H100, bf16, H 4096, V 128256,
+   fwd+bwd, 8192 tokens: 45.2 ms GPU time at 1.07 GiB, 4096 tokens kept (``benchmarks/results/h100/ops.csv``,
+   2026-11-24); a vocabulary-major loop without a kept chunk (fp32 dh across slices) takes 51.1 ms at 1.167
+   GiB (``benchmarks/results/h100/flce_order_interleaved.log``, default budget).
 2. Token-major with fp32 accumulators, where the memory headroom under the process's own earlier peak holds
    fp32 dW and dh, their rounded copies and a 512 MiB chunk (inside a training step, after its first
    iterations), or where ``max_chunk_bytes`` grants that much (4 bytes per element of W and h plus >= 512
@@ -37,7 +37,7 @@ gradients, computed in the forward pass by one of three loops (``_run_loop`` pic
    ``dh_c = dlogits_c @ W``, ``dW += dlogits_c.T @ h_c`` into fp32, rounded once at the end. Exact, and
    faster there (no recomputed logits; Llama-1B shape, H100: 56.4k tokens/s vs 53.6k with the vocabulary
    order), at no new peak. H100, 8192 tokens, H 4096, V 128256 bf16: 36.6 ms of GPU kernels in one profiled
-   fwd+bwd (session 11, ``benchmarks/variants_ce.py --only profile``), at ~3.1 GiB extra.
+   fwd+bwd, at ~3.1 GiB extra (script at 0aa2349: ``python benchmarks/variants_ce.py --only profile``).
    With every logit in the budget (``max_chunk_bytes`` >= tokens x V x 2 bytes, or that much headroom):
    one chunk, nothing accumulated.
 3. Token-major in ``accum_dtype`` (default W's dtype) when ``chunk_size`` is given: a bf16 dW rounds once per

@@ -60,8 +60,8 @@ from liger_core.ops._fastlaunch import fast_launch
 _TILE_ELEMENTS = 2048
 _NUM_WARPS = 4
 # Few tokens with many heads each (B * T <= _FEW_TOKENS and (Hq + Hk) * rotary_dim >= _MANY_HEAD_ELEMENTS): 8
-# warps. Measured (H100, bf16 fwd+bwd GPU time, `python benchmarks/variants_glu_rope.py --only rope
-# --rope-shapes ...`, script at 0aa2349): q1x64x1024 kv16 0.0400 -> 0.0376 ms, q1x128x1024 kv32 0.0717 ->
+# warps. Measured (H100, bf16 fwd+bwd GPU time; script at 0aa2349: `python benchmarks/variants_glu_rope.py
+# --only rope --rope-shapes ...`): q1x64x1024 kv16 0.0400 -> 0.0376 ms, q1x128x1024 kv32 0.0717 ->
 # 0.0671 (liger-kernel 0.0368 / 0.0679); 8 warps lose elsewhere: q4x32x4096 kv8 0.2379 -> 0.2457, q1x32x65536
 # kv8 0.924 -> 0.955, q1x8x4093 kv2 0.0247 -> 0.0266.
 _NUM_WARPS_FEW_TOKENS_MANY_HEADS = 8

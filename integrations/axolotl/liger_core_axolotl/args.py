@@ -3,11 +3,13 @@
 Axolotl merges this model into its config class (``axolotl.integrations.config.merge_input_args``), so the
 ``mode="before"`` validators see the whole raw config.
 
-- ``use_liger_kernel: true``: turn liger_core on (defaults: rope, rms_norm, glu_activation, layer_norm and
-  fused_linear_cross_entropy on, cross_entropy off).
+- ``use_liger_kernel: true``: turn liger_core on (defaults: those of ``liger_core.patching.KernelFlags``:
+  rope, rms_norm, glu_activation, moe_experts, layer_norm and fused_linear_cross_entropy on, cross_entropy
+  off).
 - ``liger_core_<kernel>: true|false``: override one kernel (``liger_core_`` prefix: Axolotl's own Liger plugin
-  owns the ``liger_*`` keys). ``liger_core_cross_entropy: true`` turns the fused linear cross-entropy off
-  unless that is set too, which is an error (one loss).
+  owns the ``liger_*`` keys). One key per field of ``KernelFlags``, except that ``glu_activation`` (Axolotl's
+  name) sets both ``swiglu`` and ``geglu``. ``liger_core_cross_entropy: true`` turns the fused linear
+  cross-entropy off unless that is set too, which is an error (one loss).
 - ``liger_core_strict: true``: a kernel asked for that cannot be applied stops the run before training
   (``liger_core.patching.PatchIncompleteError``) instead of being logged as a warning.
 - with ``rl:`` (dpo, ipo, kto, orpo, simpo, grpo, gdpo, ebft) the layer kernels apply to the models Axolotl
@@ -21,17 +23,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, create_model, model_validator
+
+INSTALL_HINT = "from a clone of liger_core: `pip install -e . && pip install -e integrations/axolotl`"
+try:  # the kernel flags' one definition; liger_core.patching.flags imports no transformers
+    from liger_core.patching.flags import KernelFlags
+except ImportError as err:
+    raise ImportError(
+        f"liger_core_axolotl needs liger_core, which cannot be imported ({err}); install it {INSTALL_HINT}"
+    ) from err
 
 PLUGIN_NAME = "liger_core_axolotl.LigerCorePlugin"
-KERNEL_DEFAULTS = {
-    "rope": True,
-    "rms_norm": True,
-    "glu_activation": True,
-    "layer_norm": True,
-    "cross_entropy": False,
-    "fused_linear_cross_entropy": True,
-}
+# Axolotl's one key for the GLU MLP kernels (its own Liger plugin's name): it sets both of these flags
+GLU_KEY = "glu_activation"
+GLU_FLAGS = ("swiglu", "geglu")
+LOSS_FLAGS = ("cross_entropy", "fused_linear_cross_entropy")
+
+
+def _kernel_defaults() -> dict[str, bool]:
+    """This plugin's kernel names -> defaults: ``KernelFlags``' fields in order, ``GLU_FLAGS`` as ``GLU_KEY``
+    in the place of the first (the two share one default)."""
+    flags = KernelFlags.defaults()
+    if len({flags[name] for name in GLU_FLAGS}) != 1:
+        raise AssertionError(f"{GLU_KEY} sets {GLU_FLAGS}, which need one default: {flags}")
+    defaults: dict[str, bool] = {}
+    for name, default in flags.items():
+        defaults[GLU_KEY if name in GLU_FLAGS else name] = default
+    return defaults
+
+
+KERNEL_DEFAULTS = _kernel_defaults()
 KERNEL_KEYS = {f"liger_core_{name}": name for name in KERNEL_DEFAULTS}
 STRICT_KEY = "liger_core_strict"
 OUR_KEYS = ("use_liger_kernel", *KERNEL_KEYS, STRICT_KEY)
@@ -42,9 +63,6 @@ SFT_LOSS_KEYS = ("liger_core_fused_linear_cross_entropy", "liger_core_cross_entr
 # Axolotl's rl types built on a TRL trainer that gets TRL's fused LM head (TRL >= 1.15): DPO (dpo, ipo),
 # KTO, GRPO (grpo, gdpo). ORPO and SimPO (TRL's experimental ORPO/CPO trainers) compute full logits.
 RL_FUSED_LOGPROBS = ("dpo", "ipo", "kto", "grpo", "gdpo")
-
-
-INSTALL_HINT = "from a clone of liger_core: `pip install -e . && pip install -e integrations/axolotl`"
 
 
 def axolotl_keys() -> set[str]:
@@ -119,17 +137,15 @@ def kernel_settings(cfg: Any) -> dict[str, bool]:
 
 
 def liger_core_flags(cfg: Any) -> dict[str, bool]:
-    """Keyword arguments for ``liger_core.apply_liger_kernel*`` (glu_activation covers SwiGLU and GeGLU)."""
-    s = kernel_settings(cfg)
-    return dict(
-        rope=s["rope"],
-        rms_norm=s["rms_norm"],
-        swiglu=s["glu_activation"],
-        geglu=s["glu_activation"],
-        layer_norm=s["layer_norm"],
-        cross_entropy=s["cross_entropy"],
-        fused_linear_cross_entropy=s["fused_linear_cross_entropy"],
-    )
+    """Keyword arguments for ``liger_core.apply_liger_kernel*``: every field of ``KernelFlags``
+    (glu_activation gives ``swiglu`` and ``geglu``)."""
+    settings = kernel_settings(cfg)
+    return {name: settings[GLU_KEY if name in GLU_FLAGS else name] for name in KernelFlags.names()}
+
+
+def layer_flags(cfg: Any) -> dict[str, bool]:
+    """``liger_core_flags`` without the SFT losses (``LOSS_FLAGS``): the layer kernels."""
+    return {name: on for name, on in liger_core_flags(cfg).items() if name not in LOSS_FLAGS}
 
 
 def strict(cfg: Any) -> bool:
@@ -212,16 +228,10 @@ def config_conflicts(data: dict[str, Any]) -> list[str]:
     return problems
 
 
-class LigerCoreArgs(BaseModel):
-    """Axolotl config keys added by ``liger_core_axolotl.LigerCorePlugin`` (module docstring)."""
+class _LigerCoreSwitches(BaseModel):
+    """The keys that are not kernels, and the check of the whole raw config."""
 
     use_liger_kernel: bool | None = None
-    liger_core_rope: bool | None = None
-    liger_core_rms_norm: bool | None = None
-    liger_core_glu_activation: bool | None = None
-    liger_core_layer_norm: bool | None = None
-    liger_core_cross_entropy: bool | None = None
-    liger_core_fused_linear_cross_entropy: bool | None = None
     liger_core_strict: bool | None = None
 
     @model_validator(mode="before")
@@ -232,3 +242,17 @@ class LigerCoreArgs(BaseModel):
             if problems:
                 raise ValueError("liger_core: " + "; ".join(problems))
         return data
+
+
+# Axolotl config keys added by ``liger_core_axolotl.LigerCorePlugin`` (module docstring): the switches above
+# and one optional bool per kernel key (``KERNEL_KEYS``, from ``KernelFlags``). Axolotl merges this class into
+# its config class by inheritance.
+LigerCoreArgs = create_model(
+    "LigerCoreArgs",
+    __base__=_LigerCoreSwitches,
+    __module__=__name__,
+    **{key: (bool | None, None) for key in KERNEL_KEYS},
+)
+LigerCoreArgs.__doc__ = (
+    "Axolotl config keys added by ``liger_core_axolotl.LigerCorePlugin`` (module docstring)."
+)

@@ -42,6 +42,7 @@ from liger_core_axolotl.args import (
     PLUGIN_NAME,
     RL_FUSED_LOGPROBS,
     STRICT_KEY,
+    layer_flags,
     liger_core_flags,
     misspelled_keys,
     rl_type,
@@ -158,6 +159,29 @@ def adapter_on_lm_head(model: Any) -> bool:
     return callable(get_head) and isinstance(get_head(), BaseTunerLayer)
 
 
+TRL_PLUGIN_INSTALL = (
+    "pip install -e integrations/trl (from a clone of liger_core; the `trl` extra of liger-core-axolotl, "
+    "for an Axolotl whose TRL is >= 1.15)"
+)
+
+
+def trl_plugin() -> Any:
+    """The TRL plugin, ``liger_core_trl`` (package liger-core-trl, this plugin's optional ``trl`` extra),
+    with its hook module loaded: its ``install()`` makes TRL's fused LM head (TRL >= 1.15) compute the
+    per-token log-probs with liger_core. The one place this plugin imports it; only ``rl:`` runs on such a
+    TRL need it. ``ImportError`` naming the install command when it (or liger-core-hf, which it needs) is
+    missing."""
+    try:
+        import liger_core_trl
+        import liger_core_trl.hook  # noqa: F401  (imports liger-core-hf)
+    except ImportError as err:
+        raise ImportError(
+            f"liger-core-trl cannot be imported ({err}); it serves TRL's fused LM head in rl: runs: "
+            f"{TRL_PLUGIN_INSTALL}"
+        ) from err
+    return liger_core_trl
+
+
 def fused_logprobs_unavailable() -> str | None:
     """Why TRL's fused LM head cannot compute with liger_core here (None: it can)."""
     try:
@@ -168,9 +192,9 @@ def fused_logprobs_unavailable() -> str | None:
     if not hasattr(trl_utils, "add_fused_lm_head"):
         return f"TRL {trl.__version__} has no fused LM head (TRL >= 1.15 has)"
     try:
-        import liger_core_trl.hook  # noqa: F401  (also needs liger-core-hf)
+        trl_plugin()
     except ImportError as err:
-        return f"liger-core-trl cannot be imported ({err}; pip install -e integrations/trl)"
+        return str(err)
     return None
 
 
@@ -254,9 +278,7 @@ class LigerCorePlugin(BasePlugin):
         kernels chosen here (the model is already patched: applying them again at train() adds nothing)."""
         if not (cfg.use_liger_kernel and rl_type(cfg) is not None and rl_wiring(cfg)[0] == "fused_head"):
             return None
-        flags = liger_core_flags(cfg)
-        layers = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm")
-        config: dict[str, bool] = {name: flags[name] for name in layers}
+        config: dict[str, bool] = layer_flags(cfg)
         if strict(cfg):  # liger_core_trl then stops a trainer whose fused head must keep TRL's kernel
             config["strict"] = True
         return {"use_liger_kernel": True, "liger_kernel_config": config}
@@ -265,9 +287,7 @@ class LigerCorePlugin(BasePlugin):
         if not cfg.use_liger_kernel:
             return
         if rl_type(cfg) is not None and rl_wiring(cfg)[0] == "fused_head":
-            import liger_core_trl
-
-            liger_core_trl.install()
+            trl_plugin().install()
         import liger_core
         from liger_core.patching import recipe_model_types, revert_model_type
 

@@ -37,20 +37,47 @@ def _load_cfg(tmp_path, config: dict):
 def test_load_cfg_keeps_our_keys(tiny_llama, tiny_dataset, tmp_path, plugin_manager):
     cfg = _load_cfg(
         tmp_path,
-        axolotl_config(tiny_llama, tiny_dataset, tmp_path, liger_core_rope=False, liger_core_layer_norm=True),
+        axolotl_config(
+            tiny_llama,
+            tiny_dataset,
+            tmp_path,
+            liger_core_rope=False,
+            liger_core_layer_norm=True,
+            liger_core_moe_experts=False,
+        ),
     )
     assert PLUGIN in plugin_manager.plugins
-    assert cfg.use_liger_kernel is True and cfg.liger_core_rope is False
+    assert (
+        cfg.use_liger_kernel is True and cfg.liger_core_rope is False and cfg.liger_core_moe_experts is False
+    )
     assert cfg.model_config_type == "llama"
     assert liger_core_flags(cfg) == dict(
         rope=False,
         rms_norm=True,
         swiglu=True,
         geglu=True,
+        moe_experts=False,
         layer_norm=True,
         cross_entropy=False,
         fused_linear_cross_entropy=True,
     )
+
+
+def test_kernel_keys_follow_kernel_flags():
+    """One key per field of liger_core's KernelFlags, with its default; glu_activation stands for swiglu and
+    geglu together."""
+    from liger_core_axolotl.args import KERNEL_KEYS, LigerCoreArgs, kernel_settings
+
+    from liger_core.patching import KernelFlags
+
+    names = [name for name in KernelFlags.names() if name != "geglu"]
+    assert list(KERNEL_KEYS.values()) == [name.replace("swiglu", "glu_activation") for name in names]
+    assert set(KERNEL_KEYS) <= set(LigerCoreArgs.model_fields)
+    assert liger_core_flags({}) == KernelFlags.defaults()
+    for on in (False, True):
+        flags = liger_core_flags({"liger_core_glu_activation": on})
+        assert flags["swiglu"] is on and flags["geglu"] is on
+    assert kernel_settings({"liger_core_moe_experts": "false"})["moe_experts"] is False
 
 
 @pytest.mark.parametrize(
@@ -134,7 +161,9 @@ def llama_cfg(tiny_llama, tiny_dataset, tmp_path, plugin_manager):
 
 
 def _kinds(model) -> set:
-    return {getattr(m, "_liger_core_kind", None) for m in model.modules()} - {None}
+    from liger_core.patching import patched_modules
+
+    return set(patched_modules(model).values())
 
 
 def test_class_level_patch_in_pre_model_load(llama_cfg, monkeypatch, caplog):

@@ -154,6 +154,7 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
             "rms_norm": True,
             "swiglu": True,
             "geglu": True,
+            "moe_experts": True,
             "layer_norm": False,
         },
     }
@@ -162,6 +163,25 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
         assert mode is None and "computes its loss from the full logits" in message
     sft = DictDefault({"use_liger_kernel": True})
     assert plugin_module.LigerCorePlugin().get_training_args(sft) is None
+
+
+def test_trl_plugin_import_names_the_install_command(monkeypatch):
+    """liger-core-trl is imported in one place (``plugin.trl_plugin``): missing, the error names the install
+    command; present, it is returned with its hook module loaded."""
+    import types
+
+    from liger_core_axolotl import plugin as plugin_module
+
+    monkeypatch.setitem(sys.modules, "liger_core_trl", None)  # import then raises ImportError
+    with pytest.raises(ImportError, match=r"pip install -e integrations/trl"):
+        plugin_module.trl_plugin()
+    fake = types.ModuleType("liger_core_trl")
+    fake.__path__ = []
+    hook = types.ModuleType("liger_core_trl.hook")
+    fake.hook = hook
+    monkeypatch.setitem(sys.modules, "liger_core_trl", fake)
+    monkeypatch.setitem(sys.modules, "liger_core_trl.hook", hook)
+    assert plugin_module.trl_plugin() is fake
 
 
 def _train(config: dict, workdir) -> tuple[int, str]:

@@ -16,18 +16,8 @@ from liger_core_llamafactory import ENV_FLAG
 # would make the HF Trainer import liger-kernel): under liger-lmf both mean liger_core.
 LIGER_KEYS = ("enable_liger_kernel", "use_liger_kernel")
 # transformers' TrainingArguments key for per-kernel toggles (as with the HF Trainer): under liger-lmf, the
-# keyword arguments of liger_core.apply_liger_kernel, `strict` included
+# keyword arguments of liger_core.apply_liger_kernel (``config_keys()``), `strict` included
 CONFIG_KEY = "liger_kernel_config"
-CONFIG_KEYS = (
-    "rope",
-    "rms_norm",
-    "swiglu",
-    "geglu",
-    "layer_norm",
-    "cross_entropy",
-    "fused_linear_cross_entropy",
-    "strict",
-)
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n"}
 
@@ -41,6 +31,15 @@ def _as_bool(key: str, value: Any) -> bool:
     if text in _FALSE:
         return False
     raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
+def config_keys() -> tuple[str, ...]:
+    """The keys ``liger_kernel_config`` accepts: the kernel flags from liger_core's one definition
+    (``liger_core.patching.KernelFlags``), then the entry points' other options (``strict``). liger_core is
+    imported on first use: reading the liger switch needs neither liger_core nor torch."""
+    from liger_core.patching.flags import PATCH_OPTIONS, KernelFlags
+
+    return (*KernelFlags.names(), *PATCH_OPTIONS)
 
 
 def env_enabled() -> bool:
@@ -75,7 +74,7 @@ def pop_liger_flag(args: dict[str, Any] | list[str]) -> bool:
 
 
 def kernel_config(value: Any) -> dict[str, bool]:
-    """``liger_kernel_config`` checked: a mapping (or its JSON text) of ``CONFIG_KEYS`` to booleans."""
+    """``liger_kernel_config`` checked: a mapping (or its JSON text) of ``config_keys()`` to booleans."""
     if value is None:
         return {}
     if isinstance(value, str):
@@ -85,10 +84,11 @@ def kernel_config(value: Any) -> dict[str, bool]:
             raise ValueError(f"{CONFIG_KEY} is not valid JSON ({err.msg}): {value!r}") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"{CONFIG_KEY} must be a mapping of booleans, got {type(value).__name__}")
-    unknown = sorted(str(k) for k in value if k not in CONFIG_KEYS)
+    keys = config_keys()
+    unknown = sorted(str(k) for k in value if k not in keys)
     if unknown:
-        named = ", ".join(f"{key!r}{did_you_mean(key, CONFIG_KEYS, 0.6)}" for key in unknown)
-        raise ValueError(f"{CONFIG_KEY} has unknown key(s) {named}; liger_core accepts {list(CONFIG_KEYS)}")
+        named = ", ".join(f"{key!r}{did_you_mean(key, keys, 0.6)}" for key in unknown)
+        raise ValueError(f"{CONFIG_KEY} has unknown key(s) {named}; liger_core accepts {list(keys)}")
     return {key: _as_bool(f"{CONFIG_KEY}.{key}", v) for key, v in value.items()}
 
 

@@ -77,6 +77,16 @@ def test_pop_kernel_config(args, rest):
     assert args == rest
 
 
+def test_kernel_config_keys_are_liger_cores_flags():
+    """Every field of liger_core's KernelFlags (moe_experts included) and `strict` are accepted."""
+    from liger_core_llamafactory.options import config_keys, kernel_config
+
+    from liger_core.patching import KernelFlags
+
+    assert config_keys() == (*KernelFlags.names(), "strict")
+    assert kernel_config({"moe_experts": "false", "geglu": True}) == {"moe_experts": False, "geglu": True}
+
+
 def test_pop_kernel_config_yaml_and_override(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"stage": "sft", "liger_kernel_config": {"rope": False}}))

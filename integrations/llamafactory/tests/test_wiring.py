@@ -91,7 +91,7 @@ def test_model_hooks_patch_trainable_model(tiny_llama, tiny_dataset_dir, tmp_pat
     rule for liger-kernel)."""
     from liger_core_llamafactory import model_hooks
 
-    from liger_core.patching import is_patched, revert
+    from liger_core.patching import is_patched, patched_modules, revert
 
     model_hooks.install()
     model_hooks.install()  # idempotent
@@ -102,7 +102,7 @@ def test_model_hooks_patch_trainable_model(tiny_llama, tiny_dataset_dir, tmp_pat
         model = _load(tiny_llama, tiny_dataset_dir, tmp_path, stage)
     try:
         assert is_patched(model)
-        kinds = {getattr(m, "_liger_core_kind", None) for m in model.modules()}
+        kinds = set(patched_modules(model).values())
         assert {"rms_norm", "swiglu", "rope", loss_kind} <= kinds
         other = "cross_entropy" if loss_kind != "cross_entropy" else "fused_linear_cross_entropy"
         assert other not in kinds
