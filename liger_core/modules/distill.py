@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from liger_core.ops._divergence_math import check_beta, check_ignore_index
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd
-from liger_core.ops.jsd import check_beta, check_ignore_index, jsd
+from liger_core.ops.jsd import jsd
 from liger_core.ops.kl_div import REDUCTIONS, kl_div
 
 

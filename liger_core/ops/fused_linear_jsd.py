@@ -34,8 +34,7 @@ import triton.language as tl
 from liger_core import reference
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
 from liger_core.ops._ce_math import RUNNING_MAX_START
-from liger_core.ops._launch import cdiv, elementwise_settings
-from liger_core.ops.jsd import (
+from liger_core.ops._divergence_math import (
     as_rows,
     check_beta,
     check_ignore_index,
@@ -49,6 +48,7 @@ from liger_core.ops.jsd import (
     row_tiles,
     tile_rows,
 )
+from liger_core.ops._launch import cdiv, elementwise_settings
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
 
 # Budget for the two per-chunk logits buffers (student + teacher): 512 MiB is 1024 rows of a 128256-entry

@@ -30,7 +30,14 @@ import triton.language as tl
 
 from liger_core import reference
 from liger_core.dispatch import check_choice, check_same_device, check_shape, check_tensor, use_triton
-from liger_core.ops.jsd import as_rows, compute_dtype, exp_precise, log_precise, row_tiles, tile_rows
+from liger_core.ops._divergence_math import (
+    as_rows,
+    compute_dtype,
+    exp_precise,
+    log_precise,
+    row_tiles,
+    tile_rows,
+)
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 
