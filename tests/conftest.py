@@ -4,6 +4,7 @@ TRITON_INTERPRET must be set before `triton` is imported anywhere, so it is set 
 On the GPU machine run `pytest -m gpu` (TRITON_INTERPRET unset): the CUDA-parametrised cases run there.
 """
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -28,6 +29,16 @@ def _fresh_seed():
     )
     torch.manual_seed(seed)
     yield seed
+
+
+@pytest.fixture
+def tune():
+    """``tune(knob=value, ...)`` sets tuning knobs (``liger_core.tuning.override``) until the test ends; later
+    calls nest over earlier ones."""
+    from liger_core import tuning
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(tuning.override(**values))
 
 
 @pytest.fixture

@@ -28,9 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from liger_core import reference
+from liger_core import reference, tuning
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
-from liger_core.ops import _launch
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
 from liger_core.ops._norm_math import (
@@ -347,19 +346,19 @@ def _layer_norm_bwd_impl(
         return dx, torch.zeros_like(w), torch.zeros_like(w) if has_bias else w.new_empty(0)
     s = norm_settings(n_cols, backward=True, layer_norm=True)
     precise = x.dtype == torch.float32
-    rowwise = not precise and s.single_pass and s.block_n in _launch.NORM_BWD_ROWWISE_LAYER_NORM
+    rowwise = not precise and s.single_pass and s.block_n in tuning.NORM_BWD_ROWWISE_LAYER_NORM
     if rowwise:
         s = s._replace(block_m=1, programs_per_sm=1)
     # 16-bit rows of NORM_BWD_TILE_SUM_LAYER_NORM's widths: per-tile column sums, many small programs
     tile_sum = (
-        not precise and not rowwise and s.single_pass and s.block_n in _launch.NORM_BWD_TILE_SUM_LAYER_NORM
+        not precise and not rowwise and s.single_pass and s.block_n in tuning.NORM_BWD_TILE_SUM_LAYER_NORM
     )
     if tile_sum:
         s = s._replace(
-            block_m=max(1, _launch.NORM_BWD_TILE_SUM_TILE_ELEMENTS // s.block_n),
-            programs_per_sm=_launch.NORM_BWD_TILE_SUM_PROGRAMS_PER_SM,
-            prefetch=_launch.NORM_BWD_TILE_SUM_PREFETCH,
-            num_warps=_launch.NORM_BWD_TILE_SUM_WARPS,
+            block_m=max(1, tuning.NORM_BWD_TILE_SUM_TILE_ELEMENTS // s.block_n),
+            programs_per_sm=tuning.NORM_BWD_TILE_SUM_PROGRAMS_PER_SM,
+            prefetch=tuning.NORM_BWD_TILE_SUM_PREFETCH,
+            num_warps=tuning.NORM_BWD_TILE_SUM_WARPS,
         )
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
@@ -369,7 +368,7 @@ def _layer_norm_bwd_impl(
         _layer_norm_bwd_row_kernel[(programs,)](
             dy, x, w, mean, rstd, dx, partials, n_rows, n_cols,
             dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
-            HAS_BIAS=has_bias, BLOCK_N=s.block_n, num_warps=_launch.NORM_BWD_ROWWISE_WARPS,
+            HAS_BIAS=has_bias, BLOCK_N=s.block_n, num_warps=tuning.NORM_BWD_ROWWISE_WARPS,
         )  # fmt: skip
     else:
         _layer_norm_bwd_kernel[(programs,)](

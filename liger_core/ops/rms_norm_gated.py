@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from liger_core import reference
+from liger_core import reference, tuning
 from liger_core.dispatch import (
     check_choice,
     check_same_device,
@@ -209,8 +209,8 @@ def _tile(group_size: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps): whole groups of BLOCK_N (padded) columns, several rows per tile for
     short groups (the rms_norm tile size and elements per thread)."""
     block_n = next_power_of_2(group_size)
-    block_m = max(1, _launch.NORM_TILE_ELEMENTS // block_n)
-    warps = min(32, max(4, block_m * block_n // (32 * _launch.NORM_FWD_ELEMENTS_PER_THREAD)))
+    block_m = max(1, tuning.NORM_TILE_ELEMENTS // block_n)
+    warps = min(32, max(4, block_m * block_n // (32 * tuning.NORM_FWD_ELEMENTS_PER_THREAD)))
     return block_m, block_n, warps
 
 
@@ -264,7 +264,7 @@ def _rms_norm_gated_bwd_impl(
         return dx, dgate, torch.zeros_like(w)
     block_m, block_n, warps = _tile(group_size)
     n_tiles = cdiv(n_rows, block_m)
-    target = num_sms(x.device) * _launch.NORM_BWD_PROGRAMS_PER_SM
+    target = num_sms(x.device) * tuning.NORM_BWD_PROGRAMS_PER_SM
     tiles_per_program = cdiv(n_tiles, min(target, n_tiles))
     programs = cdiv(n_tiles, tiles_per_program)
     precise = x.dtype == torch.float32

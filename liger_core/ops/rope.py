@@ -50,14 +50,11 @@ import torch
 import triton
 import triton.language as tl
 
-from liger_core import reference
+from liger_core import reference, tuning
 from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_tensor, launcher, use_triton
 from liger_core.ops._fastlaunch import fast_launch
 
-# Elements of one [heads x half-rotary] tile a program holds in registers per step of its head loop. When q's
-# and k's heads each fit in one tile (up to 64 heads of head_dim 64, 32 of 128), all of a token's loads are
-# issued before its first store.
-_TILE_ELEMENTS = 2048
+# Elements of one [heads x half-rotary] tile per step of the head loop: ``tuning.ROPE_TILE_ELEMENTS``.
 _NUM_WARPS = 4
 # Few tokens with many heads each (B * T <= _FEW_TOKENS and (Hq + Hk) * rotary_dim >= _MANY_HEAD_ELEMENTS): 8
 # warps. Measured (H100, bf16 fwd+bwd GPU time; script at 0aa2349: `python benchmarks/variants_glu_rope.py
@@ -378,7 +375,7 @@ def _plan(
     half = cos.shape[-1] if layout & _FREQ_TABLES else cos.shape[-1] // 2
     pass_dim = head_dim - 2 * half
     block_half = _pow2(half)
-    heads_per_tile = max(1, _TILE_ELEMENTS // block_half)
+    heads_per_tile = max(1, tuning.ROPE_TILE_ELEMENTS // block_half)
     cs_stride_b, cs_stride_t, _ = cos.stride()
 
     def bthd(strides: tuple[int, ...]) -> tuple[int, int, int]:  # (batch, token, head) in either HF layout
@@ -419,7 +416,7 @@ def _launch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     key = (
         x_q.shape, x_q.stride(), x_k.shape, x_k.stride(), cos.shape, cos.stride(), unsqueeze_dim, backward,
-        layout, _TILE_ELEMENTS, _NUM_WARPS, _NUM_WARPS_FEW_TOKENS_MANY_HEADS, _FEW_TOKENS,
+        layout, tuning.ROPE_TILE_ELEMENTS, _NUM_WARPS, _NUM_WARPS_FEW_TOKENS_MANY_HEADS, _FEW_TOKENS,
         _MANY_HEAD_ELEMENTS,
     )  # fmt: skip
     plan = _PLANS.get(key)

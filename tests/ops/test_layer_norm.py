@@ -17,7 +17,7 @@ from helpers import (
 )
 
 import liger_core.ops._launch as launch
-from liger_core import reference
+from liger_core import reference, tuning
 from liger_core.ops import layer_norm
 
 # >= ~20 rows per CPU shape: a row's (mean, rstd) error is shared by its whole row (see test_rms_norm)
@@ -106,10 +106,10 @@ def test_layer_norm_extreme_values(device, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-def test_layer_norm_long_rows_loop_over_column_chunks(dtype, bias, monkeypatch):
+def test_layer_norm_long_rows_loop_over_column_chunks(dtype, bias, tune):
     """Rows wider than the fused limit loop over column chunks; shrink the limits so small rows take it."""
     for name in ("NORM_FUSED_MAX_COLS", "NORM_BWD_FUSED_MAX_COLS", "NORM_CHUNK_COLS"):
-        monkeypatch.setattr(launch, name, 128)
+        tune(**{name.lower(): 128})
     shape = (21, 301)  # three chunks, the last one partial
     assert not launch.norm_settings(301).single_pass
     assert not launch.norm_settings(301, backward=True).single_pass
@@ -120,19 +120,19 @@ def test_layer_norm_long_rows_loop_over_column_chunks(dtype, bias, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(23, 301), (3, 7, 1031)])
-def test_layer_norm_wide_rows_reload_after_reduction(dtype, bias, shape, monkeypatch, poison_empty):
+def test_layer_norm_wide_rows_reload_after_reduction(dtype, bias, shape, tune, poison_empty):
     """The wide-row backward (w, dy, x re-loaded after the row's reductions) gives the same bits as the one
     holding them; the tile size is lowered so small rows take that path."""
     x = _make_x(shape, dtype, "cpu")
     w, b = _make_params(shape[-1], dtype, "cpu", bias)
-    monkeypatch.setattr(launch, "NORM_TILE_ELEMENTS", 256)  # one row per tile: the wide-row backward
+    tune(norm_tile_elements=256)  # one row per tile: the wide-row backward
     padded = launch.next_power_of_2(shape[-1])
-    monkeypatch.setattr(launch, "NORM_BWD_WIDE_LAYER_NORM", {padded: (16, False)})
+    tune(norm_bwd_wide_layer_norm={padded: (16, False)})
     assert not launch.norm_settings(shape[-1], backward=True, layer_norm=True).reload
     seed = int(torch.randint(0, 2**31 - 1, ()))  # the same fresh dy for both runs
     torch.manual_seed(seed)
     _, *held = _check_against_float64(x, w, b)
-    monkeypatch.setattr(launch, "NORM_BWD_WIDE_LAYER_NORM", {padded: (16, True)})
+    tune(norm_bwd_wide_layer_norm={padded: (16, True)})
     assert launch.norm_settings(shape[-1], backward=True, layer_norm=True).reload
     torch.manual_seed(seed)
     _, *grads = _check_against_float64(x, w, b)
@@ -143,12 +143,12 @@ def test_layer_norm_wide_rows_reload_after_reduction(dtype, bias, shape, monkeyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
-def test_layer_norm_rowwise_backward(device, dtype, bias, layout, monkeypatch, poison_empty):
+def test_layer_norm_rowwise_backward(device, dtype, bias, layout, monkeypatch, tune, poison_empty):
     """The 1-D row-at-a-time backward (16-bit rows of NORM_BWD_ROWWISE_LAYER_NORM's widths; here the test
     widths are added to it) against float64 and eager; fp32 rows keep the 2-D kernel (fp64 partials)."""
     shapes = SHAPES[device] if device == "cpu" else [(4093, 8192), (65, 8000)]
     widths = {launch.next_power_of_2(shape[-1]) for shape in shapes}
-    monkeypatch.setattr(launch, "NORM_BWD_ROWWISE_LAYER_NORM", tuple(widths))
+    tune(norm_bwd_rowwise_layer_norm=tuple(widths))
     calls = []
     row_kernel = layer_norm_module._layer_norm_bwd_row_kernel
 
@@ -168,14 +168,14 @@ def test_layer_norm_rowwise_backward(device, dtype, bias, layout, monkeypatch, p
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("prefetch", [True, False])
-def test_layer_norm_tile_sum_backward(device, dtype, bias, prefetch, monkeypatch, poison_empty):
+def test_layer_norm_tile_sum_backward(device, dtype, bias, prefetch, monkeypatch, tune, poison_empty):
     """dW/dB summed per tile into one accumulator row (NORM_BWD_TILE_SUM_LAYER_NORM, here every test width),
     several programs per SM, with and without the prefetch, against float64 and eager."""
     shapes = SHAPES[device] if device == "cpu" else [(4093, 1024), (65, 1000), (16383, 2048)]
     widths = tuple(launch.next_power_of_2(shape[-1]) for shape in shapes)
-    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_LAYER_NORM", widths)
-    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_PROGRAMS_PER_SM", 3)
-    monkeypatch.setattr(launch, "NORM_BWD_TILE_SUM_PREFETCH", prefetch)
+    tune(norm_bwd_tile_sum_layer_norm=widths)
+    tune(norm_bwd_tile_sum_programs_per_sm=3)
+    tune(norm_bwd_tile_sum_prefetch=prefetch)
     calls = []
     kernel = layer_norm_module._layer_norm_bwd_kernel
 
@@ -191,12 +191,12 @@ def test_layer_norm_tile_sum_backward(device, dtype, bias, prefetch, monkeypatch
     for shape in shapes:
         w, b = _make_params(shape[-1], dtype, device, bias)
         _check_against_float64(_make_x(shape, dtype, device, "noncontiguous"), w, b)
-    single_pass = [launch.next_power_of_2(s[-1]) <= launch.NORM_BWD_FUSED_MAX_COLS for s in shapes]
+    single_pass = [launch.next_power_of_2(s[-1]) <= tuning.NORM_BWD_FUSED_MAX_COLS for s in shapes]
     assert calls == single_pass  # every single-pass backward took the tile-sum path
 
 
 def test_layer_norm_hidden_size_above_fused_limit(poison_empty):
-    n = 2 * launch.NORM_FUSED_MAX_COLS + 11
+    n = 2 * tuning.NORM_FUSED_MAX_COLS + 11
     w, b = _make_params(n, torch.bfloat16, "cpu")
     _check_against_float64(_make_x((3, n), torch.bfloat16, "cpu"), w, b)
 

@@ -13,7 +13,7 @@ from helpers import (
 )
 
 import liger_core.ops._launch as launch
-from liger_core import reference
+from liger_core import reference, tuning
 from liger_core.dispatch import use_triton
 from liger_core.ops import rms_norm
 
@@ -156,10 +156,10 @@ def test_rms_norm_rounds_like_hf(device, x_dtype, w_dtype, mode, offset):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode,offset", MODES[:2])
-def test_rms_norm_long_rows_loop_over_column_chunks(dtype, mode, offset, monkeypatch):
+def test_rms_norm_long_rows_loop_over_column_chunks(dtype, mode, offset, tune):
     """Rows wider than the fused limit loop over column chunks; shrink the limits so small rows take it."""
     for name in ("NORM_FUSED_MAX_COLS", "NORM_BWD_FUSED_MAX_COLS", "NORM_CHUNK_COLS"):
-        monkeypatch.setattr(launch, name, 128)
+        tune(**{name.lower(): 128})
     shape = (21, 301)  # three chunks, the last one partial
     assert (
         not launch.norm_settings(301).single_pass and not launch.norm_settings(301, backward=True).single_pass
@@ -172,19 +172,19 @@ def test_rms_norm_long_rows_loop_over_column_chunks(dtype, mode, offset, monkeyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode,offset", MODES[:2])
 @pytest.mark.parametrize("shape", [(23, 301), (3, 7, 1031)])
-def test_rms_norm_wide_rows_reload_after_reduction(dtype, mode, offset, shape, monkeypatch, poison_empty):
+def test_rms_norm_wide_rows_reload_after_reduction(dtype, mode, offset, shape, tune, poison_empty):
     """The wide-row backward (w, dy, x re-loaded after the row's reduction) gives the same bits as the one
     holding them; the tile size is lowered so small rows take that path."""
     x = _make_x(shape, dtype, "cpu")
     w = _make_w(shape[-1], dtype, "cpu", offset)
-    monkeypatch.setattr(launch, "NORM_TILE_ELEMENTS", 256)  # one row per tile: the wide-row backward
+    tune(norm_tile_elements=256)  # one row per tile: the wide-row backward
     padded = launch.next_power_of_2(shape[-1])
-    monkeypatch.setattr(launch, "NORM_BWD_WIDE_RMS_NORM", {padded: (16, False)})
+    tune(norm_bwd_wide_rms_norm={padded: (16, False)})
     assert not launch.norm_settings(shape[-1], backward=True).reload
     seed = int(torch.randint(0, 2**31 - 1, ()))  # the same fresh dy for both runs
     torch.manual_seed(seed)
     _, dx_held, dw_held = _check_against_float64(x, w, mode, offset)
-    monkeypatch.setattr(launch, "NORM_BWD_WIDE_RMS_NORM", {padded: (16, True)})
+    tune(norm_bwd_wide_rms_norm={padded: (16, True)})
     assert launch.norm_settings(shape[-1], backward=True).reload
     torch.manual_seed(seed)
     _, dx, dw = _check_against_float64(x, w, mode, offset)
@@ -192,7 +192,7 @@ def test_rms_norm_wide_rows_reload_after_reduction(dtype, mode, offset, shape, m
 
 
 def test_rms_norm_hidden_size_above_fused_limit(poison_empty):
-    n = 2 * launch.NORM_FUSED_MAX_COLS + 11
+    n = 2 * tuning.NORM_FUSED_MAX_COLS + 11
     x = _make_x((3, n), torch.bfloat16, "cpu")
     _check_against_float64(x, _make_w(n, torch.bfloat16, "cpu", 0.0), "llama", 0.0)
 

@@ -5,7 +5,6 @@ import pytest
 import torch
 from helpers import INF, NAN, assert_no_worse_than_eager, assert_same_nonfinite, leaf, noncontiguous
 
-import liger_core.ops._launch as launch
 from liger_core import reference
 from liger_core.modules.norms import LigerRMSNormGated
 from liger_core.ops import rms_norm_gated
@@ -73,9 +72,9 @@ def test_rms_norm_gated_mixed_and_half_dtypes(x_dtype, w_dtype, mode, nbg, act, 
     _check(*_inputs(shape, x_dtype, w_dtype), _settings_kwargs(mode, nbg, act, groups, shape[-1]))
 
 
-def test_rms_norm_gated_offset_and_many_tiles_per_program(monkeypatch):
+def test_rms_norm_gated_offset_and_many_tiles_per_program(tune):
     """offset + w (1 + w weights), and a persistent backward grid whose programs loop over several tiles."""
-    monkeypatch.setattr(launch, "NORM_TILE_ELEMENTS", 64)
+    tune(norm_tile_elements=64)
     x, gate, w = _inputs((45, 33), torch.float32)
     for nbg in (True, False):
         _check(x, gate, w - 1, dict(casting_mode="llama", norm_before_gate=nbg, offset=1.0))

@@ -125,9 +125,9 @@ def test_rope_reference_is_hf_exactly():
         assert torch.equal(g, g_h)
 
 
-def test_rope_head_loop(monkeypatch):
+def test_rope_head_loop(tune):
     """Head counts above one tile: programs loop over head chunks, the last one partial."""
-    monkeypatch.setattr(rope_module, "_TILE_ELEMENTS", 32)  # block_half 16 -> 2 heads per step
+    tune(rope_tile_elements=32)  # block_half 16 -> 2 heads per step
     q, k, unsqueeze_dim = make_qk((1, 5, 3, 7, 30), "hf_transpose", torch.float32, "cpu")
     cos, sin = make_cos_sin(1, 7, 30, torch.float32, "cpu")
     check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
@@ -548,10 +548,10 @@ def test_rope_interleaved_reference_is_hf_exactly():
         assert torch.equal(g, g_h)
 
 
-def test_rope_interleaved_reads_first_half_of_tables_and_loops_heads(monkeypatch):
+def test_rope_interleaved_reads_first_half_of_tables_and_loops_heads(tune):
     """Tables whose halves differ (only the first is HF's angle), position_ids, and head counts above one
     tile; cos/sin gradients through the eager recomputation."""
-    monkeypatch.setattr(rope_module, "_TILE_ELEMENTS", 32)
+    tune(rope_tile_elements=32)
     q, k, unsqueeze_dim = make_qk((2, 5, 3, 7, 30), "bthd", torch.float32, "cpu")
     cos, sin = torch.randn(9, 30), torch.randn(9, 30)
     ids = torch.randint(0, 9, (2, 7))
