@@ -8,6 +8,7 @@ cross-entropy kernel in place, the gradients accumulated from the chunk's dlogit
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -309,21 +310,29 @@ def _headroom(device: torch.device) -> int:
     return allocated["peak"] - allocated["current"]
 
 
+class LinearLossArgs(NamedTuple):
+    """One fused linear cross-entropy problem as every loop takes it (``_chunk_loop``, ``_two_pass_loop``,
+    ``fused_linear_cross_entropy._run_loop``): the inputs, the loss options and which gradients to compute.
+    The torch.library custom ops take these flat (their schema needs tensors and scalars) and build it."""
+
+    hidden: torch.Tensor  # (tokens, H)
+    weight: torch.Tensor  # (V, H)
+    target: torch.Tensor  # (tokens,)
+    bias: torch.Tensor | None  # (V,)
+    ce_weight: torch.Tensor | None  # (V,) class weights
+    ignore_index: int
+    reduction: str
+    label_smoothing: float
+    lse_square_scale: float  # z-loss factor
+    softcap: float | None
+    need_hidden: bool
+    need_weight: bool
+    need_bias: bool
+    accum_dtype: torch.dtype | None  # of grad_weight (and grad_hidden with fp32); None: the weight's
+
+
 def _chunk_loop(
-    hidden,
-    weight,
-    target,
-    bias,
-    ce_weight,
-    ignore_index,
-    reduction,
-    label_smoothing,
-    lse_square_scale,
-    softcap,
-    need_hidden,
-    need_weight,
-    need_bias,
-    accum_dtype,
+    args: LinearLossArgs,
     chunk_size,
     row_scale=None,
     check_targets=False,
@@ -338,6 +347,10 @@ def _chunk_loop(
     (``logit_scale * (h @ W.T + b)``, one rounding; the kernel's gradient is then with respect to the scaled
     logits, so the caller folds the factor into ``row_scale``), and ``on_logits(start, end, logits)``
     sees each chunk's logits before the CE kernel overwrites them."""
+    (
+        hidden, weight, target, bias, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale,
+        softcap, need_hidden, need_weight, need_bias, accum_dtype,
+    ) = args  # fmt: skip
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     need_stats_weight = ce_weight is not None and (reduction == "mean" or label_smoothing != 0.0)

@@ -29,6 +29,7 @@ from liger_core.ops._ce_math import (
     with_denominator,
 )
 from liger_core.ops._chunked_linear import (
+    LinearLossArgs,
     _accum_dtype,
     _chunk_logits,
     _headroom,
@@ -461,20 +462,7 @@ def two_pass_sizes(
 
 
 def _two_pass_loop(
-    hidden,
-    weight,
-    target,
-    bias,
-    ce_weight,
-    ignore_index,
-    reduction,
-    label_smoothing,
-    lse_square_scale,
-    softcap,
-    need_hidden,
-    need_weight,
-    need_bias,
-    accum_dtype,
+    args: LinearLossArgs,
     max_chunk_bytes,
     row_scale=None,
     check_targets=False,
@@ -494,6 +482,10 @@ def _two_pass_loop(
     grad_weight are written over storage whose kept gradient was just copied out; the descending order keeps
     every lower slice's kept gradient below them. FLOPs: 6 BT H V where every token is kept (BT <= H), up to
     8 BT H V; extra memory: the gradients and one slice of logits."""
+    (
+        hidden, weight, target, bias, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale,
+        softcap, need_hidden, need_weight, need_bias, accum_dtype,
+    ) = args  # fmt: skip
     n_tokens, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device

@@ -75,6 +75,7 @@ from liger_core.ops._ce_math import (
     reduce_losses,
 )
 from liger_core.ops._chunked_linear import (
+    LinearLossArgs,
     _accum_dtype,
     _chunk_loop,
     _empty,
@@ -94,7 +95,7 @@ from liger_core.ops._flce_two_pass import _two_pass_loop
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
 
 
-def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwargs):
+def _run_loop(args: LinearLossArgs, chunk_size: int | None, max_chunk_bytes: int | None, **kwargs):
     """Which loop computes the loss and gradients:
 
     - ``chunk_size`` given: the token-major chunk loop with that many tokens per chunk (dW accumulates in
@@ -108,9 +109,9 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
     - otherwise the two-pass loop (exact; ``max_chunk_bytes`` bounds its vocabulary slice)."""
     if chunk_size is not None:
         tuning.LOOP_COUNTS["token-major"] += 1
-        return _chunk_loop(*args, chunk_size, **kwargs)
-    hidden, weight, accum_dtype = args[0], args[1], args[13]
-    need_hidden, need_weight = args[10], args[11]
+        return _chunk_loop(args, chunk_size, **kwargs)
+    hidden, weight, accum_dtype = args.hidden, args.weight, args.accum_dtype
+    need_hidden, need_weight = args.need_hidden, args.need_weight
     n_tokens, vocab = hidden.shape[0], weight.shape[0]
     elements = _gradient_elements(hidden, weight, need_hidden, need_weight)
     all_logits = n_tokens * vocab * hidden.element_size()
@@ -122,14 +123,14 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
         if headroom >= all_logits + elements * hidden.element_size():
             # every logit at once, below the process's earlier peak: one chunk, nothing accumulated
             tuning.LOOP_COUNTS["token-major one chunk"] += 1
-            return _chunk_loop(*args, n_tokens, **kwargs)
+            return _chunk_loop(args, n_tokens, **kwargs)
         # fp32 accumulators, the gradients they are rounded to at the end (both alive then), a chunk
         fp32_loop = headroom >= elements * (4 + hidden.element_size()) + tuning.HEADROOM_CHUNK_BYTES
     elif max_chunk_bytes >= all_logits:
         # the budget holds every logit: one chunk, each gradient one GEMM rounded once (as eager), no
         # accumulation and no recomputed logits: the fastest exact order
         tuning.LOOP_COUNTS["token-major one chunk"] += 1
-        return _chunk_loop(*args, n_tokens, **kwargs)
+        return _chunk_loop(args, n_tokens, **kwargs)
     elif max_chunk_bytes - 4 * elements >= tuning.HEADROOM_CHUNK_BYTES:
         # a budget that holds fp32 accumulators and a large chunk: the token order, exact, faster than the
         # two-pass loop's recomputed logits
@@ -140,12 +141,14 @@ def _run_loop(chunk_size: int | None, max_chunk_bytes: int | None, *args, **kwar
         )  # fmt: skip
     if fp32_loop:
         tuning.LOOP_COUNTS["token-major fp32"] += 1
-        loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(*args[:13], torch.float32, fp32_chunk, **kwargs)
+        loss_rows, z_rows, stats, gh, gw, gb = _chunk_loop(
+            args._replace(accum_dtype=torch.float32), fp32_chunk, **kwargs
+        )
         gh = gh.to(hidden_accum_dtype(hidden, weight, accum_dtype)) if gh is not None else None
         gw = gw.to(_accum_dtype(accum_dtype, weight)) if gw is not None else None
         return loss_rows, z_rows, stats, gh, gw, gb
     tuning.LOOP_COUNTS["two-pass"] += 1
-    return _two_pass_loop(*args, max_chunk_bytes, **kwargs)
+    return _two_pass_loop(args, max_chunk_bytes, **kwargs)
 
 
 def _flce_fwd_impl(
@@ -174,9 +177,7 @@ def _flce_fwd_impl(
     if denominator is not None:
         reduction = "mean"
     with torch.autocast(hidden.device.type, enabled=False):
-        loss_rows, z_rows, stats, gh, gw, gb = _run_loop(
-            chunk_size,
-            max_chunk_bytes,
+        args = LinearLossArgs(
             hidden,
             weight,
             target,
@@ -191,8 +192,9 @@ def _flce_fwd_impl(
             need_weight,
             need_bias,
             accum_dtype,
-            check_targets=check_targets,
-            denominator=denominator,
+        )
+        loss_rows, z_rows, stats, gh, gw, gb = _run_loop(
+            args, chunk_size, max_chunk_bytes, check_targets=check_targets, denominator=denominator
         )
         loss, z = reduce_losses(loss_rows, z_rows, stats, reduction)
     return (
@@ -266,9 +268,7 @@ def _flce_bwd_rows_impl(
     """reduction="none" backward: the loop again with one grad_output per token inside the kernel;
     gradients in the dtypes of hidden, weight and bias (empty where not requested)."""
     with torch.autocast(hidden.device.type, enabled=False):
-        *_, gh, gw, gb = _run_loop(
-            chunk_size,
-            max_chunk_bytes,
+        args = LinearLossArgs(
             hidden,
             weight,
             target,
@@ -283,8 +283,8 @@ def _flce_bwd_rows_impl(
             need_weight,
             need_bias,
             accum_dtype,
-            row_scale=grad_rows.contiguous(),
         )
+        *_, gh, gw, gb = _run_loop(args, chunk_size, max_chunk_bytes, row_scale=grad_rows.contiguous())
     return _grads_in_dtypes((gh, gw, gb), hidden, weight, bias)
 
 

@@ -50,6 +50,7 @@ from liger_core.dispatch import check_same_device, launcher, use_triton
 from liger_core.ops._ce_kernel import CE_FP32_MATH, looped_row_settings
 from liger_core.ops._ce_math import check_targets_host, split_f64
 from liger_core.ops._chunked_linear import (
+    LinearLossArgs,
     _accumulate_grads,
     _chunk_logits,
     _chunk_loop,
@@ -75,10 +76,10 @@ def _logprob_chunk_loop(
 ):
     """``fused_linear_cross_entropy``'s chunk loop for -log_probs: per-token losses (reduction "none"), no
     class weights, label smoothing or z-loss; ``needs``: (grad_hidden, grad_weight, grad_bias) requested."""
-    return _chunk_loop(
-        hidden, weight, target, bias, None, ignore_index, "none", 0.0, 0.0, softcap, *needs, accum_dtype,
-        chunk_size, **hooks,
-    )  # fmt: skip
+    args = LinearLossArgs(
+        hidden, weight, target, bias, None, ignore_index, "none", 0.0, 0.0, softcap, *needs, accum_dtype
+    )
+    return _chunk_loop(args, chunk_size, **hooks)
 
 
 def _entropy_backward_loop(

@@ -21,7 +21,7 @@ from liger_core import reference, tuning
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss
 from liger_core.ops import fused_linear_cross_entropy
 from liger_core.ops._ce_kernel import resident_kernel_runs
-from liger_core.ops._chunked_linear import _chunk_loop, choose_chunk_tokens
+from liger_core.ops._chunked_linear import LinearLossArgs, _chunk_loop, choose_chunk_tokens
 from liger_core.ops._flce_two_pass import _two_pass_loop, two_pass_sizes, vocab_slice_columns
 
 IGNORE = -100
@@ -440,9 +440,8 @@ def test_flce_never_materialises_the_logits():
     options = (IGNORE, "sum", 0.1, 1e-3, 30.0)
     for row_scale in (None, torch.randn(n)):
         with _RecordShapes() as rec:
-            _chunk_loop(
-                hidden, weight, target, bias, None, *options, True, True, True, None, chunk, row_scale
-            )
+            args = LinearLossArgs(hidden, weight, target, bias, None, *options, True, True, True, None)
+            _chunk_loop(args, chunk, row_scale)
         # (the interpreter also copies buffers as raw bytes: counting bytes covers those)
         assert rec.nbytes and max(rec.nbytes) <= 4 * max(chunk * vocab, vocab * hidden_size) < 4 * n * vocab
         assert (n, vocab) not in rec.shapes
@@ -470,9 +469,8 @@ def test_flce_two_pass_order_never_materialises_the_logits():
     for b in (None, bias):
         for row_scale in (None, torch.randn(n)):
             with _RecordShapes() as rec:
-                _two_pass_loop(
-                    hidden, weight, target, b, None, *options, True, True, True, None, budget, row_scale
-                )
+                args = LinearLossArgs(hidden, weight, target, b, None, *options, True, True, True, None)
+                _two_pass_loop(args, budget, row_scale)
             assert rec.nbytes and max(rec.nbytes) <= 8 * max(n * cols, vocab * hidden_size, n * hidden_size)
             assert (n, vocab) not in rec.shapes and (vocab, n) not in rec.shapes
             assert (n, cols) in rec.shapes
