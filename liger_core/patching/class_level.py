@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.flags import KernelFlags
 from liger_core.patching.introspect import innermost_function
 from liger_core.patching.recipes import RECIPES, MLPSpec, NormSpec, Recipe, recipe_model_types
@@ -259,7 +260,7 @@ def apply_liger_kernel_to(
         elif not rope_callers(module, recipe.rope):
             report.miss("rope", f"no class of {recipe.module} calls {recipe.rope} in its forward")
         else:
-            replacement = fw.rope_function(recipe.rope_casts_back)
+            replacement = rv.rope_function(recipe.rope_casts_back)
             if getattr(module, recipe.rope) is replacement:
                 report.count_already("rope")
             else:

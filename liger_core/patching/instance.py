@@ -23,6 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.class_level import lm_spec, modeling_module, original_attr, unsupported_error
 from liger_core.patching.experts import patch_experts
 from liger_core.patching.flags import KernelFlags
@@ -72,7 +73,7 @@ def _patch_with_recipe(root: nn.Module, recipe: Recipe, flags: dict[str, bool], 
             report.miss(spec.activation, f"{recipe.module} has no {spec.class_name}")
 
     rope_name = recipe.rope if flags["rope"] else None
-    rope_fn = fw.rope_function(recipe.rope_casts_back)
+    rope_fn = rv.rope_function(recipe.rope_casts_back)
     if rope_name is not None and original_attr(module, rope_name) is None:
         report.miss("rope", f"{recipe.module} has no {rope_name}")
         rope_name = None

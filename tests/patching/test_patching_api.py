@@ -15,6 +15,7 @@ from tiny_models import batch, tiny_config, tiny_model
 import liger_core
 from liger_core.patching import PatchReport, UnsupportedModelError, is_patched, revert_model_type
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.introspect import innermost_function
 
 
@@ -314,7 +315,7 @@ def test_patching_one_instance_leaves_other_models_alone():
     assert not is_patched(other)
     attn = patched.model.layers[0].self_attn
     patched_code = innermost_function(attn.forward.__func__)
-    assert patched_code.__globals__["apply_rotary_pos_emb"] is fw.liger_rotary_pos_emb
+    assert patched_code.__globals__["apply_rotary_pos_emb"] is rv.liger_rotary_pos_emb
     assert attn.forward.__func__.__code__ is type(attn).forward.__code__
 
 
@@ -369,7 +370,7 @@ def test_class_level_patch_builds_liger_models_and_reverts():
         assert report.method == "class"
         assert report.swapped == {"rms_norm": 1, "swiglu": 1, "rope": 1, "fused_linear_cross_entropy": 1}
         assert not liger_core.apply_liger_kernel_to_llama()  # idempotent
-        assert modeling_llama.apply_rotary_pos_emb is fw.liger_rotary_pos_emb
+        assert modeling_llama.apply_rotary_pos_emb is rv.liger_rotary_pos_emb
         assert fw.is_causal_lm_forward(LlamaForCausalLM.forward)
         try:
             from transformers.monkey_patching import get_patch_mapping

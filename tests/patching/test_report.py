@@ -16,6 +16,7 @@ from torch import nn
 import liger_core
 from liger_core.patching import PatchIncompleteError, UnsupportedModelError, is_patched
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.introspect import RewrapError, innermost, rewrap
 
 # ----------------------------------------------------------------------------------------------------------
@@ -384,7 +385,7 @@ def test_rope_with_half_width_tables_is_recognised_and_exact():
     report = liger_core.apply_liger_kernel(holder, rms_norm=False, fused_linear_cross_entropy=False)
     assert report.swapped == {"rope": 1} and not report.missing, str(report)
     used = attn.forward.__func__._liger_core_rope
-    assert used in (fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back)
+    assert used in (rv.liger_rotary_pos_emb_half_tables, rv.liger_rotary_pos_emb_half_tables_cast_back)
     for got, want in zip(run(), ref):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
