@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from liger_core.patching import forwards as fw
+from liger_core.patching import causal_lm as cl
 from liger_core.patching import probing as pr
 from liger_core.patching.introspect import innermost_function
 from liger_core.patching.loss import patch_loss
@@ -24,7 +24,7 @@ _VOCAB_LIMIT_ATTRS = ("unpadded_vocab_size",)
 
 def _present_attr(config, names: tuple[str, ...]) -> str | None:
     """The first of ``names`` set (not None, not 0) in the config or its text config."""
-    return next((n for n in names if fw._config_value(config, n)), None)
+    return next((n for n in names if cl.config_value(config, n)), None)
 
 
 def _output_linear_path(root: nn.Module) -> str | None:
@@ -63,7 +63,7 @@ def _head_layouts(root: nn.Module) -> list[tuple[tuple[str, ...], str]]:
     return layouts
 
 
-def _loss_candidates(root: nn.Module) -> list[fw.LMSpec]:
+def _loss_candidates(root: nn.Module) -> list[cl.LMSpec]:
     """Every ``LMSpec`` the probe tries, most likely first: each head layout, labels shifted or not, with the
     logits transforms the config names (and without them, when it names any)."""
     config = root.config
@@ -81,14 +81,14 @@ def _loss_candidates(root: nn.Module) -> list[fw.LMSpec]:
         [(True, False), (False, True), (False, False)] if encoder_decoder else [(False, True), (False, False)]
     )
     return [
-        fw.LMSpec(head=head, linear=linear, shift_labels=shift, encoder_decoder=enc, **t)
+        cl.LMSpec(head=head, linear=linear, shift_labels=shift, encoder_decoder=enc, **t)
         for enc, shift in modes
         for head, linear in _head_layouts(root)
         for t in transforms
     ]
 
 
-def _head_params(root: nn.Module, spec: fw.LMSpec) -> list[torch.Tensor]:
+def _head_params(root: nn.Module, spec: cl.LMSpec) -> list[torch.Tensor]:
     """The parameters of the head's modules (the output Linear's weight and bias, and a transform's)."""
     params = {}
     for name in spec.head:
@@ -97,7 +97,7 @@ def _head_params(root: nn.Module, spec: fw.LMSpec) -> list[torch.Tensor]:
     return [p for p in params.values() if pr.usable(p)]
 
 
-def _probe_loss(root: nn.Module, candidates: list[fw.LMSpec], gen: torch.Generator) -> fw.LMSpec | str:
+def _probe_loss(root: nn.Module, candidates: list[cl.LMSpec], gen: torch.Generator) -> cl.LMSpec | str:
     """The first candidate whose fused loss equals the model's own: the loss, and the gradient of every
     parameter of the head (the output Linear's weight and bias, a transform's before it).
 
@@ -108,15 +108,15 @@ def _probe_loss(root: nn.Module, candidates: list[fw.LMSpec], gen: torch.Generat
     """
     if getattr(root, "config", None) is None or not candidates:
         return "no lm_head weight or config"
-    fusable = [c for c in candidates if fw.has_fusable_head(root, c)]
+    fusable = [c for c in candidates if cl.has_fusable_head(root, c)]
     if not fusable:
-        linear = fw.head_linear(root, candidates[0])
+        linear = cl.head_linear(root, candidates[0])
         return (
             f"{candidates[0].linear} ({type(linear).__name__}) is not a plain nn.Linear (LoRA, quantised or "
             "offloaded); the loss is computed by the model from its logits"
         )
     params = list({id(p): p for c in fusable for p in _head_params(root, c)}.values())
-    weight = fw.head_linear(root, fusable[0]).weight
+    weight = cl.head_linear(root, fusable[0]).weight
     requires = [p.requires_grad for p in params]
     ids = _probe_ids(root, gen).to(weight.device)
     training = root.training
@@ -151,7 +151,7 @@ def _probe_loss_spec(root, spec, ids, ref_loss, ref_grads, dtype) -> bool | tupl
     """One candidate of ``_probe_loss``: True, or (error, why) (a forward that raises: infinite error)."""
     mine = _head_params(root, spec)
     try:
-        ours = fw.causal_lm(root, spec, input_ids=ids, labels=ids, use_cache=False, skip_logits=True).loss
+        ours = cl.causal_lm(root, spec, input_ids=ids, labels=ids, use_cache=False, skip_logits=True).loss
         grads = torch.autograd.grad(ours, mine, allow_unused=True)
     except Exception as e:  # noqa: BLE001 - this candidate's head cannot run: the next one is tried
         return float("inf"), f"probe forward failed ({type(e).__name__}: {e})"
@@ -168,7 +168,7 @@ def _probe_loss_spec(root, spec, ids, ref_loss, ref_grads, dtype) -> bool | tupl
 def _probe_ids(root: nn.Module, gen: torch.Generator, length: int = 6) -> torch.Tensor:
     """Random text token ids: below the vocabulary size, and none of the config's special ids (an image
     token without an image would make a multimodal model's forward fail)."""
-    vocab = fw.vocab_size(root)
+    vocab = cl.vocab_size(root)
     try:
         embed = root.get_input_embeddings()
     except (AttributeError, NotImplementedError):
@@ -188,18 +188,18 @@ def patch_loss_structurally(root, flags, report, gen, misses, skips) -> None:
     kind = "fused_linear_cross_entropy" if flags["fused_linear_cross_entropy"] else "cross_entropy"
     has_head = isinstance(getattr(root, "lm_head", None), nn.Module) or _output_linear_path(root) is not None
     if own_kind(root) is not None:
-        patch_loss(root, getattr(root, "_liger_core_lm_spec", fw.LMSpec()), flags, report)
+        patch_loss(root, getattr(root, "_liger_core_lm_spec", cl.LMSpec()), flags, report)
     elif not has_head or not hasattr(root, "base_model_prefix"):
         skips.append(f"loss: {type(root).__name__} has no lm_head (not a causal LM)")
     elif flags["fused_linear_cross_entropy"]:
         verdict = _probe_loss(root, _loss_candidates(root), gen)
-        if isinstance(verdict, fw.LMSpec):
+        if isinstance(verdict, cl.LMSpec):
             patch_loss(root, verdict, flags, report)
         else:
             misses.append((kind, verdict))
     else:
         inner = innermost_function(type(root).forward)
         if inner is not None and "loss_function" in inner.__code__.co_names:
-            patch_loss(root, fw.LMSpec(), flags, report)
+            patch_loss(root, cl.LMSpec(), flags, report)
         else:
             misses.append((kind, "the model's forward does not use self.loss_function"))

@@ -15,7 +15,7 @@ from torch import nn
 
 import liger_core
 from liger_core.patching import PatchIncompleteError, UnsupportedModelError, is_patched
-from liger_core.patching import forwards as fw
+from liger_core.patching import causal_lm as cl
 from liger_core.patching import rope_variants as rv
 from liger_core.patching.introspect import RewrapError, innermost, rewrap
 
@@ -310,7 +310,7 @@ def test_class_level_strict_names_a_missing_class_and_swaps_nothing(monkeypatch)
         liger_core.apply_liger_kernel_to_llama(strict=True)
     assert modeling_llama.LlamaRMSNorm is norm_before
     assert modeling_llama.apply_rotary_pos_emb is rope_before
-    assert not fw.is_causal_lm_forward(modeling_llama.LlamaForCausalLM.forward)
+    assert not cl.is_causal_lm_forward(modeling_llama.LlamaForCausalLM.forward)
 
 
 def test_patched_llama_follows_the_installed_cache_argument():
