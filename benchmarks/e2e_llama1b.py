@@ -114,12 +114,12 @@ def worker(mode: str, opts: dict) -> dict:
     model.to(device=device, dtype=dtype)
     if mode.startswith("liger_core"):
         import liger_core
-        from liger_core.patching import forwards
+        from liger_core.patching import causal_lm
 
         # "liger_core@256": the fused linear cross-entropy's chunk of logits bounded by 256 MiB;
         # "liger_core-unfused": the MLP's activation and down projection as two ops (not glu_down_proj)
         if "@" in mode:
-            forwards.FLCE_MAX_CHUNK_BYTES = int(mode.split("@")[1]) * 2**20
+            causal_lm.FLCE_MAX_CHUNK_BYTES = int(mode.split("@")[1]) * 2**20
         if mode.endswith("-unfused"):
             from liger_core import tuning
 

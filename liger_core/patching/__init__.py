@@ -111,7 +111,7 @@ del _model_type, _fn
 
 def is_liger_forward(forward: object) -> bool:
     """True if ``forward`` (function or bound method, decorated or not) is liger_core's causal-LM forward."""
-    from liger_core.patching.forwards import is_causal_lm_forward
+    from liger_core.patching.causal_lm import is_causal_lm_forward
 
     return is_causal_lm_forward(getattr(forward, "__func__", forward))
 

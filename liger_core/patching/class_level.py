@@ -25,7 +25,9 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from liger_core.patching import causal_lm as cl
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.flags import KernelFlags
 from liger_core.patching.introspect import innermost_function
 from liger_core.patching.recipes import RECIPES, MLPSpec, NormSpec, Recipe, recipe_model_types
@@ -132,8 +134,8 @@ def mlp_subclass(original: type, spec: MLPSpec, allowed: frozenset[str]) -> type
     return _subclass_cache[key]
 
 
-def lm_spec(recipe: Recipe, module: ModuleType) -> fw.LMSpec:
-    return fw.LMSpec(
+def lm_spec(recipe: Recipe, module: ModuleType) -> cl.LMSpec:
+    return cl.LMSpec(
         softcap_attr=recipe.softcap_attr,
         logits_scaling_attr=recipe.logits_scaling_attr,
         logits_multiplier_attr=recipe.logits_multiplier_attr,
@@ -259,7 +261,7 @@ def apply_liger_kernel_to(
         elif not rope_callers(module, recipe.rope):
             report.miss("rope", f"no class of {recipe.module} calls {recipe.rope} in its forward")
         else:
-            replacement = fw.rope_function(recipe.rope_casts_back)
+            replacement = rv.rope_function(recipe.rope_casts_back)
             if getattr(module, recipe.rope) is replacement:
                 report.count_already("rope")
             else:
@@ -273,7 +275,7 @@ def apply_liger_kernel_to(
             f"{recipe.module} has no {recipe.causal_lm}",
         )
     elif fused_linear_cross_entropy:
-        if fw.is_causal_lm_forward(causal_lm.__dict__.get("forward")):
+        if cl.is_causal_lm_forward(causal_lm.__dict__.get("forward")):
             report.count_already("fused_linear_cross_entropy")
         elif causal_lm.__dict__.get("_loss_function") is not None:
             report.miss(
@@ -282,20 +284,20 @@ def apply_liger_kernel_to(
             )
         else:
             _swap_class_attr(model_type, causal_lm, "_liger_core_lm_spec", lm_spec(recipe, module))
-            _swap_class_attr(model_type, causal_lm, fw.ORIGINAL_FORWARD, causal_lm.forward)
-            _swap_class_attr(model_type, causal_lm, "forward", fw.causal_lm_forward_for(causal_lm.forward))
+            _swap_class_attr(model_type, causal_lm, cl.ORIGINAL_FORWARD, causal_lm.forward)
+            _swap_class_attr(model_type, causal_lm, "forward", cl.causal_lm_forward_for(causal_lm.forward))
             report.count("fused_linear_cross_entropy")
     elif cross_entropy:
         current = causal_lm.__dict__.get("_loss_function")
-        if isinstance(current, staticmethod) and current.__func__ is fw.liger_causal_lm_loss:
+        if isinstance(current, staticmethod) and current.__func__ is cl.liger_causal_lm_loss:
             report.count_already("cross_entropy")
-        elif fw.is_causal_lm_forward(causal_lm.__dict__.get("forward")):
+        elif cl.is_causal_lm_forward(causal_lm.__dict__.get("forward")):
             report.miss(
                 "cross_entropy",
                 f"{recipe.causal_lm} already uses fused_linear_cross_entropy; revert_model_type() to switch",
             )
         else:
-            _swap_class_attr(model_type, causal_lm, "_loss_function", staticmethod(fw.liger_causal_lm_loss))
+            _swap_class_attr(model_type, causal_lm, "_loss_function", staticmethod(cl.liger_causal_lm_loss))
             report.count("cross_entropy")
 
     for note in recipe.notes:

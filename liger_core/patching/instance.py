@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from liger_core.patching import causal_lm as cl
 from liger_core.patching import forwards as fw
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.class_level import lm_spec, modeling_module, original_attr, unsupported_error
 from liger_core.patching.experts import patch_experts
 from liger_core.patching.flags import KernelFlags
@@ -72,7 +74,7 @@ def _patch_with_recipe(root: nn.Module, recipe: Recipe, flags: dict[str, bool], 
             report.miss(spec.activation, f"{recipe.module} has no {spec.class_name}")
 
     rope_name = recipe.rope if flags["rope"] else None
-    rope_fn = fw.rope_function(recipe.rope_casts_back)
+    rope_fn = rv.rope_function(recipe.rope_casts_back)
     if rope_name is not None and original_attr(module, rope_name) is None:
         report.miss("rope", f"{recipe.module} has no {rope_name}")
         rope_name = None
@@ -240,8 +242,8 @@ def revert(model: nn.Module) -> RevertReport:
 def is_patched(model: nn.Module) -> bool:
     """True if any module of the model runs a liger_core forward (instance- or class-level patching)."""
     root = unwrap(model)
-    if class_forward_is(root, fw.causal_lm_forward) or getattr(type(root), "_loss_function", None) is (
-        fw.liger_causal_lm_loss
+    if class_forward_is(root, cl.causal_lm_forward) or getattr(type(root), "_loss_function", None) is (
+        cl.liger_causal_lm_loss
     ):
         return True
     return any(own_kind(m) is not None for m in root.modules())
@@ -258,9 +260,9 @@ def patched_modules(model: nn.Module) -> dict[str, str]:
     for name, m in root.named_modules():
         kind = own_kind(m)  # the generated classes of class-level patching set it on each instance too
         if m is root and kind is None:
-            if class_forward_is(root, fw.causal_lm_forward):
+            if class_forward_is(root, cl.causal_lm_forward):
                 kind = "fused_linear_cross_entropy"
-            elif getattr(type(root), "_loss_function", None) is fw.liger_causal_lm_loss:
+            elif getattr(type(root), "_loss_function", None) is cl.liger_causal_lm_loss:
                 kind = "cross_entropy"
         if kind is not None:
             found[name] = kind

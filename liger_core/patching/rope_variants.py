@@ -1,7 +1,8 @@
-"""Drop-ins for the rotary functions of Hugging Face models beyond Llama's ``apply_rotary_pos_emb``.
+"""Drop-ins for the rotary functions of Hugging Face models: Llama's ``apply_rotary_pos_emb`` (and its
+cast-back, half-table and DeepSeek-V3 interleaved forms) and the others below.
 
 Each takes the same arguments (names, order, defaults) as the functions it replaces and computes what they
-compute through ``liger_core.ops.rope``'s layout keywords; structural patching (``structural._ROPE_LAYOUTS``)
+compute through ``liger_core.ops.rope``'s layout keywords; structural patching (``rope_probe.ROPE_LAYOUTS``)
 probes which one, if any, reproduces a model's function and installs it in place of that function's global
 name in a copy of the attention forward (``forwards.forward_with_global``). The ``*_cast_back`` twins return
 the input's dtype, computed in fp32 (the functions that upcast q/k and cast back); the others return
@@ -33,6 +34,47 @@ from __future__ import annotations
 import torch
 
 import liger_core
+
+
+def liger_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, position_ids=None):
+    """Drop-in for HF's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (full or partial rotary)."""
+    return liger_core.ops.rope(q, k, cos, sin, position_ids=position_ids, unsqueeze_dim=unsqueeze_dim)
+
+
+def liger_rotary_pos_emb_cast_back(q, k, cos, sin, unsqueeze_dim=1, *, position_ids=None):
+    """As above, returning q/k in their input dtype (OLMo-2's variant: its cos/sin are fp32)."""
+    q_embed, k_embed = liger_core.ops.rope(
+        q, k, cos, sin, position_ids=position_ids, unsqueeze_dim=unsqueeze_dim
+    )
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
+def liger_rotary_pos_emb_half_tables(q, k, cos, sin, unsqueeze_dim=1):
+    """For functions that take cos/sin of half the rotary width (one column per frequency, gpt-oss):
+    ``x1 * cos - x2 * sin, x2 * cos + x1 * sin`` on the two halves is rotate_half with the tables doubled."""
+    return liger_rotary_pos_emb(q, k, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1), unsqueeze_dim)
+
+
+def liger_rotary_pos_emb_half_tables_cast_back(q, k, cos, sin, unsqueeze_dim=1):
+    """``liger_rotary_pos_emb_half_tables`` returning q/k in their input dtype."""
+    q_embed, k_embed = liger_rotary_pos_emb_half_tables(q, k, cos, sin, unsqueeze_dim)
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
+def liger_rotary_pos_emb_interleaved(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Drop-in for DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (pairs (x0, x1), (x2, x3), ...)."""
+    return liger_core.ops.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=True)
+
+
+def liger_rotary_pos_emb_interleaved_cast_back(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """``liger_rotary_pos_emb_interleaved`` returning q/k in their input dtype."""
+    q_embed, k_embed = liger_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
+def rope_function(casts_back: bool):
+    return liger_rotary_pos_emb_cast_back if casts_back else liger_rotary_pos_emb
+
 
 _PAIRS = dict(interleaved=True, deinterleave=False)
 
@@ -182,6 +224,12 @@ def liger_rotary_emb_complex_heads_first(xq, xk, freqs_cis):
 
 
 for _fn in (
+    liger_rotary_pos_emb,
+    liger_rotary_pos_emb_cast_back,
+    liger_rotary_pos_emb_half_tables,
+    liger_rotary_pos_emb_half_tables_cast_back,
+    liger_rotary_pos_emb_interleaved,
+    liger_rotary_pos_emb_interleaved_cast_back,
     liger_rotary_pos_emb_vision,
     liger_rotary_pos_emb_vision_pairs,
     liger_rotary_pos_emb_pairs,

@@ -14,7 +14,8 @@ from tiny_models import batch, tiny_config, tiny_model
 
 import liger_core
 from liger_core.patching import PatchReport, UnsupportedModelError, is_patched, revert_model_type
-from liger_core.patching import forwards as fw
+from liger_core.patching import causal_lm as cl
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.introspect import innermost_function
 
 
@@ -235,8 +236,8 @@ def test_cross_entropy_flag_is_instance_level():
     global_ce = F.cross_entropy
     report = liger_core.apply_liger_kernel(model, cross_entropy=True, fused_linear_cross_entropy=False)
     assert report.swapped["cross_entropy"] == 1
-    assert model.loss_function is fw.liger_causal_lm_loss
-    assert F.cross_entropy is global_ce and ref.loss_function is not fw.liger_causal_lm_loss
+    assert model.loss_function is cl.liger_causal_lm_loss
+    assert F.cross_entropy is global_ce and ref.loss_function is not cl.liger_causal_lm_loss
     ids, labels = batch(7, seq_len=8)
     a, ga = _loss_and_grads(ref, input_ids=ids, labels=labels)
     b, gb = _loss_and_grads(model, input_ids=ids, labels=labels)
@@ -248,7 +249,7 @@ def test_cross_entropy_flag_is_instance_level():
     assert "fused_linear_cross_entropy" not in switched.swapped
     assert any("revert" in s for s in switched.missing["fused_linear_cross_entropy"])
     liger_core.revert(model)
-    assert "_loss_function" not in model.__dict__ and model.loss_function is not fw.liger_causal_lm_loss
+    assert "_loss_function" not in model.__dict__ and model.loss_function is not cl.liger_causal_lm_loss
 
 
 def test_unfused_loss_overwrites_only_its_own_upcast(monkeypatch):
@@ -314,7 +315,7 @@ def test_patching_one_instance_leaves_other_models_alone():
     assert not is_patched(other)
     attn = patched.model.layers[0].self_attn
     patched_code = innermost_function(attn.forward.__func__)
-    assert patched_code.__globals__["apply_rotary_pos_emb"] is fw.liger_rotary_pos_emb
+    assert patched_code.__globals__["apply_rotary_pos_emb"] is rv.liger_rotary_pos_emb
     assert attn.forward.__func__.__code__ is type(attn).forward.__code__
 
 
@@ -369,8 +370,8 @@ def test_class_level_patch_builds_liger_models_and_reverts():
         assert report.method == "class"
         assert report.swapped == {"rms_norm": 1, "swiglu": 1, "rope": 1, "fused_linear_cross_entropy": 1}
         assert not liger_core.apply_liger_kernel_to_llama()  # idempotent
-        assert modeling_llama.apply_rotary_pos_emb is fw.liger_rotary_pos_emb
-        assert fw.is_causal_lm_forward(LlamaForCausalLM.forward)
+        assert modeling_llama.apply_rotary_pos_emb is rv.liger_rotary_pos_emb
+        assert cl.is_causal_lm_forward(LlamaForCausalLM.forward)
         try:
             from transformers.monkey_patching import get_patch_mapping
 
@@ -406,7 +407,7 @@ def test_class_level_patch_builds_liger_models_and_reverts():
         modeling_llama.LlamaMLP,
         modeling_llama.apply_rotary_pos_emb,
     ) == originals
-    assert "forward" in LlamaForCausalLM.__dict__ and not fw.is_causal_lm_forward(LlamaForCausalLM.forward)
+    assert "forward" in LlamaForCausalLM.__dict__ and not cl.is_causal_lm_forward(LlamaForCausalLM.forward)
     try:
         from transformers.monkey_patching import get_patch_mapping
 
@@ -483,11 +484,11 @@ def test_patched_forward_reports_the_class_forwards_signature():
     class_params = _params(LlamaForCausalLM.forward)[1:]  # without self
     model = tiny_model("llama")
     liger_core.apply_liger_kernel(model)
-    assert fw.is_causal_lm_forward(model.forward.__func__)
+    assert cl.is_causal_lm_forward(model.forward.__func__)
     assert _params(model.forward) == class_params
     try:
         liger_core.apply_liger_kernel_to_llama()
-        assert fw.is_causal_lm_forward(LlamaForCausalLM.forward)
+        assert cl.is_causal_lm_forward(LlamaForCausalLM.forward)
         assert _params(LlamaForCausalLM.forward)[1:] == class_params
     finally:
         revert_model_type("llama")
@@ -496,10 +497,10 @@ def test_patched_forward_reports_the_class_forwards_signature():
     def undecorated(self, input_ids=None, pixel_values=None, image_grid_thw=None, labels=None, **kwargs):
         raise AssertionError("replaced")
 
-    forward = fw.causal_lm_forward_for(undecorated)
-    assert forward is not fw.causal_lm_forward and fw.is_causal_lm_forward(forward)
+    forward = cl.causal_lm_forward_for(undecorated)
+    assert forward is not cl.causal_lm_forward and cl.is_causal_lm_forward(forward)
     assert _params(forward) == _params(undecorated)
-    assert "pixel_values" not in _params(fw.causal_lm_forward)  # the shared function is left as it is
+    assert "pixel_values" not in _params(cl.causal_lm_forward)  # the shared function is left as it is
 
 
 def test_model_coverage_reads_the_zoo_records_as_copies():

@@ -100,7 +100,7 @@ def test_lora_on_lm_head_falls_back_to_unfused_loss():
 def test_lm_head_wrapped_after_patching_falls_back_with_a_warning():
     """Patched first, LoRA on lm_head added afterwards: the fused forward notices at run time, warns once and
     computes the loss from the logits (through the adapter), still equal to the unpatched model's."""
-    from liger_core.patching import forwards
+    from liger_core.patching import causal_lm
 
     base_ref, base = tiny_model("llama", seed=23), tiny_model("llama", seed=23)
     liger_core.apply_liger_kernel(base)
@@ -109,7 +109,7 @@ def test_lm_head_wrapped_after_patching_falls_back_with_a_warning():
     model = peft.get_peft_model(base, peft.LoraConfig(**config))
     ids, labels = batch(14, seq_len=6)
     expected, _ = _step(ref, ids, labels)
-    forwards._warned_unfused.clear()
+    causal_lm._warned_unfused.clear()
     with pytest.warns(UserWarning, match="not a plain nn.Linear"):
         out, _ = _step(model, ids, labels)
     assert out.logits is None

@@ -15,7 +15,8 @@ from torch import nn
 
 import liger_core
 from liger_core.patching import PatchIncompleteError, UnsupportedModelError, is_patched
-from liger_core.patching import forwards as fw
+from liger_core.patching import causal_lm as cl
+from liger_core.patching import rope_variants as rv
 from liger_core.patching.introspect import RewrapError, innermost, rewrap
 
 # ----------------------------------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ def test_class_level_strict_names_a_missing_class_and_swaps_nothing(monkeypatch)
         liger_core.apply_liger_kernel_to_llama(strict=True)
     assert modeling_llama.LlamaRMSNorm is norm_before
     assert modeling_llama.apply_rotary_pos_emb is rope_before
-    assert not fw.is_causal_lm_forward(modeling_llama.LlamaForCausalLM.forward)
+    assert not cl.is_causal_lm_forward(modeling_llama.LlamaForCausalLM.forward)
 
 
 def test_patched_llama_follows_the_installed_cache_argument():
@@ -384,7 +385,7 @@ def test_rope_with_half_width_tables_is_recognised_and_exact():
     report = liger_core.apply_liger_kernel(holder, rms_norm=False, fused_linear_cross_entropy=False)
     assert report.swapped == {"rope": 1} and not report.missing, str(report)
     used = attn.forward.__func__._liger_core_rope
-    assert used in (fw.liger_rotary_pos_emb_half_tables, fw.liger_rotary_pos_emb_half_tables_cast_back)
+    assert used in (rv.liger_rotary_pos_emb_half_tables, rv.liger_rotary_pos_emb_half_tables_cast_back)
     for got, want in zip(run(), ref):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

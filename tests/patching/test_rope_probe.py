@@ -9,8 +9,8 @@ import importlib
 import pytest
 import torch
 
+from liger_core.patching import rope_probe
 from liger_core.patching import rope_variants as rv
-from liger_core.patching import structural
 
 # (model module, function, the replacement for bf16 probes, for fp32 ones)
 CASES = [
@@ -41,7 +41,7 @@ CASES = [
 @pytest.mark.parametrize("module, name, bf16, fp32", CASES, ids=[c[0] for c in CASES])
 def test_rope_probe_matches_hf_function(module, name, bf16, fp32, dtype):
     fn = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
-    verdict = structural._probe_rope(fn, dtype, torch.device("cpu"), torch.Generator().manual_seed(0))
+    verdict = rope_probe.probe_rope(fn, dtype, torch.device("cpu"), torch.Generator().manual_seed(0))
     expected = bf16 if dtype == torch.bfloat16 or fp32 is None else fp32
     # fp32: the cast-back and promoted twins compute the same; the probe keeps the one it found first
     assert verdict is expected or (
@@ -61,7 +61,7 @@ def _pairs_unsqueezed_at_1(q, k, cos, sin):
 def test_rope_probe_tells_vision_from_heads_first():
     """On (T, H, D) tokens this function computes what the vision replacement does; on (B, H, T, D) q/k it is
     the in-place pairs layout, which is what the probe must pick."""
-    verdict = structural._probe_rope(
+    verdict = rope_probe.probe_rope(
         _pairs_unsqueezed_at_1, torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0)
     )
     assert verdict in (rv.liger_rotary_pos_emb_pairs, rv.liger_rotary_pos_emb_pairs_cast_back), verdict
@@ -71,7 +71,7 @@ def test_rope_probe_reports_every_layout():
     def not_a_rotation(q, k, cos, sin):
         return q * cos, k * sin
 
-    verdict = structural._probe_rope(not_a_rotation, torch.float32, torch.device("cpu"), torch.Generator())
+    verdict = rope_probe.probe_rope(not_a_rotation, torch.float32, torch.device("cpu"), torch.Generator())
     assert isinstance(verdict, str) and "matches no liger rope layout" in verdict
-    for layout in structural._ROPE_LAYOUTS:
+    for layout in rope_probe.ROPE_LAYOUTS:
         assert f"{layout.name}:" in verdict

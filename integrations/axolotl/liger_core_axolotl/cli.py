@@ -15,32 +15,12 @@ stops (exit status 2) if:
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 from typing import Any
 
 from liger_core_axolotl.args import OUR_KEYS, PLUGIN_NAME, config_conflicts, truthy
-
-
-def resolve_plugin(name: str) -> type:
-    """The class ``name`` refers to, found the way Axolotl's ``load_plugin`` finds it."""
-    module_name, _, class_name = name.rpartition(".")
-    if not module_name:
-        raise ImportError(f"{name!r} is not of the form module.ClassName")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as first:
-        if module_name.startswith("axolotl.integrations."):
-            raise
-        try:
-            module = importlib.import_module("axolotl.integrations." + module_name)
-        except ModuleNotFoundError:
-            raise first from None
-    try:
-        return getattr(module, class_name)
-    except AttributeError as e:
-        raise ImportError(str(e)) from None
+from liger_core_axolotl.preflight import failed_plugin_message, looks_like_ours, resolve_plugin
 
 
 def check_config(data: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -55,8 +35,6 @@ def check_config(data: dict[str, Any]) -> tuple[list[str], list[str]]:
         try:
             cls = resolve_plugin(name)
         except Exception as e:  # ImportError and whatever the plugin's module raises at import
-            from liger_core_axolotl.preflight import failed_plugin_message, looks_like_ours
-
             if looks_like_ours(name):
                 errors.append(failed_plugin_message(name).removeprefix("liger_core_axolotl: "))
             else:

@@ -9,6 +9,7 @@ plugin module, or ``use_liger_kernal: true``, trains with rc 0 and without liger
 from __future__ import annotations
 
 import difflib
+import importlib
 import re
 from typing import Any
 
@@ -29,10 +30,28 @@ def looks_like_ours(name: str) -> bool:
     )
 
 
+def resolve_plugin(name: str) -> type:
+    """The class ``name`` refers to, found the way Axolotl's ``load_plugin`` finds it."""
+    module_name, _, class_name = name.rpartition(".")
+    if not module_name:
+        raise ImportError(f"{name!r} is not of the form module.ClassName")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as first:
+        if module_name.startswith("axolotl.integrations."):
+            raise
+        try:
+            module = importlib.import_module("axolotl.integrations." + module_name)
+        except ModuleNotFoundError:
+            raise first from None
+    try:
+        return getattr(module, class_name)
+    except AttributeError as e:
+        raise ImportError(str(e)) from None
+
+
 def plugin_import_error(name: str) -> str:
     """The error of importing ``plugins:`` entry ``name`` as Axolotl does (empty if it imports)."""
-    from liger_core_axolotl.cli import resolve_plugin
-
     try:
         resolve_plugin(name)
     except Exception as e:  # noqa: BLE001 - whatever the import raises is the reason to show

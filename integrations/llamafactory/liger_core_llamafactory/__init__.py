@@ -12,6 +12,14 @@
 
 from __future__ import annotations
 
+import os
+
 __version__ = "0.1.0"
 
 ENV_FLAG = "LIGER_CORE_LMF"
+DISABLE_ENV = "LIGER_CORE_DISABLE_HOOK"  # set to a true value: the start-up hook installs nothing
+
+
+def enabled_by_environment() -> bool:
+    """False when ``LIGER_CORE_DISABLE_HOOK`` is set to a true value."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("1", "true", "yes", "on")

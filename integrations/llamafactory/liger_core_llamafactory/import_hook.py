@@ -17,11 +17,10 @@ modules in ``_AFTER_IMPORT`` is imported, and then runs its function right after
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Callable
 
-DISABLE_ENV = "LIGER_CORE_DISABLE_HOOK"
+from liger_core_llamafactory import enabled_by_environment
 
 
 def _torchaudio(module) -> None:
@@ -81,11 +80,6 @@ class PostImportFinder:
 
         loader.exec_module = exec_then_hook  # this loader object belongs to this one spec
         return spec
-
-
-def enabled_by_environment() -> bool:
-    """False when ``LIGER_CORE_DISABLE_HOOK`` is set to a true value."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("1", "true", "yes", "on")
 
 
 def install(force: bool = False) -> PostImportFinder | None:

@@ -8,15 +8,13 @@ does, and on a copy (``run_exp`` hands the same dict to several parsers):
 - removes ``enable_liger_kernel`` / ``use_liger_kernel`` / ``liger_kernel_config`` (``options``), so
   LLaMA-Factory never asks for the liger-kernel package and transformers' Trainer never patches with it;
 - when one of them is true (or ``LIGER_CORE_LMF=1``): installs ``model_hooks`` with the toggles; when they
-  patch the model, rank 0 logs which library serves the flag, with its version (``announce``).
+  patch the model, rank 0 logs which library serves the flag, with its version (``model_hooks.announce``).
 torchrun workers of ``llamafactory-cli train`` read the same YAML, so each does the same.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,42 +30,6 @@ from liger_core_llamafactory.options import (
 
 logger = logging.getLogger("llamafactory.liger_core")
 INSTALL_HINT = "from a clone of liger_core: `pip install -e . && pip install -e integrations/llamafactory`"
-_announced = False
-_flag: str | None = None  # the setting that turned liger_core on in this process (for ``announce``)
-
-
-def installed_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def served_by_line(flag: str) -> str:
-    """Which library serves the liger flag here, and whether liger-kernel is installed beside it (unused)."""
-    import liger_core
-
-    plugin = installed_version("liger-core-llamafactory") or "?"
-    line = (
-        f"liger_core_llamafactory: {flag} is served by liger_core {liger_core.__version__} "
-        f"(liger-core-llamafactory {plugin}), not by liger-kernel"
-    )
-    other = installed_version("liger-kernel")
-    if other is not None:
-        line += f"; liger-kernel {other} is installed and is not applied"
-    return line
-
-
-def announce(flag: str | None = None) -> None:
-    """Log ``served_by_line`` once per process, on rank 0 only (``model_hooks`` calls it when it patches the
-    model: by then LLaMA-Factory's handlers, LLaMA Board's running log among them, are in place)."""
-    global _announced
-    flag = flag or _flag
-    if _announced or flag is None:
-        return
-    _announced = True
-    if os.getenv("RANK", "0") == "0" and os.getenv("LOCAL_RANK", "0") == "0":
-        logger.info("%s", served_by_line(flag))
 
 
 def import_liger_core() -> None:
@@ -86,9 +48,7 @@ def activate(flag: str, kernel_config: Mapping[str, bool]) -> None:
     import_liger_core()
     from liger_core_llamafactory import model_hooks
 
-    global _flag
-    _flag = flag
-    model_hooks.install(kernel_config)
+    model_hooks.install(kernel_config, flag)
 
 
 def known_arguments(parser: Any) -> set[str]:

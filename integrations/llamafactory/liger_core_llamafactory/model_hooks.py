@@ -26,6 +26,7 @@ Board's running log when started from the web UI) show them; every rank logs.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 from collections import Counter
@@ -93,6 +94,45 @@ def liger_kernel_parts(model: Any) -> list[str]:
     return found
 
 
+_announced = False
+_flag: str | None = None  # the setting that turned liger_core on in this process (``install``'s flag)
+
+
+def installed_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def served_by_line(flag: str) -> str:
+    """Which library serves the liger flag here, and whether liger-kernel is installed beside it (unused)."""
+    import liger_core
+
+    plugin = installed_version("liger-core-llamafactory") or "?"
+    line = (
+        f"liger_core_llamafactory: {flag} is served by liger_core {liger_core.__version__} "
+        f"(liger-core-llamafactory {plugin}), not by liger-kernel"
+    )
+    other = installed_version("liger-kernel")
+    if other is not None:
+        line += f"; liger-kernel {other} is installed and is not applied"
+    return line
+
+
+def announce(flag: str | None = None) -> None:
+    """Log ``served_by_line`` once per process, on rank 0 only (``patch_trainable_model`` calls it when it
+    patches the model: by then LLaMA-Factory's handlers, LLaMA Board's running log among them, are in
+    place)."""
+    global _announced
+    flag = flag or _flag
+    if _announced or flag is None:
+        return
+    _announced = True
+    if os.getenv("RANK", "0") == "0" and os.getenv("LOCAL_RANK", "0") == "0":
+        logger.info("%s", served_by_line(flag))
+
+
 def refuse_liger_kernel(model: Any) -> None:
     """liger_core and liger-kernel never patch the same model: stop when liger-kernel's patches are in it."""
     parts = liger_kernel_parts(model)
@@ -107,8 +147,6 @@ def refuse_liger_kernel(model: Any) -> None:
 
 def patch_trainable_model(model: Any, require_logits: bool) -> PatchReport | None:
     """Patch the model LLaMA-Factory is about to train; its report (None: liger_core could not patch it)."""
-    from liger_core_llamafactory.lmf_hooks import announce
-
     rank = os.getenv("RANK", "0")
     announce()
     refuse_liger_kernel(model)
@@ -161,11 +199,14 @@ def is_installed() -> bool:
     return _installed
 
 
-def install(kernel_config: Mapping[str, bool] | None = None) -> None:
+def install(kernel_config: Mapping[str, bool] | None = None, flag: str | None = None) -> None:
     """Route LLaMA-Factory's liger step to liger_core in this process (idempotent), with the toggles of
-    ``liger_kernel_config`` (the latest call's)."""
-    global _installed, _kernel_config
+    ``liger_kernel_config`` (the latest call's); ``flag``: the setting that turned liger_core on (for
+    ``announce``)."""
+    global _installed, _kernel_config, _flag
     _kernel_config = dict(kernel_config or {})
+    if flag is not None:
+        _flag = flag
     if _installed:
         return
     from llamafactory.model import loader

@@ -101,10 +101,10 @@ def install_command_rewrite() -> None:
 
 
 def run_web_ui() -> None:
-    from liger_core_llamafactory import import_hook
+    from liger_core_llamafactory import enabled_by_environment
 
     install()
-    if not import_hook.enabled_by_environment():  # the UI's `llamafactory-cli train` runs would lack it
+    if not enabled_by_environment():  # the UI's `llamafactory-cli train` runs would lack it
         install_command_rewrite()
     from llamafactory.webui.interface import run_web_ui as run
 

@@ -53,7 +53,7 @@ def test_run_training_routes_the_flag(monkeypatch, tmp_path):
 
     runs, installs = [], []
     monkeypatch.setattr(tuner, "run_exp", lambda args: runs.append(args))
-    monkeypatch.setattr(model_hooks, "install", lambda kernel_config=None: installs.append(True))
+    monkeypatch.setattr(model_hooks, "install", lambda kernel_config=None, flag=None: installs.append(True))
     monkeypatch.delenv(ENV_FLAG, raising=False)
     path = tmp_path / "c.yaml"
     path.write_text("stage: sft\nenable_liger_kernel: true\n")
