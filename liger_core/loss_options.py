@@ -63,6 +63,8 @@ class CrossEntropyOptions:
 
 
 _DEFAULTS = CrossEntropyOptions()
+# the field names once, at import: torch.compile cannot trace dataclasses.fields() inside a compiled forward
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(CrossEntropyOptions))
 
 
 def resolve(options: CrossEntropyOptions | None, *values) -> CrossEntropyOptions:
@@ -74,8 +76,9 @@ def resolve(options: CrossEntropyOptions | None, *values) -> CrossEntropyOptions
         return CrossEntropyOptions(*values)
     if not isinstance(options, CrossEntropyOptions):
         raise TypeError(f"options must be a CrossEntropyOptions, got {type(options).__name__}")
-    names = [field.name for field in dataclasses.fields(CrossEntropyOptions)]
-    changed = [name for name, value in zip(names, values) if not _is_default(value, getattr(_DEFAULTS, name))]
+    changed = [
+        name for name, value in zip(_FIELD_NAMES, values) if not _is_default(value, getattr(_DEFAULTS, name))
+    ]
     if changed:
         raise TypeError(f"pass {', '.join(changed)} inside options=, not beside it")
     return options
