@@ -46,6 +46,13 @@ EXPLAINED_SKIPS = [
         ("core-oldest",),
     ),
     (
+        r"transformers 5\.0\.0 cannot build or train a tiny dbrx: .+",
+        "DBRX broken in this transformers",
+        "transformers 5.0.0's DBRX fails on its own config's round trip and in its experts' shapes; in the "
+        "newest release the tiny DBRX must build and train",
+        ("core-oldest",),
+    ),
+    (
         r"TRL \S+ has the fused LM head: covered by the 2-step run",
         "TRL has the fused LM head",
         "Axolotl: the branch for TRL without a fused LM head; with a newer TRL the 2-step DPO run covers it",
