@@ -114,7 +114,7 @@ def test_run_training_hands_the_toggles_to_the_hooks(monkeypatch, tmp_path, hook
 
     runs, installs = [], []
     monkeypatch.setattr(tuner, "run_exp", lambda args: runs.append(args))
-    monkeypatch.setattr(hooks, "install", lambda config=None: installs.append(config))
+    monkeypatch.setattr(hooks, "install", lambda config=None, flag=None: installs.append(config))
     monkeypatch.delenv(ENV_FLAG, raising=False)
     path = tmp_path / "c.yaml"
     path.write_text("stage: sft\nenable_liger_kernel: true\nliger_kernel_config: {strict: true}\n")
