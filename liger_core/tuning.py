@@ -31,8 +31,9 @@ Knobs:
   (``ops.glu_down_proj``) where ``modules.mlp.fusable_down_proj`` allows it; off: activation, then the module.
 
 - Launch tables (``NORM_*``, ``ROPE_TILE_ELEMENTS``): tile shapes, warps and programs per SM of the
-  row-normalisation and RoPE kernels, each commented below with the measurement behind it. Tests set small
-  tiles to reach the multi-tile paths on small shapes: ``override(norm_tile_elements=64)``.
+  row-normalisation and RoPE kernels, each commented below with the measurement behind it;
+  ``NORM_NPOW2_RMS_NORM`` picks RMSNorm's launch policy for rows whose width is not a power of two. Tests
+  set small tiles to reach the multi-tile paths on small shapes: ``override(norm_tile_elements=64)``.
 
 ``LOOP_COUNTS`` is not a knob: calls per loop of ``fused_linear_cross_entropy`` (benchmarks and tests read
 which loop ran).
@@ -123,6 +124,24 @@ NORM_BWD_TILE_SUM_PROGRAMS_PER_SM = 8
 NORM_BWD_TILE_SUM_PREFETCH = False
 NORM_BWD_TILE_SUM_WARPS = 4
 
+# RMSNorm launch for rows whose width is not a power of two (hidden 2560, 3584, 5120, ...: the tile's columns
+# are padded to the next power of two, so 2560 leaves 37.5 % of each tile's lanes masked off):
+# - "pad": the tables above, as for a power of two (the tile holds NORM_TILE_ELEMENTS padded elements, so a
+#   tile of 2560-column rows carries 62.5 % of the bytes a 4096-column tile carries);
+# - "rows": tiles of short rows (padded width up to NORM_TILE_ELEMENTS) take as many rows as it needs for
+#   NORM_TILE_ELEMENTS real elements (2560: 2 rows of 4096 lanes, 5120 real elements), warps scaled with the
+#   tile (same elements per thread); the persistent backward runs correspondingly fewer programs per SM, so
+#   the warps per SM stay those of "pad";
+# - "chunks": as "rows" in the backward; the forward loops over column chunks of the largest power of two
+#   (512 .. half the padded width) that covers the row with at most 1/8 masked (2560: 5 x 512, 3584: 4 x
+#   1024, 5120: 5 x 1024, 7168: 4 x 2048), reading x a second time (L1/L2) for the output, as
+#   torch.compile's looped reduction does at these widths.
+# Same math in each (one fp32 sum of squares per row; dW summed per column in the same order per program).
+# Not yet measured against each other on a GPU: `python benchmarks/model_shapes.py --ab rms_norm` times the
+# three at every hidden size of the model table.
+NORM_NPOW2_RMS_NORM = "pad"
+NORM_NPOW2_POLICIES = ("pad", "rows", "chunks")
+
 # Rotary embedding (``ops.rope``): elements of one [heads x half-rotary] tile a program holds in registers per
 # step of its head loop. When q's and k's heads each fit in one tile (up to 64 heads of head_dim 64, 32 of
 # 128), all of a token's loads are issued before its first store.
@@ -137,7 +156,7 @@ KNOBS = (
     "norm_bwd_wide_programs_per_sm", "norm_bwd_rowwise_layer_norm", "norm_bwd_rowwise_warps",
     "norm_bwd_tile_sum_layer_norm", "norm_bwd_tile_sum_tile_elements",
     "norm_bwd_tile_sum_programs_per_sm", "norm_bwd_tile_sum_prefetch", "norm_bwd_tile_sum_warps",
-    "rope_tile_elements",
+    "rope_tile_elements", "norm_npow2_rms_norm",
 )  # fmt: skip
 
 LOOP_COUNTS: collections.Counter = collections.Counter()
