@@ -506,7 +506,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"default: {' '.join(DEFAULT_OPS)}; 'all': also {more}",
     )
     p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
-    p.add_argument("--modes", nargs="+", default=["fwd+bwd"], choices=MODES)
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=None,
+        choices=MODES,
+        help="default: fwd+bwd (with --ab: fwd and fwd+bwd)",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2047, help="tokens = batch x seq (default 8188)")
@@ -536,6 +542,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.modes is None:
+        args.modes = list(MODES) if args.ab else ["fwd+bwd"]
     if args.ops == ["all"]:
         args.ops = list(ALL_OPS)
     unknown = [o for o in args.ops if o not in ALL_OPS]
