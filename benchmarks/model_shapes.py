@@ -24,7 +24,7 @@ fastest provider by GPU time and by wall time (among the providers whose outputs
 liger_core's ratio to it (1.0: liger_core is the fastest); ``model_shapes_rows.csv`` has the suite's full rows
 (errors, memory, timers).
 
-    python benchmarks/model_shapes.py                          # all ops, <= 8 min -> benchmarks/results/<hw>/
+    python benchmarks/model_shapes.py                          # ~8 min -> benchmarks/results/<hw>/
     python benchmarks/model_shapes.py --ops rms_norm swiglu --max-minutes 3
     python benchmarks/model_shapes.py --resume                 # continue a cut-off run
     python benchmarks/model_shapes.py --ab rms_norm            # RMSNorm launch policies at every hidden size
@@ -235,20 +235,26 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def print_summary(rows: Sequence[dict], log=print) -> None:
+    """One line per (op, shape, mode): liger_core's GPU and wall ms, the fastest provider of each and
+    liger_core's time over it (1.00: liger_core is the fastest), liger_core's GPU % of the floor."""
+
+    def cell(v, fmt: str, width: int) -> str:
+        return format(v, fmt) if v is not None else "-".rjust(width)
+
     head = (
-        f"{'op':<27} {'shape':<28} {'mode':<8} {'models':>6} {'fastest GPU':<14} {'ours/fast':>9} "
-        f"{'%floor':>7} {'fastest wall':<14} {'ours/fast':>9}  check"
+        f"{'op':<26} {'shape':<24} {'mode':<7} {'n':>2} | {'GPU ms':>8} {'fastest':<13} {'x':>5} "
+        f"{'%floor':>6} | {'wall ms':>8} {'fastest':<13} {'x':>5} | check"
     )
     log(head)
     log("-" * len(head))
     for r in rows:
-        g, w = _num(r.get("liger_core_gpu_vs_fastest")), _num(r.get("liger_core_wall_vs_fastest"))
-        pct = _num(r.get("liger_core_gpu_pct_of_floor"))
         log(
-            f"{r['op']:<27} {r['shape']:<28} {r['mode']:<8} {r.get('n_models', ''):>6} "
-            f"{r.get('fastest_gpu') or '-':<14} {(f'{g:9.2f}' if g else '-'.rjust(9))} "
-            f"{(f'{pct:6.1f}%' if pct else '-'.rjust(7))} {r.get('fastest_wall') or '-':<14} "
-            f"{(f'{w:9.2f}' if w else '-'.rjust(9))}  {r.get('liger_core_check', '')}"
+            f"{r['op']:<26} {r['shape']:<24} {r['mode']:<7} {r.get('n_models', ''):>2} | "
+            f"{cell(_num(r.get('liger_core_gpu_ms')), '8.4f', 8)} {r.get('fastest_gpu') or '-':<13} "
+            f"{cell(_num(r.get('liger_core_gpu_vs_fastest')), '5.2f', 5)} "
+            f"{cell(_num(r.get('liger_core_gpu_pct_of_floor')), '6.1f', 6)} | "
+            f"{cell(_num(r.get('liger_core_ms')), '8.4f', 8)} {r.get('fastest_wall') or '-':<13} "
+            f"{cell(_num(r.get('liger_core_wall_vs_fastest')), '5.2f', 5)} | {r.get('liger_core_check', '')}"
         )
     slow = [r for r in rows if (_num(r.get("liger_core_gpu_vs_fastest")) or 0) > 1.1]
     log(f"\nshapes where liger_core's GPU time is > 1.1x the fastest: {len(slow)}")
@@ -518,7 +524,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=2047, help="tokens = batch x seq (default 8188)")
     p.add_argument("--models", nargs="+", default=None, metavar="NAME", help="only these rows of the table")
     p.add_argument("--table", type=Path, default=TABLE)
-    p.add_argument("--max-minutes", type=float, default=8.0, help="start no new shape after this (default 8)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=7.0,
+        help="start no new shape after this many minutes (default 7: with start-up and the last shape, ~8)",
+    )
     p.add_argument(
         "--timing",
         default="fast",

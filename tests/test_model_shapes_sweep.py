@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -112,3 +113,10 @@ def test_cpu_smoke_runs_every_default_op(tmp_path):
     assert _run("--ab", "rms_norm", tmp_path=tmp_path) == 0
     ab = _read(tmp_path / "model_shapes_ab_rms_norm.csv")
     assert {r["policy"] for r in ab} == set(ms.AB_POLICIES) and all(r["check"] == "ok" for r in ab)
+
+
+def test_time_limit_leaves_shapes_for_resume(tmp_path):
+    """--max-minutes 0 starts no shape and lists them all in the meta file for --resume."""
+    assert _run("--max-minutes", "0", "--ops", "rms_norm", "rope", tmp_path=tmp_path) == 0
+    meta = json.loads((tmp_path / "model_shapes.meta.json").read_text())
+    assert meta["shapes_run"] == 0 and len(meta["shapes_left_by_time_limit"]) == 4
