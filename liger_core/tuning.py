@@ -124,21 +124,25 @@ NORM_BWD_TILE_SUM_PROGRAMS_PER_SM = 8
 NORM_BWD_TILE_SUM_PREFETCH = False
 NORM_BWD_TILE_SUM_WARPS = 4
 
-# RMSNorm launch for rows whose width is not a power of two (hidden 2560, 3584, 5120, ...: the tile's columns
-# are padded to the next power of two, so 2560 leaves 37.5 % of each tile's lanes masked off):
-# - "pad": the tables above, as for a power of two (the tile holds NORM_TILE_ELEMENTS padded elements, so a
-#   tile of 2560-column rows carries 62.5 % of the bytes a 4096-column tile carries);
+# RMSNorm launch for rows whose width is not a power of two and whose tile, padded to the next power of two,
+# masks more than 1/8 of its lanes (2560 of 4096: 37.5 %, 5120 of 8192, 2304, 2880, 3072, 4608, 5376, 1536;
+# 3584, 3840, 7168, 896, 960 mask <= 12.5 % and keep "pad"):
+# - "pad": the tables above, as for a power of two (a tile holds NORM_TILE_ELEMENTS padded elements, so a
+#   tile of 2560-column rows carries 62.5 % of the bytes of a 4096-column tile; a kernel whose time goes by
+#   row reductions rather than bytes runs at 2560/4096 of its power-of-two throughput);
 # - "rows": tiles of short rows (padded width up to NORM_TILE_ELEMENTS) take as many rows as it needs for
-#   NORM_TILE_ELEMENTS real elements (2560: 2 rows of 4096 lanes, 5120 real elements), warps scaled with the
-#   tile (same elements per thread); the persistent backward runs correspondingly fewer programs per SM, so
-#   the warps per SM stay those of "pad";
-# - "chunks": as "rows" in the backward; the forward loops over column chunks of the largest power of two
-#   (512 .. half the padded width) that covers the row with at most 1/8 masked (2560: 5 x 512, 3584: 4 x
-#   1024, 5120: 5 x 1024, 7168: 4 x 2048), reading x a second time (L1/L2) for the output, as
-#   torch.compile's looped reduction does at these widths.
-# Same math in each (one fp32 sum of squares per row; dW summed per column in the same order per program).
-# Not yet measured against each other on a GPU: `python benchmarks/model_shapes.py --ab rms_norm` times the
-# three at every hidden size of the model table.
+#   NORM_TILE_ELEMENTS real elements (2560: 2 rows of 4096 lanes), warps scaled with the tile (the same
+#   elements per thread, so the same registers); the persistent backward runs correspondingly fewer programs
+#   per SM (the warps per SM of "pad"). Wide rows (padded above NORM_TILE_ELEMENTS: 5120, 4608, 5376) keep
+#   "pad": two of them per tile would not fit in registers;
+# - "chunks": the backward as "rows"; the forward loops over column chunks of the largest power of two (512
+#   .. half the padded width) that covers the row with at most 1/8 masked (2560: 5 x 512, 2880: 3 x 1024,
+#   3072: 3 x 1024, 5120: 5 x 1024, 4608: 5 x 1024, 5376: 3 x 2048), reading x a second time (L1/L2) for the
+#   output, as torch.compile's looped reduction does at these widths; rows too short for such a chunk as
+#   "rows".
+# Same math in each (one fp32 sum of squares per row, dW summed per column; only the order of the additions
+# within a row's or a column's sum differs). Not yet measured against each other on a GPU:
+# `python benchmarks/model_shapes.py --ab rms_norm` times the three at every hidden size of the model table.
 NORM_NPOW2_RMS_NORM = "pad"
 NORM_NPOW2_POLICIES = ("pad", "rows", "chunks")
 

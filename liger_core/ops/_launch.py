@@ -105,7 +105,8 @@ def norm_settings(
             raise ValueError(
                 f"tuning.NORM_NPOW2_RMS_NORM must be one of {tuning.NORM_NPOW2_POLICIES}, got {policy!r}"
             )
-        if policy != "pad" and settings.single_pass and settings.block_n != n_cols:
+        masked = settings.block_n - n_cols
+        if policy != "pad" and settings.single_pass and masked > _NPOW2_MAX_MASKED * settings.block_n:
             settings = _npow2_settings(n_cols, backward, settings, policy, tile_elements)
         _NORM_SETTINGS[key] = settings
     return settings
@@ -132,8 +133,9 @@ def _norm_settings(
     return NormSettings(block_m, block_n, warps, single_pass, prefetch, reload, per_sm)
 
 
-# Chunk widths the "chunks" policy may loop over (see tuning.NORM_NPOW2_RMS_NORM), and the masked share of
-# the chunks' cover of a row it accepts.
+# tuning.NORM_NPOW2_RMS_NORM applies to rows whose padded tile masks more than this share of its lanes
+# (2560 of 4096: 37.5 %; 3584, 3840, 7168: <= 12.5 %, kept as "pad"); "chunks" loops over the largest chunk
+# width of at least _NPOW2_MIN_CHUNK whose cover of the row masks at most this share.
 _NPOW2_MIN_CHUNK = 512
 _NPOW2_MAX_MASKED = 1 / 8
 
