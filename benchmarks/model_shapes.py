@@ -460,15 +460,38 @@ def run_ab_rms_norm(args: argparse.Namespace, device: torch.device, out_dir: Pat
         free_memory()
     append_csv(path, cols, out)
     if timing is not None:
-        print(f"\n{'hidden':>7} {'mode':<8} " + " ".join(f"{p:>9}" for p in AB_POLICIES) + "   GPU ms")
-        for hidden in dict.fromkeys(r["hidden"] for r in out):
-            for mode in args.modes:
-                t = {r["policy"]: r.get("gpu_ms") for r in out if r["hidden"] == hidden and r["mode"] == mode}
-                print(
-                    f"{hidden:>7} {mode:<8} " + " ".join(f"{t.get(p) or math.nan:9.4f}" for p in AB_POLICIES)
-                )
+        print_ab_table(out, args.modes)
     print(f"\nwrote {path} ({len(out)} rows)")
     return 0 if all(r["check"] == "ok" for r in out) else 1
+
+
+def print_ab_table(rows: Sequence[dict], modes: Sequence[str], log=print) -> None:
+    """GPU ms per hidden size and policy (policies whose launch equals "pad" there are marked '='), then per
+    mode the geometric mean of each policy's GPU time over "pad"'s across the hidden sizes it changes."""
+    log(f"\n{'hidden':>7} {'mode':<8} " + " ".join(f"{p:>10}" for p in AB_POLICIES) + "   GPU ms")
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for hidden in dict.fromkeys(r["hidden"] for r in rows):
+        for mode in modes:
+            by_p = {r["policy"]: r for r in rows if r["hidden"] == hidden and r["mode"] == mode}
+            pad = by_p.get("pad", {})
+            cells = []
+            for p in AB_POLICIES:
+                r = by_p.get(p, {})
+                same = p != "pad" and (r.get("fwd_launch"), r.get("bwd_launch")) == (
+                    pad.get("fwd_launch"),
+                    pad.get("bwd_launch"),
+                )
+                t = _num(r.get("gpu_ms"))
+                cells.append((f"{t:9.4f}" if t is not None else "-".rjust(9)) + ("=" if same else " "))
+                if not same and p != "pad" and t and _num(pad.get("gpu_ms")):
+                    ratios.setdefault((p, mode), []).append(t / float(pad["gpu_ms"]))
+            log(f"{hidden:>7} {mode:<8} " + " ".join(cells))
+    for (p, mode), rs in sorted(ratios.items()):
+        gmean = math.exp(sum(math.log(r) for r in rs) / len(rs))
+        log(
+            f"{p:<7} {mode:<8}: GPU time {gmean:.3f}x of pad's (geometric mean over the {len(rs)} hidden "
+            f"size(s) it changes; best {min(rs):.3f}x, worst {max(rs):.3f}x)"
+        )
 
 
 def _outputs(run) -> list[torch.Tensor]:
