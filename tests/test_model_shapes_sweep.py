@@ -120,3 +120,18 @@ def test_time_limit_leaves_shapes_for_resume(tmp_path):
     assert _run("--max-minutes", "0", "--ops", "rms_norm", "rope", tmp_path=tmp_path) == 0
     meta = json.loads((tmp_path / "model_shapes.meta.json").read_text())
     assert meta["shapes_run"] == 0 and len(meta["shapes_left_by_time_limit"]) == 4
+
+
+def test_ab_table_compares_only_changed_launches():
+    rows = []
+    for hidden, times in ((2560, (0.10, 0.08, 0.05)), (4096, (0.12, 0.12, 0.12))):
+        for policy, t in zip(ms.AB_POLICIES, times):
+            launch = "1x4096" if hidden == 4096 or policy == "pad" else policy
+            rows.append(
+                dict(hidden=hidden, mode="fwd+bwd", policy=policy, gpu_ms=t, fwd_launch=launch, bwd_launch="")
+            )
+    lines: list[str] = []
+    ms.print_ab_table(rows, ["fwd+bwd"], log=lines.append)
+    assert "0.1200=" in lines[2]  # 4096: the policies launch as pad, marked and left out of the means
+    assert any(line.startswith("rows") and "0.800x" in line and "over the 1 hidden" in line for line in lines)
+    assert any(line.startswith("chunks") and "0.500x" in line for line in lines)
