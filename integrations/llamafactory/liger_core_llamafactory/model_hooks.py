@@ -35,6 +35,10 @@ from typing import Any
 
 import liger_core
 from liger_core.patching import PatchIncompleteError, PatchReport, UnsupportedModelError
+from liger_core.patching.peers import refuse_liger_kernel
+
+# what may have applied liger-kernel to a model in a LLaMA-Factory run (liger_core's refusal names it)
+LIGER_KERNEL_SOURCES = "e.g. liger_kernel.transformers.apply_liger_kernel_to_*"
 
 logger = logging.getLogger("llamafactory.liger_core")
 
@@ -64,34 +68,6 @@ def active_kernels(report: PatchReport) -> str:
     kinds = Counter(report.already)
     kinds.update(report.swapped)
     return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
-
-
-def liger_kernel_parts(model: Any) -> list[str]:
-    """What of ``model`` comes from the liger-kernel package: module classes, class or instance forwards, and
-    functions of the models' modeling modules (its class-level patches replace ``apply_rotary_pos_emb``)."""
-    import sys
-
-    def foreign(obj: Any) -> bool:
-        return str(getattr(obj, "__module__", None) or "").split(".")[0] == "liger_kernel"
-
-    found: list[str] = []
-    modeling_modules = set()
-    for name, module in model.named_modules():
-        cls = type(module)
-        modeling_modules.add(cls.__module__)
-        where = name or cls.__name__
-        if foreign(cls):
-            found.append(f"{where}: class {cls.__module__}.{cls.__name__}")
-        elif foreign(getattr(cls, "forward", None)):
-            found.append(f"{where}: {cls.__name__}.forward from {cls.forward.__module__}")
-        elif foreign(module.__dict__.get("forward")):
-            found.append(f"{where}: forward from {module.__dict__['forward'].__module__}")
-    for module_name in sorted(modeling_modules):
-        namespace = getattr(sys.modules.get(module_name), "__dict__", {})
-        for attr, value in namespace.items():
-            if callable(value) and not isinstance(value, type) and foreign(value):
-                found.append(f"{module_name}.{attr} from {value.__module__}")
-    return found
 
 
 _announced = False
@@ -133,23 +109,11 @@ def announce(flag: str | None = None) -> None:
         logger.info("%s", served_by_line(flag))
 
 
-def refuse_liger_kernel(model: Any) -> None:
-    """liger_core and liger-kernel never patch the same model: stop when liger-kernel's patches are in it."""
-    parts = liger_kernel_parts(model)
-    if parts:
-        raise RuntimeError(
-            f"liger_core: {type(model).__name__} already runs liger-kernel's patches ({'; '.join(parts[:6])}"
-            f"{'; ...' if len(parts) > 6 else ''}); something applied liger-kernel to this model (e.g. "
-            "liger_kernel.transformers.apply_liger_kernel_to_*). Remove that call: enable_liger_kernel is "
-            "served by liger_core, and the two must not patch the same model."
-        )
-
-
 def patch_trainable_model(model: Any, require_logits: bool) -> PatchReport | None:
     """Patch the model LLaMA-Factory is about to train; its report (None: liger_core could not patch it)."""
     rank = os.getenv("RANK", "0")
     announce()
-    refuse_liger_kernel(model)
+    refuse_liger_kernel(model, flag="enable_liger_kernel", applied_by=LIGER_KERNEL_SOURCES)
     flags = kernel_flags(require_logits, _kernel_config)
     try:
         report = liger_core.apply_liger_kernel(model, **flags)
