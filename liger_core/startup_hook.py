@@ -2,11 +2,11 @@
 
 A plugin's wheel ships a ``.pth`` file whose one ``import`` line Python's ``site`` module runs at every
 interpreter start (``accelerate launch`` and ``torchrun`` children included). That line registers, with
-``when_imported(name, callback)``, what the plugin does once the framework's module ``name`` is imported
-(wrap its argument parser, its trainer, ...). Registering puts one ``sys.meta_path`` finder in front
-(``PostImportFinder``): it finds nothing itself; for a watched name it asks the finders after it for the
-module's spec and wraps the spec's loader, so that the callbacks run once the module's code has executed.
-Nothing is imported and nothing is patched until a watched module is imported.
+``when_imported(name, callback)`` (``register`` for a table of them), what the plugin does once the
+framework's module ``name`` is imported (wrap its argument parser, its trainer, ...). Registering puts one
+``sys.meta_path`` finder in front (``PostImportFinder``): it finds nothing itself; for a watched name it asks
+the finders after it for the module's spec and wraps the spec's loader, so that the callbacks run once the
+module's code has executed. Nothing is imported and nothing is patched until a watched module is imported.
 
 ``LIGER_CORE_DISABLE_HOOK=1`` (any value but an empty string, 0, false, no or off) turns every plugin's hook
 off: each plugin checks ``disabled()`` before it registers.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +29,9 @@ __all__ = [
     "PostImportFinder",
     "disabled",
     "fully_imported",
+    "is_registered",
     "is_watched",
+    "register",
     "watched",
     "when_imported",
 ]
@@ -75,6 +77,21 @@ def when_imported(name: str, callback: Callback) -> None:
             callback(module)
     if not any(isinstance(f, PostImportFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, PostImportFinder())
+
+
+def register(after_import: Mapping[str, Callback], *, force: bool = False) -> bool:
+    """``when_imported(name, callback)`` for each entry of a plugin's table, unless the hooks are off
+    (``disabled()``; ``force`` registers anyway). Idempotent. Whether it registered."""
+    if not force and disabled():
+        return False
+    for name, callback in after_import.items():
+        when_imported(name, callback)
+    return True
+
+
+def is_registered(after_import: Mapping[str, Callback]) -> bool:
+    """Whether every callback of the table ``after_import`` is registered for its module."""
+    return all(callback in _callbacks.get(name, ()) for name, callback in after_import.items())
 
 
 def _watchers(fullname: str) -> list[Callback]:

@@ -92,6 +92,24 @@ def test_a_missing_module_is_left_to_the_other_finders(registry):
         importlib.import_module("probe_pkg.missing")
 
 
+def test_register_a_table_unless_the_hooks_are_off(registry, monkeypatch):
+    seen = []
+
+    def a(module):
+        seen.append(module.NAME)
+
+    table = {"probe_pkg.a": a, "probe_pkg.b": lambda m: seen.append(m.NAME * 2)}
+    monkeypatch.setenv(startup_hook.ENV_DISABLE, "1")
+    assert startup_hook.register(table) is False and not startup_hook.is_registered(table)
+    importlib.import_module("probe_pkg.a")
+    assert seen == []
+    assert startup_hook.register(table, force=True) is True  # probe_pkg.a is imported: its callback now
+    assert startup_hook.register(table, force=True) is True  # idempotent
+    assert startup_hook.is_registered(table) and not startup_hook.is_registered({"probe_pkg.a": print})
+    importlib.import_module("probe_pkg.b")
+    assert seen == ["a", "bb"]
+
+
 @pytest.mark.parametrize(
     "value, off",
     [

@@ -1,4 +1,5 @@
-"""liger-kernel beside liger_core: find its patches in a model, and refuse to patch such a model.
+"""liger-kernel beside liger_core: find its patches in a model, refuse to patch such a model, and say which
+of the two serves a framework's flag.
 
 Frameworks (Axolotl, LLaMA-Factory, TRL, transformers' ``use_liger_kernel``) can apply the third-party
 liger-kernel package, whose class-level patches replace module classes, forwards and functions of the
@@ -8,10 +9,11 @@ one model, so the plugins stop instead, with the parts found and what may have a
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 from typing import Any
 
-__all__ = ["liger_kernel_parts", "refuse_liger_kernel"]
+__all__ = ["liger_kernel_parts", "refuse_liger_kernel", "served_by"]
 
 LIGER_KERNEL_PACKAGE = "liger_kernel"
 _LISTED = 6  # parts named in the error message
@@ -57,3 +59,26 @@ def refuse_liger_kernel(model: Any, *, flag: str, applied_by: str) -> None:
             f"({applied_by}). Remove it: {flag} is served by liger_core, and the two must not patch the same "
             "model."
         )
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of the distribution ``dist``; None when it is not installed."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def served_by(flag: str, plugin: str) -> str:
+    """The line a plugin logs once: its framework's ``flag`` is served by liger_core (and by the plugin's
+    distribution ``plugin``), with their versions, and whether liger-kernel is installed beside (unused)."""
+    from liger_core import __version__
+
+    line = (
+        f"{flag} is served by liger_core {__version__} ({plugin} {installed_version(plugin) or '?'}), "
+        "not by liger-kernel"
+    )
+    other = installed_version("liger-kernel")
+    if other is not None:
+        line += f"; liger-kernel {other} is installed and is not applied"
+    return line

@@ -91,6 +91,12 @@ class PatchReport:
         """Every kind the model now runs, swapped by this call or found already patched."""
         return {k for k, n in self.swapped.items() if n} | {k for k, n in self.already.items() if n}
 
+    def active_kernels(self) -> str:
+        """The kernels the model runs after this call, with their counts (swapped now plus found already
+        patched), by kind in alphabetical order: "rms_norm x5, rope x2"; "none" when there is none."""
+        total = {k: self.swapped.get(k, 0) + self.already.get(k, 0) for k in {*self.swapped, *self.already}}
+        return ", ".join(f"{kind} x{n}" for kind, n in sorted(total.items()) if n) or "none"
+
     @staticmethod
     def _fmt(counts: dict[str, int]) -> str:
         ordered = sorted(

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from liger_core.patching import liger_kernel_parts, refuse_liger_kernel
+import liger_core
+from liger_core.patching import PatchReport, liger_kernel_parts, peers, refuse_liger_kernel, served_by
 
 MODELING = "probe_modeling_peers"  # the "modeling module" the toy model's classes come from
 
@@ -89,3 +90,28 @@ def test_refusal_names_the_parts_the_flag_and_the_sources(modeling):
         "(a liger_kernel.transformers call). Remove it: enable_liger_kernel is served by liger_core"
         in message
     )
+
+
+def test_served_by_names_the_versions_and_an_unused_liger_kernel(monkeypatch):
+    versions = {"liger-core-x": "1.2.3"}
+    monkeypatch.setattr(peers, "installed_version", versions.get)
+    assert served_by("use_liger_kernel", "liger-core-x") == (
+        f"use_liger_kernel is served by liger_core {liger_core.__version__} (liger-core-x 1.2.3), "
+        "not by liger-kernel"
+    )
+    versions["liger-kernel"] = "0.8.1"
+    assert served_by("enable_liger_kernel", "liger-core-y").endswith(
+        "(liger-core-y ?), not by liger-kernel; liger-kernel 0.8.1 is installed and is not applied"
+    )
+    monkeypatch.undo()
+    assert peers.installed_version("no-such-distribution-liger-core") is None
+
+
+def test_report_active_kernels_counts_swapped_and_already_patched():
+    report = PatchReport(model_type="llama")
+    assert report.active_kernels() == "none"
+    report.count("rope", 2)
+    report.count_already("rms_norm", 5)
+    report.count_already("rope", 1)
+    report.count("swiglu", 0)
+    assert report.active_kernels() == "rms_norm x5, rope x3"

@@ -1,10 +1,10 @@
 """Start-up hook: makes plain ``axolotl train`` stop on a liger_core config it would silently ignore.
 
-The plugin's wheel ships ``liger_core_axolotl_hook.pth`` (``setup.py``); Python's ``site`` module runs its one
-line, ``import liger_core_axolotl.import_hook``, at every interpreter start (``accelerate launch`` and
-torchrun children included). This module only registers the functions of ``_AFTER_IMPORT`` with liger_core's
-post-import finder (``liger_core.startup_hook``; no torch, no Axolotl import); the finder does nothing until
-one of those modules is imported, and then runs its function right after that module's code:
+The plugin's wheel ships ``liger_core_axolotl_hook.pth`` (``pyproject.toml``); Python's ``site`` module
+runs its one line, ``import liger_core_axolotl.import_hook``, at every interpreter start (``accelerate
+launch`` and torchrun children included). This module only registers the functions of ``_AFTER_IMPORT`` with
+liger_core's post-import finder (``liger_core.startup_hook``; no torch, no Axolotl import); the finder does
+nothing until one of those modules is imported, and then runs its function right after that module's code:
 
 - ``axolotl.integrations.base``: ``PluginManager.register`` raises, instead of logging and going on, when a
   plugin that looks like this one (``liger_core_axolotI.LigerCorePlugin``) fails to import;
@@ -43,18 +43,14 @@ _AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
 
 
 def install(force: bool = False) -> bool:
-    """Register the functions of ``_AFTER_IMPORT`` (idempotent; a watched module already imported gets its
-    function now); False when the hook is off by the environment (unless ``force``)."""
-    if not force and startup_hook.disabled():
-        return False
-    for name, callback in _AFTER_IMPORT.items():
-        startup_hook.when_imported(name, callback)
-    return True
+    """Register ``_AFTER_IMPORT`` (idempotent; a watched module already imported gets its function now);
+    False when the hook is off by the environment (unless ``force``)."""
+    return startup_hook.register(_AFTER_IMPORT, force=force)
 
 
 def active() -> bool:
-    """Whether this process runs the hook (its functions are registered)."""
-    return all(startup_hook.is_watched(name) for name in _AFTER_IMPORT)
+    """Whether this process runs the hook."""
+    return startup_hook.is_registered(_AFTER_IMPORT)
 
 
 install()

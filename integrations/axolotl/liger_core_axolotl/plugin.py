@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from typing import Any
 
 from axolotl.integrations.base import BasePlugin
@@ -54,40 +53,16 @@ from liger_core_axolotl.args import (
 LOG = logging.getLogger("axolotl.integrations.liger_core")
 
 
-def active_kernels(report: Any) -> str:
-    """The liger_core kernels a built model runs, from an ``apply_liger_kernel`` report: what it swapped plus
-    what it found already patched (by the class-level patch in ``pre_model_load``)."""
-    kinds = Counter(report.already)
-    kinds.update(report.swapped)
-    return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
-
-
-def installed_version(dist: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def served_by_line() -> str:
     """Which library serves ``use_liger_kernel``, and whether liger-kernel is installed beside it (unused)."""
     try:
-        import liger_core
+        from liger_core.patching import served_by
     except ImportError as err:
         raise ImportError(
             f"use_liger_kernel is served by liger_core, which cannot be imported ({err}); install it "
             f"{INSTALL_HINT}"
         ) from err
-    line = (
-        f"liger_core_axolotl: use_liger_kernel is served by liger_core {liger_core.__version__} "
-        f"(liger-core-axolotl {installed_version('liger-core-axolotl') or '?'}), not by liger-kernel"
-    )
-    other = installed_version("liger-kernel")
-    if other is not None:
-        line += f"; liger-kernel {other} is installed and is not applied"
-    return line
+    return f"liger_core_axolotl: {served_by('use_liger_kernel', 'liger-core-axolotl')}"
 
 
 # what may have applied liger-kernel to a model in an Axolotl run (liger_core's refusal names it)
@@ -301,7 +276,7 @@ class LigerCorePlugin(BasePlugin):
             "liger_core: kernels active on %s (rank %s): %s",
             type(model).__name__,
             os.getenv("RANK", "0"),
-            active_kernels(report),
+            report.active_kernels(),
         )
 
     def post_lora_load(self, cfg: Any, model: Any) -> None:

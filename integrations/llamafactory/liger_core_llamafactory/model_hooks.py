@@ -26,16 +26,14 @@ Board's running log when started from the web UI) show them; every rank logs.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import liger_core
 from liger_core.patching import PatchIncompleteError, PatchReport, UnsupportedModelError
-from liger_core.patching.peers import refuse_liger_kernel
+from liger_core.patching.peers import refuse_liger_kernel, served_by
 
 # what may have applied liger-kernel to a model in a LLaMA-Factory run (liger_core's refusal names it)
 LIGER_KERNEL_SOURCES = "e.g. liger_kernel.transformers.apply_liger_kernel_to_*"
@@ -63,37 +61,13 @@ def kernel_flags(require_logits: bool, config: Mapping[str, bool] | None = None)
     return {"fused_linear_cross_entropy": not require_logits, "cross_entropy": require_logits, **user}
 
 
-def active_kernels(report: PatchReport) -> str:
-    """Which liger_core kernels the model runs, from its patch report (swapped now or found patched)."""
-    kinds = Counter(report.already)
-    kinds.update(report.swapped)
-    return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
-
-
 _announced = False
 _flag: str | None = None  # the setting that turned liger_core on in this process (``install``'s flag)
 
 
-def installed_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def served_by_line(flag: str) -> str:
     """Which library serves the liger flag here, and whether liger-kernel is installed beside it (unused)."""
-    import liger_core
-
-    plugin = installed_version("liger-core-llamafactory") or "?"
-    line = (
-        f"liger_core_llamafactory: {flag} is served by liger_core {liger_core.__version__} "
-        f"(liger-core-llamafactory {plugin}), not by liger-kernel"
-    )
-    other = installed_version("liger-kernel")
-    if other is not None:
-        line += f"; liger-kernel {other} is installed and is not applied"
-    return line
+    return f"liger_core_llamafactory: {served_by(flag, 'liger-core-llamafactory')}"
 
 
 def announce(flag: str | None = None) -> None:
@@ -124,7 +98,7 @@ def patch_trainable_model(model: Any, require_logits: bool) -> PatchReport | Non
         return None
     (logger.warning if report.missing else logger.info)("[rank %s] %s", rank, report)
     logger.info(
-        "[rank %s] liger_core kernels active on %s: %s", rank, type(model).__name__, active_kernels(report)
+        "[rank %s] liger_core kernels active on %s: %s", rank, type(model).__name__, report.active_kernels()
     )
     return report
 
