@@ -43,6 +43,18 @@ class PatchIncompleteError(RuntimeError):
             "Fix the cause, turn those kernels off by name, or patch without strict."
         )
 
+    @classmethod
+    def one_kernel(
+        cls, owner: str, kind: str, reason: str, message: str, *, undone: bool = True
+    ) -> PatchIncompleteError:
+        """The error for one kernel a plugin finds it cannot apply: its report (``model_type`` ``owner``)
+        misses ``kind`` for ``reason``; ``message`` is the plugin's own text, which names its setting."""
+        report = PatchReport(model_type=owner)
+        report.miss(kind, reason)
+        error = cls(report, undone=undone)
+        error.args = (message,)
+        return error
+
 
 @dataclass
 class PatchReport:

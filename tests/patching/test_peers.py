@@ -115,3 +115,13 @@ def test_report_active_kernels_counts_swapped_and_already_patched():
     report.count_already("rope", 1)
     report.count("swiglu", 0)
     assert report.active_kernels() == "rms_norm x5, rope x3"
+
+
+def test_one_kernel_error_carries_the_report_and_the_plugins_message():
+    from liger_core.patching import PatchIncompleteError
+
+    error = PatchIncompleteError.one_kernel("Owner", "fused_linear_cross_entropy", "an adapter", "the text")
+    assert isinstance(error, RuntimeError) and str(error) == "the text" and error.undone
+    assert error.report.model_type == "Owner"
+    assert error.report.missing == {"fused_linear_cross_entropy": ["an adapter"]}
+    assert not PatchIncompleteError.one_kernel("O", "rope", "r", "m", undone=False).undone

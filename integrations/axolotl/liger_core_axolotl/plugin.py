@@ -79,16 +79,15 @@ def log_report(report: Any) -> None:
 def strict_failure(owner: str, kind: str, reason: str) -> Exception:
     """liger_core's ``PatchIncompleteError`` for a kernel this plugin found it cannot apply (its
     ``report.missing`` holds ``kind`` and ``reason``), with a message that names the YAML key."""
-    from liger_core.patching import PatchIncompleteError, PatchReport
+    from liger_core.patching import PatchIncompleteError
 
-    report = PatchReport(model_type=owner)
-    report.miss(kind, reason)
-    error = PatchIncompleteError(report)
-    error.args = (
+    return PatchIncompleteError.one_kernel(
+        owner,
+        kind,
+        reason,
         f"liger_core: {STRICT_KEY}: {kind} cannot be applied to {owner}: {reason}. Fix the cause, or remove "
         f"{STRICT_KEY} to train without it.",
     )
-    return error
 
 
 def adapter_on_lm_head(model: Any) -> bool:

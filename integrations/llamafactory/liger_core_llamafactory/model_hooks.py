@@ -116,14 +116,14 @@ def check_adapters(model: Any) -> None:
     kind = FLCE
     reason = "a PEFT adapter wraps lm_head, so the fused loss computes the full logits through it"
     if _kernel_config.get("strict"):
-        report = PatchReport(model_type=type(model).__name__)
-        report.miss(kind, reason)
-        error = PatchIncompleteError(report)
-        error.args = (
-            f"liger_core: liger_kernel_config strict: {kind} cannot be applied to {type(model).__name__}: "
-            f"{reason}. Fix the cause, or turn strict off to train without it.",
+        owner = type(model).__name__
+        raise PatchIncompleteError.one_kernel(
+            owner,
+            kind,
+            reason,
+            f"liger_core: liger_kernel_config strict: {kind} cannot be applied to {owner}: {reason}. Fix the "
+            "cause, or turn strict off to train without it.",
         )
-        raise error
     logger.warning(
         "[rank %s] liger_core: NOT applied on %s: %s (%s)",
         os.getenv("RANK", "0"),

@@ -52,22 +52,9 @@ def test_editable_install_has_the_pth_and_it_is_lazy():
 
 
 def test_built_wheel_ships_the_pth(tmp_path):
-    source = tmp_path / "src"
-    shutil.copytree(
-        PLUGIN_DIR, source, ignore=shutil.ignore_patterns("tests", "llamaboard_cache", "*.egg-info", "build")
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "-q",
-        "--no-deps",
-        "--no-build-isolation",
-        "-w",
-        str(tmp_path),
-        str(source),
-    ]
+    source = tmp_path / "src"  # a copy: the build leaves the checkout as it is
+    shutil.copytree(PLUGIN_DIR, source, ignore=shutil.ignore_patterns("tests", "llamaboard_cache", "build"))
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [wheel] = tmp_path.glob("liger_core_llamafactory-*.whl")
