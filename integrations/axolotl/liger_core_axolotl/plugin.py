@@ -36,7 +36,6 @@ from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
-from liger_core.patching.peers import refuse_liger_kernel
 from liger_core_axolotl.args import (
     INSTALL_HINT,
     PLUGIN_NAME,
@@ -265,6 +264,7 @@ class LigerCorePlugin(BasePlugin):
         if not cfg.use_liger_kernel:
             return
         import liger_core
+        from liger_core.patching import refuse_liger_kernel
 
         refuse_liger_kernel(model, flag="use_liger_kernel", applied_by=LIGER_KERNEL_SOURCES)
         # Idempotent: after the class-level patch it only adds what is bound per instance (rope in attention)
