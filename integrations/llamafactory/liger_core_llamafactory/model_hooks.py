@@ -32,8 +32,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import liger_core
-from liger_core.patching import PatchIncompleteError, PatchReport, UnsupportedModelError
-from liger_core.patching.peers import refuse_liger_kernel, served_by
+from liger_core.patching import (
+    PatchIncompleteError,
+    PatchReport,
+    UnsupportedModelError,
+    refuse_liger_kernel,
+    served_by,
+)
 
 # what may have applied liger-kernel to a model in a LLaMA-Factory run (liger_core's refusal names it)
 LIGER_KERNEL_SOURCES = "e.g. liger_kernel.transformers.apply_liger_kernel_to_*"
