@@ -6,6 +6,9 @@
 - What a model runs now: ``is_patched(model)``, ``patched_kinds(model)`` (kind -> count),
   ``patched_modules(model)`` (module name -> kind); ``unwrap(model)``: the Hugging Face model inside PEFT,
   DDP or ``torch.compile`` wrappers (the module those names are relative to).
+- liger-kernel beside liger_core: ``liger_kernel_parts(model)`` (what of a model comes from the liger-kernel
+  package), ``refuse_liger_kernel(model, flag=..., applied_by=...)`` (stop before patching such a model),
+  ``served_by(flag, plugin)`` (the line a plugin logs: which library serves the flag, and versions).
 - ``KernelFlags``: the kernel flags every entry point takes, and their defaults.
 - ``apply_liger_kernel_to_<model_type>(**flags)`` (one per recipe, generated from the table) and the generic
   ``apply_liger_kernel_to(model_type, **flags)``: class-level, for models built afterwards;
@@ -37,6 +40,7 @@ from liger_core.patching.instance import (
     patched_modules,
     revert,
 )
+from liger_core.patching.peers import liger_kernel_parts, refuse_liger_kernel, served_by
 from liger_core.patching.recipes import RECIPES, recipe_model_types, supported_model_types
 from liger_core.patching.report import PatchIncompleteError, PatchReport, RevertReport, UnsupportedModelError
 from liger_core.patching.swaps import unwrap
@@ -53,12 +57,15 @@ __all__ = [
     "coverage",
     "is_liger_forward",
     "is_patched",
+    "liger_kernel_parts",
     "model_coverage",
     "patched_kinds",
     "patched_modules",
     "recipe_model_types",
+    "refuse_liger_kernel",
     "revert",
     "revert_model_type",
+    "served_by",
     "supported_model_types",
     "unwrap",
 ]

@@ -43,6 +43,18 @@ class PatchIncompleteError(RuntimeError):
             "Fix the cause, turn those kernels off by name, or patch without strict."
         )
 
+    @classmethod
+    def one_kernel(
+        cls, owner: str, kind: str, reason: str, message: str, *, undone: bool = True
+    ) -> PatchIncompleteError:
+        """The error for one kernel a plugin finds it cannot apply: its report (``model_type`` ``owner``)
+        misses ``kind`` for ``reason``; ``message`` is the plugin's own text, which names its setting."""
+        report = PatchReport(model_type=owner)
+        report.miss(kind, reason)
+        error = cls(report, undone=undone)
+        error.args = (message,)
+        return error
+
 
 @dataclass
 class PatchReport:
@@ -90,6 +102,12 @@ class PatchReport:
     def kinds(self) -> set[str]:
         """Every kind the model now runs, swapped by this call or found already patched."""
         return {k for k, n in self.swapped.items() if n} | {k for k, n in self.already.items() if n}
+
+    def active_kernels(self) -> str:
+        """The kernels the model runs after this call, with their counts (swapped now plus found already
+        patched), by kind in alphabetical order: "rms_norm x5, rope x2"; "none" when there is none."""
+        total = {k: self.swapped.get(k, 0) + self.already.get(k, 0) for k in {*self.swapped, *self.already}}
+        return ", ".join(f"{kind} x{n}" for kind, n in sorted(total.items()) if n) or "none"
 
     @staticmethod
     def _fmt(counts: dict[str, int]) -> str:

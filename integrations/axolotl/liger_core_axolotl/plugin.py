@@ -16,9 +16,9 @@
   without it each is a warning.
 - ``rl:`` runs (``rl_wiring``): the layer kernels as above (policy and reference models), and
   - for the rl types whose TRL trainer has TRL's fused LM head when TRL >= 1.15 and liger-core-trl are
-    installed, ``liger_core_trl.install()`` (in ``pre_model_load``) plus ``use_liger_kernel`` in the
-    trainer's arguments (``get_training_args``): TRL's trainer then computes its per-token log-probs with
-    liger_core, and its losses and metrics from them;
+    installed, ``use_liger_kernel`` in the trainer's arguments (``get_training_args``), which the TRL
+    plugin's start-up hook serves (this plugin does not import it): TRL's trainer then computes its
+    per-token log-probs with liger_core, and its losses and metrics from them;
   - for ``rl: dpo`` / ``ipo`` / ``kto`` / ``grpo`` / ``gdpo`` on older TRL (Axolotl 0.19 pins TRL 1.9),
     ``post_trainer_create`` points the trainer's fused-loss path at liger_core's fused DPO / KTO / GRPO
     loss (``trl_dpo``, ``trl_kto``, ``trl_grpo``; the policy's logits never exist);
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from typing import Any
 
 from axolotl.integrations.base import BasePlugin
@@ -53,80 +52,22 @@ from liger_core_axolotl.args import (
 LOG = logging.getLogger("axolotl.integrations.liger_core")
 
 
-def active_kernels(report: Any) -> str:
-    """The liger_core kernels a built model runs, from an ``apply_liger_kernel`` report: what it swapped plus
-    what it found already patched (by the class-level patch in ``pre_model_load``)."""
-    kinds = Counter(report.already)
-    kinds.update(report.swapped)
-    return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
-
-
-def installed_version(dist: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def served_by_line() -> str:
     """Which library serves ``use_liger_kernel``, and whether liger-kernel is installed beside it (unused)."""
     try:
-        import liger_core
+        from liger_core.patching import served_by
     except ImportError as err:
         raise ImportError(
             f"use_liger_kernel is served by liger_core, which cannot be imported ({err}); install it "
             f"{INSTALL_HINT}"
         ) from err
-    line = (
-        f"liger_core_axolotl: use_liger_kernel is served by liger_core {liger_core.__version__} "
-        f"(liger-core-axolotl {installed_version('liger-core-axolotl') or '?'}), not by liger-kernel"
-    )
-    other = installed_version("liger-kernel")
-    if other is not None:
-        line += f"; liger-kernel {other} is installed and is not applied"
-    return line
+    return f"liger_core_axolotl: {served_by('use_liger_kernel', 'liger-core-axolotl')}"
 
 
-def liger_kernel_parts(model: Any) -> list[str]:
-    """What of ``model`` comes from the liger-kernel package: module classes, class or instance forwards, and
-    functions of the models' modeling modules (its class-level patches replace ``apply_rotary_pos_emb``)."""
-    import sys
-
-    def foreign(obj: Any) -> bool:
-        return str(getattr(obj, "__module__", None) or "").split(".")[0] == "liger_kernel"
-
-    found: list[str] = []
-    modeling_modules = set()
-    for name, module in model.named_modules():
-        cls = type(module)
-        modeling_modules.add(cls.__module__)
-        where = name or cls.__name__
-        if foreign(cls):
-            found.append(f"{where}: class {cls.__module__}.{cls.__name__}")
-        elif foreign(getattr(cls, "forward", None)):
-            found.append(f"{where}: {cls.__name__}.forward from {cls.forward.__module__}")
-        elif foreign(module.__dict__.get("forward")):
-            found.append(f"{where}: forward from {module.__dict__['forward'].__module__}")
-    for module_name in sorted(modeling_modules):
-        namespace = getattr(sys.modules.get(module_name), "__dict__", {})
-        for attr, value in namespace.items():
-            if callable(value) and not isinstance(value, type) and foreign(value):
-                found.append(f"{module_name}.{attr} from {value.__module__}")
-    return found
-
-
-def refuse_liger_kernel(model: Any) -> None:
-    """liger_core and liger-kernel never patch the same model: stop when liger-kernel's patches are in it."""
-    parts = liger_kernel_parts(model)
-    if parts:
-        raise RuntimeError(
-            f"liger_core: {type(model).__name__} already runs liger-kernel's patches ({'; '.join(parts[:6])}"
-            f"{'; ...' if len(parts) > 6 else ''}); something applied liger-kernel to this model (Axolotl's "
-            "LigerPlugin, TRL's or transformers' use_liger_kernel, a liger_kernel.transformers call). Remove "
-            "it: use_liger_kernel is served by liger_core, and the two must not patch the same model."
-        )
+# what may have applied liger-kernel to a model in an Axolotl run (liger_core's refusal names it)
+LIGER_KERNEL_SOURCES = (
+    "Axolotl's LigerPlugin, TRL's or transformers' use_liger_kernel, a liger_kernel.transformers call"
+)
 
 
 def log_report(report: Any) -> None:
@@ -137,16 +78,15 @@ def log_report(report: Any) -> None:
 def strict_failure(owner: str, kind: str, reason: str) -> Exception:
     """liger_core's ``PatchIncompleteError`` for a kernel this plugin found it cannot apply (its
     ``report.missing`` holds ``kind`` and ``reason``), with a message that names the YAML key."""
-    from liger_core.patching import PatchIncompleteError, PatchReport
+    from liger_core.patching import PatchIncompleteError
 
-    report = PatchReport(model_type=owner)
-    report.miss(kind, reason)
-    error = PatchIncompleteError(report)
-    error.args = (
+    return PatchIncompleteError.one_kernel(
+        owner,
+        kind,
+        reason,
         f"liger_core: {STRICT_KEY}: {kind} cannot be applied to {owner}: {reason}. Fix the cause, or remove "
         f"{STRICT_KEY} to train without it.",
     )
-    return error
 
 
 def adapter_on_lm_head(model: Any) -> bool:
@@ -163,27 +103,16 @@ TRL_PLUGIN_INSTALL = (
     "pip install -e integrations/trl (from a clone of liger_core; the `trl` extra of liger-core-axolotl, "
     "for an Axolotl whose TRL is >= 1.15)"
 )
-
-
-def trl_plugin() -> Any:
-    """The TRL plugin, ``liger_core_trl`` (package liger-core-trl, this plugin's optional ``trl`` extra),
-    with its hook module loaded: its ``install()`` makes TRL's fused LM head (TRL >= 1.15) compute the
-    per-token log-probs with liger_core. The one place this plugin imports it; only ``rl:`` runs on such a
-    TRL need it. ``ImportError`` naming the install command when it (or liger-core-hf, which it needs) is
-    missing."""
-    try:
-        import liger_core_trl
-        import liger_core_trl.hook  # noqa: F401  (imports liger-core-hf)
-    except ImportError as err:
-        raise ImportError(
-            f"liger-core-trl cannot be imported ({err}); it serves TRL's fused LM head in rl: runs: "
-            f"{TRL_PLUGIN_INSTALL}"
-        ) from err
-    return liger_core_trl
+# a module of TRL's that liger-core-trl's start-up hook watches (it watches every `trl.` module)
+TRL_TRAINER_MODULE = "trl.trainer.base_trainer"
 
 
 def fused_logprobs_unavailable() -> str | None:
-    """Why TRL's fused LM head cannot compute with liger_core here (None: it can)."""
+    """Why TRL's fused LM head cannot compute with liger_core here (None: it can).
+
+    The TRL plugin (liger-core-trl, this plugin's optional ``trl`` extra) serves the flag: its start-up hook,
+    run from its ``.pth`` file in every process, hooks TRL's trainers when TRL is imported. This plugin never
+    imports it; it asks ``liger_core.startup_hook`` whether that hook watches TRL in this process."""
     try:
         import trl
         import trl.trainer.utils as trl_utils
@@ -191,10 +120,15 @@ def fused_logprobs_unavailable() -> str | None:
         return f"TRL cannot be imported ({err})"
     if not hasattr(trl_utils, "add_fused_lm_head"):
         return f"TRL {trl.__version__} has no fused LM head (TRL >= 1.15 has)"
-    try:
-        trl_plugin()
-    except ImportError as err:
-        return str(err)
+    from liger_core import startup_hook
+
+    if not startup_hook.is_watched(TRL_TRAINER_MODULE):
+        if startup_hook.disabled():
+            return f"the start-up hooks are off ({startup_hook.ENV_DISABLE}), liger-core-trl's among them"
+        return (
+            "liger-core-trl, whose start-up hook serves TRL's fused LM head, is not installed (or its .pth "
+            f"was not run: python -S): {TRL_PLUGIN_INSTALL}"
+        )
     return None
 
 
@@ -286,8 +220,6 @@ class LigerCorePlugin(BasePlugin):
     def pre_model_load(self, cfg: Any) -> None:
         if not cfg.use_liger_kernel:
             return
-        if rl_type(cfg) is not None and rl_wiring(cfg)[0] == "fused_head":
-            trl_plugin().install()
         import liger_core
         from liger_core.patching import recipe_model_types, revert_model_type
 
@@ -332,8 +264,9 @@ class LigerCorePlugin(BasePlugin):
         if not cfg.use_liger_kernel:
             return
         import liger_core
+        from liger_core.patching import refuse_liger_kernel
 
-        refuse_liger_kernel(model)
+        refuse_liger_kernel(model, flag="use_liger_kernel", applied_by=LIGER_KERNEL_SOURCES)
         # Idempotent: after the class-level patch it only adds what is bound per instance (rope in attention)
         # and reports the rest as already patched; without it (fallback) it patches everything.
         report = liger_core.apply_liger_kernel(model, strict=strict(cfg), **liger_core_flags(cfg))
@@ -342,7 +275,7 @@ class LigerCorePlugin(BasePlugin):
             "liger_core: kernels active on %s (rank %s): %s",
             type(model).__name__,
             os.getenv("RANK", "0"),
-            active_kernels(report),
+            report.active_kernels(),
         )
 
     def post_lora_load(self, cfg: Any, model: Any) -> None:

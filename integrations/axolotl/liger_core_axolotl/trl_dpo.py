@@ -13,6 +13,7 @@ transformers never applies liger-kernel to the model: liger_core's layer kernels
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -131,11 +132,19 @@ class TRLDPOLoss(torch.nn.Module):
 def install(trainer: Any) -> str | None:
     """Make ``trainer`` (TRL 1.9 ``DPOTrainer``) compute its loss with liger_core; the reason it cannot (and
     is left as it is) otherwise."""
+    return install_fused_path(trainer, unsupported, lambda: {"liger_loss": TRLDPOLoss(trainer)})
+
+
+def install_fused_path(
+    trainer: Any, unsupported: Callable[[Any], str | None], attributes: Callable[[], dict[str, Any]]
+) -> str | None:
+    """``route_fused_path(trainer, **attributes())`` unless ``unsupported(trainer)`` gives a reason to leave
+    the trainer as it is; that reason (None: routed). The ``install`` of ``trl_dpo``, ``trl_kto``,
+    ``trl_grpo``."""
     reason = unsupported(trainer)
-    if reason is not None:
-        return reason
-    route_fused_path(trainer, liger_loss=TRLDPOLoss(trainer))
-    return None
+    if reason is None:
+        route_fused_path(trainer, **attributes())
+    return reason
 
 
 def route_fused_path(trainer: Any, **attributes: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from liger_core_axolotl.trl_dpo import peft_problem, route_fused_path
+from liger_core_axolotl.trl_dpo import install_fused_path, peft_problem
 
 # ratio metrics: means over sequences with sequence-level importance sampling, else over tokens (kl and
 # entropy: always tokens); TRL all-reduces each mean's sum and count
@@ -125,8 +125,6 @@ def _log(trainer: Any, mode: str, metrics: dict[str, torch.Tensor], mask: torch.
 def install(trainer: Any) -> str | None:
     """Make ``trainer`` (TRL 1.9 ``GRPOTrainer``) compute its loss with liger_core; the reason it cannot (and
     is left as it is) otherwise."""
-    reason = unsupported(trainer)
-    if reason is not None:
-        return reason
-    route_fused_path(trainer, compute_liger_loss=types.MethodType(compute_liger_loss, trainer))
-    return None
+    return install_fused_path(
+        trainer, unsupported, lambda: {"compute_liger_loss": types.MethodType(compute_liger_loss, trainer)}
+    )

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from liger_core_axolotl.trl_dpo import peft_problem, route_fused_path
+from liger_core_axolotl.trl_dpo import install_fused_path, peft_problem
 
 _NON_MODEL_KEYS = {
     "completion_mask", "KL_input_ids", "KL_attention_mask", "KL_completion_mask", "KL_token_type_ids",
@@ -123,8 +123,6 @@ def _log(trainer: Any, mode: str, metrics: dict, kl: torch.Tensor, batch: dict, 
 def install(trainer: Any) -> str | None:
     """Make ``trainer`` (TRL 1.9 ``KTOTrainer``) compute its loss with liger_core; the reason it cannot (and
     is left as it is) otherwise."""
-    reason = unsupported(trainer)
-    if reason is not None:
-        return reason
-    route_fused_path(trainer, _compute_loss_liger=types.MethodType(compute_loss_liger, trainer))
-    return None
+    return install_fused_path(
+        trainer, unsupported, lambda: {"_compute_loss_liger": types.MethodType(compute_loss_liger, trainer)}
+    )

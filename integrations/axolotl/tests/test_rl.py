@@ -165,23 +165,28 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
     assert plugin_module.LigerCorePlugin().get_training_args(sft) is None
 
 
-def test_trl_plugin_import_names_the_install_command(monkeypatch):
-    """liger-core-trl is imported in one place (``plugin.trl_plugin``): missing, the error names the install
-    command; present, it is returned with its hook module loaded."""
-    import types
-
+def test_fused_head_needs_the_trl_plugins_start_up_hook(monkeypatch):
+    """This plugin never imports liger-core-trl: TRL's fused LM head is used when TRL has one and the TRL
+    plugin's start-up hook watches TRL in this process (``liger_core.startup_hook``); otherwise the reason
+    names the install command, or the environment variable that turned the hooks off."""
+    import trl.trainer.utils as trl_utils
     from liger_core_axolotl import plugin as plugin_module
 
-    monkeypatch.setitem(sys.modules, "liger_core_trl", None)  # import then raises ImportError
-    with pytest.raises(ImportError, match=r"pip install -e integrations/trl"):
-        plugin_module.trl_plugin()
-    fake = types.ModuleType("liger_core_trl")
-    fake.__path__ = []
-    hook = types.ModuleType("liger_core_trl.hook")
-    fake.hook = hook
-    monkeypatch.setitem(sys.modules, "liger_core_trl", fake)
-    monkeypatch.setitem(sys.modules, "liger_core_trl.hook", hook)
-    assert plugin_module.trl_plugin() is fake
+    from liger_core import startup_hook
+
+    monkeypatch.setattr(trl_utils, "add_fused_lm_head", lambda *a, **k: None, raising=False)
+    monkeypatch.setattr(startup_hook, "_prefix_callbacks", {})  # no TRL plugin hook in this process
+    monkeypatch.setattr(startup_hook, "_callbacks", {})
+    monkeypatch.delenv(startup_hook.ENV_DISABLE, raising=False)
+    reason = plugin_module.fused_logprobs_unavailable()
+    assert reason is not None and "pip install -e integrations/trl" in reason, reason
+    monkeypatch.setenv(startup_hook.ENV_DISABLE, "1")
+    reason = plugin_module.fused_logprobs_unavailable()
+    assert reason is not None and startup_hook.ENV_DISABLE in reason, reason
+    monkeypatch.delenv(startup_hook.ENV_DISABLE)
+    startup_hook.when_imported("trl.", lambda module: None)  # what liger_core_trl.activation registers
+    assert plugin_module.fused_logprobs_unavailable() is None
+    assert "liger_core_trl" not in sys.modules
 
 
 def _train(config: dict, workdir) -> tuple[int, str]:

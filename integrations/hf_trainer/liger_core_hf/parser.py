@@ -124,13 +124,19 @@ def accept_json_kernel_config(parser_class: type = HfArgumentParser) -> None:
         _wrap(parser_class, "parse_dict", _parse_dict)
 
 
-def uninstall() -> None:
-    while _originals:
-        (cls, name), original = _originals.popitem()
+def restore_methods(originals: dict[tuple[type, str], Callable[..., Any] | None]) -> None:
+    """Put back, and forget, every method in ``originals`` ((class, name) -> the class's own method before it
+    was wrapped, or None when the class inherited it and the wrapper is deleted)."""
+    while originals:
+        (cls, name), original = originals.popitem()
         if original is None:
             delattr(cls, name)
         else:
             setattr(cls, name, original)
+
+
+def uninstall() -> None:
+    restore_methods(_originals)
 
 
 def is_installed() -> bool:

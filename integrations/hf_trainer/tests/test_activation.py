@@ -186,11 +186,11 @@ def test_activation_is_installed_with_the_plugin():
     pth = Path(sysconfig.get_paths()["purelib"]) / "liger_core_hf.pth"
     assert pth.read_text().strip() == (PLUGIN / "liger_core_hf.pth").read_text().strip()
     assert pth.read_text().startswith("import liger_core_hf.activation")
-    proc = run([sys.executable, "-c", "import liger_core_hf.activation as a; print(sorted(a._callbacks))"])
+    code = "import liger_core_hf.activation, liger_core.startup_hook as s; print(s.watched())"
+    proc = run([sys.executable, "-c", code])
     assert proc.stdout.split() == ["['transformers.hf_argparser',", "'transformers.trainer']"]
-    off = run([sys.executable, "-c", "import liger_core_hf.activation as a; print(a._callbacks)"],
-              LIGER_CORE_DISABLE_HOOK="1")  # fmt: skip
-    assert off.stdout.strip() == "{}"
+    off = run([sys.executable, "-c", code], LIGER_CORE_DISABLE_HOOK="1")
+    assert off.stdout.strip() == "[]"
 
 
 def test_built_wheel_carries_the_pth(tmp_path):
@@ -205,10 +205,12 @@ def test_built_wheel_carries_the_pth(tmp_path):
 
 
 def test_activation_is_cheap_and_lazy():
-    """At start-up nothing of transformers is imported; importing the argument parser alone hooks only it."""
+    """At start-up nothing of transformers, torch or Triton is imported (of liger_core, only its start-up
+    hook module); importing the argument parser alone hooks only it."""
     code = (
         "import sys\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('transformers', 'torch', 'liger_core.'))))\n"
+        "heavy = ('transformers', 'torch', 'triton', 'liger_core.')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy) and m != 'liger_core.startup_hook'))\n"
         "from transformers import HfArgumentParser\n"
         "import liger_core_hf.parser as p, liger_core_hf.activation as a\n"
         "print(p.is_installed(), 'transformers.trainer' in sys.modules, a.active())\n"

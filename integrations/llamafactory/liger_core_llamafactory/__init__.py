@@ -12,14 +12,15 @@
 
 from __future__ import annotations
 
-import os
+from liger_core import startup_hook
 
 __version__ = "0.1.0"
 
 ENV_FLAG = "LIGER_CORE_LMF"
-DISABLE_ENV = "LIGER_CORE_DISABLE_HOOK"  # set to a true value: the start-up hook installs nothing
+DISABLE_ENV = startup_hook.ENV_DISABLE  # set to a true value: the start-up hook installs nothing
 
 
 def enabled_by_environment() -> bool:
-    """False when ``LIGER_CORE_DISABLE_HOOK`` is set to a true value."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("1", "true", "yes", "on")
+    """False when ``LIGER_CORE_DISABLE_HOOK`` turns the plugins' start-up hooks off
+    (``liger_core.startup_hook.disabled``)."""
+    return not startup_hook.disabled()

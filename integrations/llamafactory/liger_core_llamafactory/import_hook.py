@@ -1,9 +1,10 @@
 """Start-up hook: makes plain ``llamafactory-cli`` (train, its torchrun workers, webui) use liger_core.
 
-The plugin's wheel ships ``liger_core_llamafactory_hook.pth`` (``setup.py``); Python's ``site`` module runs
-its line, ``import liger_core_llamafactory.import_hook``, at every interpreter start. This module only puts a
-finder on ``sys.meta_path`` (no torch, no LLaMA-Factory import); the finder does nothing until one of the
-modules in ``_AFTER_IMPORT`` is imported, and then runs its function right after that module's code:
+The plugin's wheel ships ``liger_core_llamafactory_hook.pth`` (``pyproject.toml``); Python's ``site``
+module runs its line, ``import liger_core_llamafactory.import_hook``, at every interpreter start. This module
+only registers the functions of ``_AFTER_IMPORT`` with liger_core's post-import finder
+(``liger_core.startup_hook``; no torch, no LLaMA-Factory import); the finder does nothing until one of those
+modules is imported, and then runs its function right after that module's code:
 
 - ``llamafactory``: a torchaudio that fails to import is replaced by a stub (``compat``), as ``liger-lmf``
   does, since LLaMA-Factory imports it at module level on every path;
@@ -16,11 +17,10 @@ modules in ``_AFTER_IMPORT`` is imported, and then runs its function right after
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable
+from types import ModuleType
 
-from liger_core_llamafactory import enabled_by_environment
+from liger_core import startup_hook
 
 
 def _torchaudio(module) -> None:
@@ -41,66 +41,22 @@ def _webui(module) -> None:
     webui.install()
 
 
-_AFTER_IMPORT: dict[str, Callable] = {
+_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "llamafactory": _torchaudio,
     "llamafactory.hparams.parser": _parser,
     "llamafactory.webui.interface": _webui,
 }
 
 
-class PostImportFinder:
-    """A ``sys.meta_path`` finder that finds nothing itself: for the watched module names it asks the other
-    finders for the spec and wraps that spec's loader so a function runs right after the module's code."""
-
-    def __init__(self, after_import: dict[str, Callable]) -> None:
-        self.after_import = dict(after_import)
-        self.owner = __name__
-
-    def find_spec(self, fullname, path=None, target=None):
-        callback = self.after_import.get(fullname)
-        if callback is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_then_hook(module):
-            exec_module(module)
-            self.after_import.pop(fullname, None)  # once per process
-            callback(module)
-
-        loader.exec_module = exec_then_hook  # this loader object belongs to this one spec
-        return spec
-
-
-def install(force: bool = False) -> PostImportFinder | None:
-    """Put the finder first on ``sys.meta_path`` (idempotent); None when disabled by the environment (unless
-    ``force``: ``liger-lmf``). A watched module that is already imported gets its function now."""
-    if not (force or enabled_by_environment()):
-        return None
-    for finder in sys.meta_path:
-        if getattr(finder, "owner", None) == __name__:
-            return finder
-    finder = PostImportFinder(_AFTER_IMPORT)
-    for name in list(finder.after_import):
-        if name in sys.modules:
-            finder.after_import.pop(name)(importlib.import_module(name))
-    sys.meta_path.insert(0, finder)
-    return finder
+def install(force: bool = False) -> bool:
+    """Register ``_AFTER_IMPORT`` (idempotent; a watched module already imported gets its function now);
+    False when the hook is off by the environment (unless ``force``: ``liger-lmf``)."""
+    return startup_hook.register(_AFTER_IMPORT, force=force)
 
 
 def active() -> bool:
-    """Whether this process runs the hook (the finder is on ``sys.meta_path``)."""
-    return any(getattr(f, "owner", None) == __name__ for f in sys.meta_path)
+    """Whether this process runs the hook."""
+    return startup_hook.is_registered(_AFTER_IMPORT)
 
 
 install()

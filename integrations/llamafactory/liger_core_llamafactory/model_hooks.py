@@ -26,15 +26,22 @@ Board's running log when started from the web UI) show them; every rank logs.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import liger_core
-from liger_core.patching import PatchIncompleteError, PatchReport, UnsupportedModelError
+from liger_core.patching import (
+    PatchIncompleteError,
+    PatchReport,
+    UnsupportedModelError,
+    refuse_liger_kernel,
+    served_by,
+)
+
+# what may have applied liger-kernel to a model in a LLaMA-Factory run (liger_core's refusal names it)
+LIGER_KERNEL_SOURCES = "e.g. liger_kernel.transformers.apply_liger_kernel_to_*"
 
 logger = logging.getLogger("llamafactory.liger_core")
 
@@ -59,65 +66,13 @@ def kernel_flags(require_logits: bool, config: Mapping[str, bool] | None = None)
     return {"fused_linear_cross_entropy": not require_logits, "cross_entropy": require_logits, **user}
 
 
-def active_kernels(report: PatchReport) -> str:
-    """Which liger_core kernels the model runs, from its patch report (swapped now or found patched)."""
-    kinds = Counter(report.already)
-    kinds.update(report.swapped)
-    return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()) if n) or "none"
-
-
-def liger_kernel_parts(model: Any) -> list[str]:
-    """What of ``model`` comes from the liger-kernel package: module classes, class or instance forwards, and
-    functions of the models' modeling modules (its class-level patches replace ``apply_rotary_pos_emb``)."""
-    import sys
-
-    def foreign(obj: Any) -> bool:
-        return str(getattr(obj, "__module__", None) or "").split(".")[0] == "liger_kernel"
-
-    found: list[str] = []
-    modeling_modules = set()
-    for name, module in model.named_modules():
-        cls = type(module)
-        modeling_modules.add(cls.__module__)
-        where = name or cls.__name__
-        if foreign(cls):
-            found.append(f"{where}: class {cls.__module__}.{cls.__name__}")
-        elif foreign(getattr(cls, "forward", None)):
-            found.append(f"{where}: {cls.__name__}.forward from {cls.forward.__module__}")
-        elif foreign(module.__dict__.get("forward")):
-            found.append(f"{where}: forward from {module.__dict__['forward'].__module__}")
-    for module_name in sorted(modeling_modules):
-        namespace = getattr(sys.modules.get(module_name), "__dict__", {})
-        for attr, value in namespace.items():
-            if callable(value) and not isinstance(value, type) and foreign(value):
-                found.append(f"{module_name}.{attr} from {value.__module__}")
-    return found
-
-
 _announced = False
 _flag: str | None = None  # the setting that turned liger_core on in this process (``install``'s flag)
 
 
-def installed_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def served_by_line(flag: str) -> str:
     """Which library serves the liger flag here, and whether liger-kernel is installed beside it (unused)."""
-    import liger_core
-
-    plugin = installed_version("liger-core-llamafactory") or "?"
-    line = (
-        f"liger_core_llamafactory: {flag} is served by liger_core {liger_core.__version__} "
-        f"(liger-core-llamafactory {plugin}), not by liger-kernel"
-    )
-    other = installed_version("liger-kernel")
-    if other is not None:
-        line += f"; liger-kernel {other} is installed and is not applied"
-    return line
+    return f"liger_core_llamafactory: {served_by(flag, 'liger-core-llamafactory')}"
 
 
 def announce(flag: str | None = None) -> None:
@@ -133,23 +88,11 @@ def announce(flag: str | None = None) -> None:
         logger.info("%s", served_by_line(flag))
 
 
-def refuse_liger_kernel(model: Any) -> None:
-    """liger_core and liger-kernel never patch the same model: stop when liger-kernel's patches are in it."""
-    parts = liger_kernel_parts(model)
-    if parts:
-        raise RuntimeError(
-            f"liger_core: {type(model).__name__} already runs liger-kernel's patches ({'; '.join(parts[:6])}"
-            f"{'; ...' if len(parts) > 6 else ''}); something applied liger-kernel to this model (e.g. "
-            "liger_kernel.transformers.apply_liger_kernel_to_*). Remove that call: enable_liger_kernel is "
-            "served by liger_core, and the two must not patch the same model."
-        )
-
-
 def patch_trainable_model(model: Any, require_logits: bool) -> PatchReport | None:
     """Patch the model LLaMA-Factory is about to train; its report (None: liger_core could not patch it)."""
     rank = os.getenv("RANK", "0")
     announce()
-    refuse_liger_kernel(model)
+    refuse_liger_kernel(model, flag="enable_liger_kernel", applied_by=LIGER_KERNEL_SOURCES)
     flags = kernel_flags(require_logits, _kernel_config)
     try:
         report = liger_core.apply_liger_kernel(model, **flags)
@@ -160,7 +103,7 @@ def patch_trainable_model(model: Any, require_logits: bool) -> PatchReport | Non
         return None
     (logger.warning if report.missing else logger.info)("[rank %s] %s", rank, report)
     logger.info(
-        "[rank %s] liger_core kernels active on %s: %s", rank, type(model).__name__, active_kernels(report)
+        "[rank %s] liger_core kernels active on %s: %s", rank, type(model).__name__, report.active_kernels()
     )
     return report
 
@@ -178,14 +121,14 @@ def check_adapters(model: Any) -> None:
     kind = FLCE
     reason = "a PEFT adapter wraps lm_head, so the fused loss computes the full logits through it"
     if _kernel_config.get("strict"):
-        report = PatchReport(model_type=type(model).__name__)
-        report.miss(kind, reason)
-        error = PatchIncompleteError(report)
-        error.args = (
-            f"liger_core: liger_kernel_config strict: {kind} cannot be applied to {type(model).__name__}: "
-            f"{reason}. Fix the cause, or turn strict off to train without it.",
+        owner = type(model).__name__
+        raise PatchIncompleteError.one_kernel(
+            owner,
+            kind,
+            reason,
+            f"liger_core: liger_kernel_config strict: {kind} cannot be applied to {owner}: {reason}. Fix the "
+            "cause, or turn strict off to train without it.",
         )
-        raise error
     logger.warning(
         "[rank %s] liger_core: NOT applied on %s: %s (%s)",
         os.getenv("RANK", "0"),

@@ -1,6 +1,6 @@
 """Zero-change activation for TRL: what `liger_core_trl.pth` runs at interpreter start.
 
-It registers, through liger_core_hf's post-import finder (`liger_core_hf.activation`), a callback for every
+It registers, with liger_core's post-import finder (`liger_core.startup_hook`), a callback for every
 `trl.*` module: nothing is imported at start-up. When a TRL module that defines trainers has executed
 (`trl.trainer.base_trainer`, `trl.trainer.sft_trainer`, ...), its trainer classes get the hook of
 `liger_core_trl.hook` (the flag hidden from TRL's own handling, liger_core's log-probs in TRL's fused LM
@@ -17,7 +17,10 @@ from types import ModuleType
 
 from liger_core_hf import activation as hf_activation
 
+from liger_core import startup_hook
+
 _BASE = "trl.trainer.base_trainer"
+WATCHED = "trl."  # every TRL module
 
 
 def _trainer_classes_of(module: ModuleType) -> list[type]:
@@ -41,7 +44,7 @@ def _parser_classes_of(module: ModuleType) -> list[type]:
 def _trl_module_imported(module: ModuleType) -> None:
     """Cheap for TRL's other modules: only one that defines trainers or TRL's argument parser imports the
     hook."""
-    if hf_activation.disabled():
+    if startup_hook.disabled():
         return
     trainers, parsers = _trainer_classes_of(module), _parser_classes_of(module)
     if not trainers and not parsers:
@@ -64,11 +67,12 @@ def _trl_module_imported(module: ModuleType) -> None:
             "liger_core_trl could not hook %s: use_liger_kernel is NOT served by liger_core for its trainers "
             "(set %s=1 to silence this and let TRL handle the flag)",
             module.__name__,
-            hf_activation.ENV_DISABLE,
+            startup_hook.ENV_DISABLE,
         )
 
 
 def activate() -> None:
-    if hf_activation.disabled():
+    """What `liger_core_trl.pth` runs at interpreter start: watch TRL's modules (unless the hook is off)."""
+    if startup_hook.disabled():
         return
-    hf_activation.when_imported("trl.", _trl_module_imported)
+    startup_hook.when_imported(WATCHED, _trl_module_imported)

@@ -37,6 +37,7 @@ import liger_core_hf
 import liger_core_hf.hook
 from liger_core_hf.config import parse_kernel_config
 from liger_core_hf.hook import accept_json_kernel_config, kernel_config, wants_liger
+from liger_core_hf.parser import restore_methods
 from liger_core_hf.patch import flag_in_use
 from packaging.version import Version
 
@@ -91,18 +92,17 @@ def use_liger_logprobs(args: Any, config: Any, owner: str) -> bool:
     if reason is None:
         return True
     if flags.get("strict"):
-        from liger_core.patching import PatchIncompleteError, PatchReport
+        from liger_core.patching import PatchIncompleteError
 
         kind = "fused_linear_cross_entropy"
-        report = PatchReport(model_type=owner)
-        report.miss(kind, f"TRL's own log-prob kernel is needed: {reason}")
-        error = PatchIncompleteError(report)
-        error.args = (  # the model may carry layer kernels already: not liger_core's "nothing was patched"
+        raise PatchIncompleteError.one_kernel(  # the model may carry layer kernels already: own message
+            owner,
+            kind,
+            f"TRL's own log-prob kernel is needed: {reason}",
             f"use_liger_kernel: liger_kernel_config strict: {kind} cannot be applied to {owner}: TRL's own "
             f'log-prob kernel is needed ({reason}). Fix the cause, set "{kind}": false to keep TRL\'s '
             "kernel, or turn strict off.",
         )
-        raise error
     if not getattr(args, _DECLINED, False):
         logger.warning(
             "use_liger_kernel: NOT applied: fused_linear_cross_entropy (TRL's own log-prob kernel is "
@@ -228,12 +228,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    while _originals:
-        (cls, name), original = _originals.popitem()
-        if original is None:
-            delattr(cls, name)
-        else:
-            setattr(cls, name, original)
+    restore_methods(_originals)
     liger_core_hf.uninstall()
 
 
