@@ -55,6 +55,13 @@ def floor_glu(shape: dict, s: int, mode: str) -> Floor:
     return _hbm(3 * mn * s, "3MN s") if mode == "fwd" else _hbm(8 * mn * s, "8MN s")
 
 
+def floor_unary(shape: dict, s: int, mode: str) -> Floor:
+    """An elementwise op on x of M x N.  fwd: read x; write y -> 2MN s.  bwd: read dy, x; write dx -> 3MN s.
+    fwd+bwd: 5MN s."""
+    mn = shape["M"] * shape["N"]
+    return _hbm(2 * mn * s, "2MN s") if mode == "fwd" else _hbm(5 * mn * s, "5MN s")
+
+
 def floor_rope(shape: dict, s: int, mode: str) -> Floor:
     """RoPE, q (B,Hq,T,D), k (B,Hk,T,D), cos/sin (1,T,D) each: Q = B*Hq*T*D, K = B*Hk*T*D, C = T*D.
     fwd: read q, k, cos, sin; write q', k' -> (2Q + 2K + 2C) s.  bwd: the same with dq', dk' -> dq, dk."""

@@ -18,6 +18,7 @@ from liger_core.harness.floors import (
     floor_norm,
     floor_pair_loss,
     floor_rope,
+    floor_unary,
 )
 from liger_core.harness.peers import (
     cce_linear_cross_entropy,
@@ -36,7 +37,7 @@ DEFAULT_OPS = (
     "fused_linear_cross_entropy",
     "geglu",
 )
-ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd")
+ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -94,6 +95,11 @@ def build_glu(shape: dict, dtype, device) -> Case:
     a = random_tensor(m, n, dtype=dtype, device=device, scale=2.0)
     b = random_tensor(m, n, dtype=dtype, device=device)
     return Case((a, b), (0, 1))
+
+
+def build_unary(shape: dict, dtype, device) -> Case:
+    x = random_tensor(shape["M"], shape["N"], dtype=dtype, device=device, scale=2.0)
+    return Case((x,), (0,))
 
 
 def _hf_layout(shape: torch.Size, dtype, device) -> torch.Tensor:
@@ -311,6 +317,12 @@ OPS: dict[str, OpSpec] = {
             },
             lambda s: 6 * s["BT"] * s["V"] + 2 * s["V"] * (s["Hs"] + s["Ht"]),
             liger_kernel=liger_kernel_fn("liger_fused_linear_jsd"),
+        ),
+        OpSpec(
+            "relu_squared", "ReLUSquared", build_unary, _mn, floor_unary,
+            {"default": ({"M": 16384, "N": 14336},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 6 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_relu_squared"),
         ),
     )
 }  # fmt: skip

@@ -1,5 +1,6 @@
 """nn.Module wrappers around liger_core.ops (drop-ins for the Hugging Face modules they replace)."""
 
+from liger_core.modules.activations import LigerReLUSquared
 from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIVLoss
 from liger_core.modules.losses import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
@@ -13,6 +14,7 @@ __all__ = [
     "LigerJSD",
     "LigerKLDIVLoss",
     "LigerLayerNorm",
+    "LigerReLUSquared",
     "LigerRMSNorm",
     "LigerRMSNormForGemma",
     "LigerSwiGLUMLP",

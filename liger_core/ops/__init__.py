@@ -18,6 +18,7 @@ from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
+from liger_core.ops.relu_squared import relu_squared  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
@@ -35,6 +36,7 @@ __all__ = [
     "jsd",
     "kl_div",
     "layer_norm",
+    "relu_squared",
     "rms_norm",
     "rms_norm_gated",
     "rope",

@@ -14,6 +14,7 @@ from liger_core.reference.geglu import geglu
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
 from liger_core.reference.layer_norm import layer_norm
+from liger_core.reference.relu_squared import relu_squared
 from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
 from liger_core.reference.rope import rope
@@ -28,6 +29,7 @@ __all__ = [
     "jsd",
     "kl_div",
     "layer_norm",
+    "relu_squared",
     "rms_norm",
     "rms_norm_gated",
     "rope",
