@@ -37,7 +37,7 @@ DEFAULT_OPS = (
     "fused_linear_cross_entropy",
     "geglu",
 )
-ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared")
+ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared", "tvd")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -146,6 +146,13 @@ def build_jsd(shape: dict, dtype, device) -> Case:
     student = torch.log_softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     teacher = torch.log_softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     return Case((student, teacher), (0,))
+
+
+def build_tvd(shape: dict, dtype, device) -> Case:
+    n, v = shape["N"], shape["V"]
+    p = torch.softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
+    q = torch.softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
+    return Case((p, q), (0,))  # the gradient liger-kernel gives (p only)
 
 
 def build_fljsd(shape: dict, dtype, device) -> Case:
@@ -323,6 +330,16 @@ OPS: dict[str, OpSpec] = {
             {"default": ({"M": 16384, "N": 14336},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
             lambda s: 6 * s["M"] * s["N"],
             liger_kernel=liger_kernel_fn("liger_relu_squared"),
+        ),
+        OpSpec(
+            "tvd", "TVD", build_tvd, _nv, floor_pair_loss,
+            {
+                "default": ({"N": 8192, "V": 128256},),
+                "sweep": _vocab_sweep((4096, 8191)),
+                "cpu": ({"N": 37, "V": 301},),
+            },
+            lambda s: 6 * s["N"] * s["V"],
+            liger_kernel=liger_kernel_fn("liger_tvd", reduction="batchmean"),  # its functional default: mean
         ),
     )
 }  # fmt: skip

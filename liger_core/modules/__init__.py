@@ -1,7 +1,7 @@
 """nn.Module wrappers around liger_core.ops (drop-ins for the Hugging Face modules they replace)."""
 
 from liger_core.modules.activations import LigerReLUSquared
-from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIVLoss
+from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIVLoss, LigerTVDLoss
 from liger_core.modules.losses import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
@@ -18,4 +18,5 @@ __all__ = [
     "LigerRMSNorm",
     "LigerRMSNormForGemma",
     "LigerSwiGLUMLP",
+    "LigerTVDLoss",
 ]

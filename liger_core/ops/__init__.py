@@ -23,6 +23,7 @@ from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
 from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
+from liger_core.ops.tvd import tvd  # noqa: E402
 
 __all__ = [
     "cross_entropy",
@@ -42,4 +43,5 @@ __all__ = [
     "rope",
     "swiglu",
     "swiglu_packed",
+    "tvd",
 ]

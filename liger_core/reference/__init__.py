@@ -19,6 +19,7 @@ from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
 from liger_core.reference.rope import rope
 from liger_core.reference.swiglu import swiglu
+from liger_core.reference.tvd import tvd
 
 __all__ = [
     "cross_entropy",
@@ -34,4 +35,5 @@ __all__ = [
     "rms_norm_gated",
     "rope",
     "swiglu",
+    "tvd",
 ]
