@@ -1,7 +1,13 @@
 """nn.Module wrappers around liger_core.ops (drop-ins for the Hugging Face modules they replace)."""
 
 from liger_core.modules.activations import LigerReLUSquared
-from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIVLoss, LigerTVDLoss
+from liger_core.modules.distill import (
+    LigerFusedLinearJSD,
+    LigerFusedLinearKLDiv,
+    LigerJSD,
+    LigerKLDIVLoss,
+    LigerTVDLoss,
+)
 from liger_core.modules.losses import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
@@ -10,6 +16,7 @@ __all__ = [
     "LigerCrossEntropyLoss",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
+    "LigerFusedLinearKLDiv",
     "LigerGEGLUMLP",
     "LigerJSD",
     "LigerKLDIVLoss",

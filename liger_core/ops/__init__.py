@@ -10,7 +10,7 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 # so `from liger_core.ops import swiglu` gives the function.
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
-from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div  # noqa: E402
 from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  # noqa: E402
 from liger_core.ops.fused_linear_logprobs import FusedLogProbs, fused_linear_logprobs  # noqa: E402
 from liger_core.ops.geglu import geglu  # noqa: E402
@@ -30,6 +30,7 @@ __all__ = [
     "fused_linear_cross_entropy",
     "FusedLogProbs",
     "fused_linear_jsd",
+    "fused_linear_kl_div",
     "fused_linear_logprob_loss",
     "fused_linear_logprobs",
     "geglu",

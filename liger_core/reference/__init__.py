@@ -8,7 +8,7 @@ from __future__ import annotations
 # Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
 from liger_core.reference.cross_entropy import cross_entropy
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
-from liger_core.reference.fused_linear_jsd import fused_linear_jsd
+from liger_core.reference.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
 from liger_core.reference.fused_linear_logprobs import fused_linear_logprobs
 from liger_core.reference.geglu import geglu
 from liger_core.reference.jsd import jsd
@@ -25,6 +25,7 @@ __all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
+    "fused_linear_kl_div",
     "fused_linear_logprobs",
     "geglu",
     "jsd",
