@@ -62,6 +62,12 @@ def floor_unary(shape: dict, s: int, mode: str) -> Floor:
     return _hbm(2 * mn * s, "2MN s") if mode == "fwd" else _hbm(5 * mn * s, "5MN s")
 
 
+def floor_softmax(shape: dict, s: int, mode: str) -> Floor:
+    """Row softmax on x of M x N, backward from the saved output y.  fwd: read x; write y -> 2MN s.
+    bwd: read dy, y; write dx -> 3MN s.  fwd+bwd: 5MN s (the second read of a row hits the cache)."""
+    return floor_unary(shape, s, mode)
+
+
 def floor_rope(shape: dict, s: int, mode: str) -> Floor:
     """RoPE, q (B,Hq,T,D), k (B,Hk,T,D), cos/sin (1,T,D) each: Q = B*Hq*T*D, K = B*Hk*T*D, C = T*D.
     fwd: read q, k, cos, sin; write q', k' -> (2Q + 2K + 2C) s.  bwd: the same with dq', dk' -> dq, dk."""

@@ -18,6 +18,7 @@ from liger_core.harness.floors import (
     floor_norm,
     floor_pair_loss,
     floor_rope,
+    floor_softmax,
     floor_unary,
 )
 from liger_core.harness.peers import (
@@ -37,7 +38,7 @@ DEFAULT_OPS = (
     "fused_linear_cross_entropy",
     "geglu",
 )
-ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared", "tvd")
+ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared", "tvd", "softmax")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -340,6 +341,12 @@ OPS: dict[str, OpSpec] = {
             },
             lambda s: 6 * s["N"] * s["V"],
             liger_kernel=liger_kernel_fn("liger_tvd", reduction="batchmean"),  # its functional default: mean
+        ),
+        OpSpec(
+            "softmax", "Softmax", build_unary, _mn, floor_softmax,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 6 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_softmax"),  # the last dimension, as ours by default
         ),
     )
 }  # fmt: skip

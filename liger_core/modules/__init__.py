@@ -1,6 +1,6 @@
 """nn.Module wrappers around liger_core.ops (drop-ins for the Hugging Face modules they replace)."""
 
-from liger_core.modules.activations import LigerReLUSquared
+from liger_core.modules.activations import LigerReLUSquared, LigerSoftmax
 from liger_core.modules.distill import (
     LigerFusedLinearJSD,
     LigerFusedLinearKLDiv,
@@ -24,6 +24,7 @@ __all__ = [
     "LigerReLUSquared",
     "LigerRMSNorm",
     "LigerRMSNormForGemma",
+    "LigerSoftmax",
     "LigerSwiGLUMLP",
     "LigerTVDLoss",
 ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from liger_core.dispatch import check_dim
 from liger_core.ops.relu_squared import relu_squared
+from liger_core.ops.softmax import softmax
 
 
 class LigerReLUSquared(nn.Module):
@@ -13,3 +15,18 @@ class LigerReLUSquared(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return relu_squared(x)
+
+
+class LigerSoftmax(nn.Module):
+    """``torch.nn.Softmax(dim)`` (default: the last dimension, as liger-kernel's ``LigerSoftmax``)."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        check_dim(dim, 64)  # type and sign checked here; the range when a tensor comes
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"

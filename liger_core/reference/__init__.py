@@ -18,6 +18,7 @@ from liger_core.reference.relu_squared import relu_squared
 from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
 from liger_core.reference.rope import rope
+from liger_core.reference.softmax import softmax
 from liger_core.reference.swiglu import swiglu
 from liger_core.reference.tvd import tvd
 
@@ -35,6 +36,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_gated",
     "rope",
+    "softmax",
     "swiglu",
     "tvd",
 ]
