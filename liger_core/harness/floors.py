@@ -68,6 +68,14 @@ def floor_softmax(shape: dict, s: int, mode: str) -> Floor:
     return floor_unary(shape, s, mode)
 
 
+def floor_sparsemax(shape: dict, s: int, mode: str) -> Floor:
+    """Sparsemax on x of M x N, which sorts each row (a sorted copy: write and read it once more).
+    fwd: read x; write sorted x; read it; write y -> 4MN s.  bwd: read dy, x; write dx -> 3MN s.  fwd+bwd:
+    7MN s."""
+    mn = shape["M"] * shape["N"]
+    return _hbm(4 * mn * s, "4MN s") if mode == "fwd" else _hbm(7 * mn * s, "7MN s")
+
+
 def floor_rope(shape: dict, s: int, mode: str) -> Floor:
     """RoPE, q (B,Hq,T,D), k (B,Hk,T,D), cos/sin (1,T,D) each: Q = B*Hq*T*D, K = B*Hk*T*D, C = T*D.
     fwd: read q, k, cos, sin; write q', k' -> (2Q + 2K + 2C) s.  bwd: the same with dq', dk' -> dq, dk."""

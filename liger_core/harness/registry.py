@@ -19,6 +19,7 @@ from liger_core.harness.floors import (
     floor_pair_loss,
     floor_rope,
     floor_softmax,
+    floor_sparsemax,
     floor_unary,
 )
 from liger_core.harness.peers import (
@@ -38,7 +39,7 @@ DEFAULT_OPS = (
     "fused_linear_cross_entropy",
     "geglu",
 )
-ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared", "tvd", "softmax")
+ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared", "tvd", "softmax", "sparsemax")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -347,6 +348,12 @@ OPS: dict[str, OpSpec] = {
             {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
             lambda s: 6 * s["M"] * s["N"],
             liger_kernel=liger_kernel_fn("liger_softmax"),  # the last dimension, as ours by default
+        ),
+        OpSpec(
+            "sparsemax", "Sparsemax", build_unary, _mn, floor_sparsemax,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 8 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_sparsemax"),  # dim=-1, as ours by default
         ),
     )
 }  # fmt: skip

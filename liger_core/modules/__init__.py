@@ -1,6 +1,6 @@
 """nn.Module wrappers around liger_core.ops (drop-ins for the Hugging Face modules they replace)."""
 
-from liger_core.modules.activations import LigerReLUSquared, LigerSoftmax
+from liger_core.modules.activations import LigerReLUSquared, LigerSoftmax, LigerSparsemax
 from liger_core.modules.distill import (
     LigerFusedLinearJSD,
     LigerFusedLinearKLDiv,
@@ -25,6 +25,7 @@ __all__ = [
     "LigerRMSNorm",
     "LigerRMSNormForGemma",
     "LigerSoftmax",
+    "LigerSparsemax",
     "LigerSwiGLUMLP",
     "LigerTVDLoss",
 ]

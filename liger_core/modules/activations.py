@@ -8,6 +8,7 @@ from torch import nn
 from liger_core.dispatch import check_dim
 from liger_core.ops.relu_squared import relu_squared
 from liger_core.ops.softmax import softmax
+from liger_core.ops.sparsemax import sparsemax
 
 
 class LigerReLUSquared(nn.Module):
@@ -27,6 +28,21 @@ class LigerSoftmax(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LigerSparsemax(nn.Module):
+    """Sparsemax along ``dim`` (liger-kernel's ``LigerSparsemax(dim=-1)``; ``liger_core.ops.sparsemax``)."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        check_dim(dim, 64)  # type and sign checked here; the range when a tensor comes
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sparsemax(x, self.dim)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"

@@ -23,6 +23,7 @@ from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
 from liger_core.ops.softmax import softmax  # noqa: E402
+from liger_core.ops.sparsemax import sparsemax  # noqa: E402
 from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
 from liger_core.ops.tvd import tvd  # noqa: E402
 
@@ -44,6 +45,7 @@ __all__ = [
     "rms_norm_gated",
     "rope",
     "softmax",
+    "sparsemax",
     "swiglu",
     "swiglu_packed",
     "tvd",

@@ -19,6 +19,7 @@ from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
 from liger_core.reference.rope import rope
 from liger_core.reference.softmax import softmax
+from liger_core.reference.sparsemax import sparsemax
 from liger_core.reference.swiglu import swiglu
 from liger_core.reference.tvd import tvd
 
@@ -37,6 +38,7 @@ __all__ = [
     "rms_norm_gated",
     "rope",
     "softmax",
+    "sparsemax",
     "swiglu",
     "tvd",
 ]
