@@ -27,6 +27,7 @@ from liger_core.harness.peers import (
     hf_cross_entropy,
     hf_linear_cross_entropy,
     liger_kernel_fn,
+    liger_kernel_scaled_cross_entropy,
 )
 
 # Default set, most important first (a run cut off by its time limit keeps the rows written so far)
@@ -39,7 +40,16 @@ DEFAULT_OPS = (
     "fused_linear_cross_entropy",
     "geglu",
 )
-ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd", "relu_squared", "tvd", "softmax", "sparsemax")
+ALL_OPS = DEFAULT_OPS + (
+    "kl_div",
+    "jsd",
+    "fused_linear_jsd",
+    "relu_squared",
+    "tvd",
+    "softmax",
+    "sparsemax",
+    "fused_linear_scaled_cross_entropy",
+)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -354,6 +364,17 @@ OPS: dict[str, OpSpec] = {
             {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
             lambda s: 8 * s["M"] * s["N"],
             liger_kernel=liger_kernel_fn("liger_sparsemax"),  # dim=-1, as ours by default
+        ),
+        OpSpec(
+            "fused_linear_scaled_cross_entropy", "FusedLinearScaledCE", build_flce,
+            lambda s: f"BT{s['BT']} H{s['H']} V{s['V']}", floor_flce,
+            {
+                "default": ({"BT": 8192, "H": 4096, "V": 128256},),
+                "sweep": _vocab_sweep((4096, 8191, 16384), H=4096),
+                "cpu": ({"BT": 37, "H": 64, "V": 301},),
+            },
+            lambda s: 3 * s["BT"] * s["V"] + 2 * s["V"] * s["H"] + 2 * s["BT"] * s["H"],
+            liger_kernel=liger_kernel_scaled_cross_entropy,  # per-token nll, temperature 1
         ),
     )
 }  # fmt: skip

@@ -8,7 +8,11 @@ from liger_core.modules.distill import (
     LigerKLDIVLoss,
     LigerTVDLoss,
 )
-from liger_core.modules.losses import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
+from liger_core.modules.losses import (
+    LigerCrossEntropyLoss,
+    LigerFusedLinearCrossEntropyLoss,
+    LigerFusedLinearScaledCrossEntropy,
+)
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
 
@@ -17,6 +21,7 @@ __all__ = [
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
     "LigerFusedLinearKLDiv",
+    "LigerFusedLinearScaledCrossEntropy",
     "LigerGEGLUMLP",
     "LigerJSD",
     "LigerKLDIVLoss",

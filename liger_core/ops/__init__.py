@@ -12,7 +12,11 @@ from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div  # noqa: E402
 from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  # noqa: E402
-from liger_core.ops.fused_linear_logprobs import FusedLogProbs, fused_linear_logprobs  # noqa: E402
+from liger_core.ops.fused_linear_logprobs import (  # noqa: E402
+    FusedLogProbs,
+    fused_linear_logprobs,
+    fused_linear_scaled_cross_entropy,
+)
 from liger_core.ops.geglu import geglu  # noqa: E402
 from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
@@ -35,6 +39,7 @@ __all__ = [
     "fused_linear_kl_div",
     "fused_linear_logprob_loss",
     "fused_linear_logprobs",
+    "fused_linear_scaled_cross_entropy",
     "geglu",
     "glu_down_proj",
     "jsd",

@@ -9,7 +9,10 @@ from __future__ import annotations
 from liger_core.reference.cross_entropy import cross_entropy
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
-from liger_core.reference.fused_linear_logprobs import fused_linear_logprobs
+from liger_core.reference.fused_linear_logprobs import (
+    fused_linear_logprobs,
+    fused_linear_scaled_cross_entropy,
+)
 from liger_core.reference.geglu import geglu
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
@@ -29,6 +32,7 @@ __all__ = [
     "fused_linear_jsd",
     "fused_linear_kl_div",
     "fused_linear_logprobs",
+    "fused_linear_scaled_cross_entropy",
     "geglu",
     "jsd",
     "kl_div",
