@@ -108,3 +108,22 @@ def test_softmax_bad_input():
         softmax(x, 2)
     with pytest.raises(TypeError, match="dim"):
         softmax(x, 1.0)
+
+
+def test_softmax_compiles_without_graph_break():
+    """torch.compile(fullgraph=True) traces the op (its custom ops are opaque in the graph): the same values
+    and gradients as eager."""
+    torch._dynamo.reset()
+    inputs = [torch.randn(5, 37)]
+
+    def fn(x):
+        return softmax(x, 0)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for run in (compiled, fn):
+        leaves = [leaf(t) for t in inputs]
+        y = run(*leaves)
+        grads = torch.autograd.grad(y, leaves, torch.ones_like(y))
+        if run is compiled:
+            want = (y, grads)
+    assert torch.equal(want[0], y) and all(torch.equal(a, b) for a, b in zip(want[1], grads))
