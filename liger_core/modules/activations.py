@@ -5,10 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from liger_core.dispatch import check_dim
 from liger_core.ops.relu_squared import relu_squared
 from liger_core.ops.softmax import softmax
 from liger_core.ops.sparsemax import sparsemax
+
+
+def _check_dim_type(dim: object) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
 
 
 class LigerReLUSquared(nn.Module):
@@ -23,7 +27,7 @@ class LigerSoftmax(nn.Module):
 
     def __init__(self, dim: int = -1) -> None:
         super().__init__()
-        check_dim(dim, 64)  # type and sign checked here; the range when a tensor comes
+        _check_dim_type(dim)  # its range is checked against each input
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -38,7 +42,7 @@ class LigerSparsemax(nn.Module):
 
     def __init__(self, dim: int = -1) -> None:
         super().__init__()
-        check_dim(dim, 64)  # type and sign checked here; the range when a tensor comes
+        _check_dim_type(dim)  # its range is checked against each input
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -109,8 +109,6 @@ def _tvd_bwd_kernel(
     rows, row_mask = tile_rows(n_rows, BLOCK_M)
     keep = kept_rows(labels_ptr, rows, row_mask, ignore_index, HAS_LABELS)
     cols = tl.arange(0, BLOCK_N)
-    if SCALAR_GRAD:
-        g_scalar = tl.load(g_ptr).to(COMPUTE)
     for start in range(0, n_cols, BLOCK_N):
         offsets = start + cols
         col_mask = (offsets < n_cols)[None, :]
@@ -121,7 +119,7 @@ def _tvd_bwd_kernel(
         # torch.sign: 0 at d = 0 and at NaN (what abs's backward multiplies by in eager)
         sign = tl.where(d > 0.0, 1.0, tl.where(d < 0.0, -1.0, 0.0))
         if SCALAR_GRAD:
-            g = g_scalar
+            g = tl.load(g_ptr).to(COMPUTE)  # one cached scalar
         else:
             g = tl.load(g_ptr + rows[:, None] * g_row_stride + offsets[None, :], mask=mask, other=0.0).to(
                 COMPUTE
