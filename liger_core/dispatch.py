@@ -168,3 +168,14 @@ def check_choice(name: str, value: object, choices: Iterable[object]) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {choices}")
+
+
+def check_dim(dim: object, ndim: int) -> int:
+    """``dim`` as a non-negative index into a tensor of ``ndim`` dimensions (a 0-dim tensor takes dim 0 or
+    -1, as in torch)."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    size = max(ndim, 1)
+    if not -size <= dim < size:
+        raise ValueError(f"dim={dim} is out of range for a tensor of {ndim} dimensions")
+    return dim % size

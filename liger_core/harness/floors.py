@@ -55,6 +55,27 @@ def floor_glu(shape: dict, s: int, mode: str) -> Floor:
     return _hbm(3 * mn * s, "3MN s") if mode == "fwd" else _hbm(8 * mn * s, "8MN s")
 
 
+def floor_unary(shape: dict, s: int, mode: str) -> Floor:
+    """An elementwise op on x of M x N.  fwd: read x; write y -> 2MN s.  bwd: read dy, x; write dx -> 3MN s.
+    fwd+bwd: 5MN s."""
+    mn = shape["M"] * shape["N"]
+    return _hbm(2 * mn * s, "2MN s") if mode == "fwd" else _hbm(5 * mn * s, "5MN s")
+
+
+def floor_softmax(shape: dict, s: int, mode: str) -> Floor:
+    """Row softmax on x of M x N, backward from the saved output y.  fwd: read x; write y -> 2MN s.
+    bwd: read dy, y; write dx -> 3MN s.  fwd+bwd: 5MN s (the second read of a row hits the cache)."""
+    return floor_unary(shape, s, mode)
+
+
+def floor_sparsemax(shape: dict, s: int, mode: str) -> Floor:
+    """Sparsemax on x of M x N, which sorts each row (a sorted copy: write and read it once more).
+    fwd: read x; write sorted x; read it; write y -> 4MN s.  bwd: read dy, x; write dx -> 3MN s.  fwd+bwd:
+    7MN s."""
+    mn = shape["M"] * shape["N"]
+    return _hbm(4 * mn * s, "4MN s") if mode == "fwd" else _hbm(7 * mn * s, "7MN s")
+
+
 def floor_rope(shape: dict, s: int, mode: str) -> Floor:
     """RoPE, q (B,Hq,T,D), k (B,Hk,T,D), cos/sin (1,T,D) each: Q = B*Hq*T*D, K = B*Hk*T*D, C = T*D.
     fwd: read q, k, cos, sin; write q', k' -> (2Q + 2K + 2C) s.  bwd: the same with dq', dk' -> dq, dk."""

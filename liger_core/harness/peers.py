@@ -25,6 +25,13 @@ def liger_kernel_fn(name: str, **kwargs) -> Callable:
     return call
 
 
+def liger_kernel_scaled_cross_entropy(hidden, weight, target):
+    """liger-kernel's fused linear scaled cross-entropy (per-token nll; not in its functional module)."""
+    from liger_kernel.ops import LigerFusedLinearScaledCrossEntropyFunction
+
+    return LigerFusedLinearScaledCrossEntropyFunction.apply(hidden, weight, target)  # temperature 1, -100
+
+
 def cce_linear_cross_entropy(hidden, weight, target):
     from cut_cross_entropy import linear_cross_entropy
 

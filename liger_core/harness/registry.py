@@ -18,12 +18,16 @@ from liger_core.harness.floors import (
     floor_norm,
     floor_pair_loss,
     floor_rope,
+    floor_softmax,
+    floor_sparsemax,
+    floor_unary,
 )
 from liger_core.harness.peers import (
     cce_linear_cross_entropy,
     hf_cross_entropy,
     hf_linear_cross_entropy,
     liger_kernel_fn,
+    liger_kernel_scaled_cross_entropy,
 )
 
 # Default set, most important first (a run cut off by its time limit keeps the rows written so far)
@@ -36,7 +40,16 @@ DEFAULT_OPS = (
     "fused_linear_cross_entropy",
     "geglu",
 )
-ALL_OPS = DEFAULT_OPS + ("kl_div", "jsd", "fused_linear_jsd")
+ALL_OPS = DEFAULT_OPS + (
+    "kl_div",
+    "jsd",
+    "fused_linear_jsd",
+    "relu_squared",
+    "tvd",
+    "softmax",
+    "sparsemax",
+    "fused_linear_scaled_cross_entropy",
+)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -96,6 +109,11 @@ def build_glu(shape: dict, dtype, device) -> Case:
     return Case((a, b), (0, 1))
 
 
+def build_unary(shape: dict, dtype, device) -> Case:
+    x = random_tensor(shape["M"], shape["N"], dtype=dtype, device=device, scale=2.0)
+    return Case((x,), (0,))
+
+
 def _hf_layout(shape: torch.Size, dtype, device) -> torch.Tensor:
     """(B, H, T, D) view of a contiguous (B, T, H, D) buffer: the layout HF attention hands to RoPE."""
     b, h, t, d = shape
@@ -140,6 +158,13 @@ def build_jsd(shape: dict, dtype, device) -> Case:
     student = torch.log_softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     teacher = torch.log_softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     return Case((student, teacher), (0,))
+
+
+def build_tvd(shape: dict, dtype, device) -> Case:
+    n, v = shape["N"], shape["V"]
+    p = torch.softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
+    q = torch.softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
+    return Case((p, q), (0,))  # the gradient liger-kernel gives (p only)
 
 
 def build_fljsd(shape: dict, dtype, device) -> Case:
@@ -311,6 +336,45 @@ OPS: dict[str, OpSpec] = {
             },
             lambda s: 6 * s["BT"] * s["V"] + 2 * s["V"] * (s["Hs"] + s["Ht"]),
             liger_kernel=liger_kernel_fn("liger_fused_linear_jsd"),
+        ),
+        OpSpec(
+            "relu_squared", "ReLUSquared", build_unary, _mn, floor_unary,
+            {"default": ({"M": 16384, "N": 14336},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 6 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_relu_squared"),
+        ),
+        OpSpec(
+            "tvd", "TVD", build_tvd, _nv, floor_pair_loss,
+            {
+                "default": ({"N": 8192, "V": 128256},),
+                "sweep": _vocab_sweep((4096, 8191)),
+                "cpu": ({"N": 37, "V": 301},),
+            },
+            lambda s: 6 * s["N"] * s["V"],
+            liger_kernel=liger_kernel_fn("liger_tvd", reduction="batchmean"),  # its functional default: mean
+        ),
+        OpSpec(
+            "softmax", "Softmax", build_unary, _mn, floor_softmax,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 6 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_softmax"),  # the last dimension, as ours by default
+        ),
+        OpSpec(
+            "sparsemax", "Sparsemax", build_unary, _mn, floor_sparsemax,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 8 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_sparsemax"),  # dim=-1, as ours by default
+        ),
+        OpSpec(
+            "fused_linear_scaled_cross_entropy", "FusedLinearScaledCE", build_flce,
+            lambda s: f"BT{s['BT']} H{s['H']} V{s['V']}", floor_flce,
+            {
+                "default": ({"BT": 8192, "H": 4096, "V": 128256},),
+                "sweep": _vocab_sweep((4096, 8191, 16384), H=4096),
+                "cpu": ({"BT": 37, "H": 64, "V": 301},),
+            },
+            lambda s: 3 * s["BT"] * s["V"] + 2 * s["V"] * s["H"] + 2 * s["BT"] * s["H"],
+            liger_kernel=liger_kernel_scaled_cross_entropy,  # per-token nll, temperature 1
         ),
     )
 }  # fmt: skip

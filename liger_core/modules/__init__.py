@@ -1,7 +1,18 @@
 """nn.Module wrappers around liger_core.ops (drop-ins for the Hugging Face modules they replace)."""
 
-from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIVLoss
-from liger_core.modules.losses import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
+from liger_core.modules.activations import LigerReLUSquared, LigerSoftmax, LigerSparsemax
+from liger_core.modules.distill import (
+    LigerFusedLinearJSD,
+    LigerFusedLinearKLDiv,
+    LigerJSD,
+    LigerKLDIVLoss,
+    LigerTVDLoss,
+)
+from liger_core.modules.losses import (
+    LigerCrossEntropyLoss,
+    LigerFusedLinearCrossEntropyLoss,
+    LigerFusedLinearScaledCrossEntropy,
+)
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
 
@@ -9,11 +20,17 @@ __all__ = [
     "LigerCrossEntropyLoss",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
+    "LigerFusedLinearKLDiv",
+    "LigerFusedLinearScaledCrossEntropy",
     "LigerGEGLUMLP",
     "LigerJSD",
     "LigerKLDIVLoss",
     "LigerLayerNorm",
+    "LigerReLUSquared",
     "LigerRMSNorm",
     "LigerRMSNormForGemma",
+    "LigerSoftmax",
+    "LigerSparsemax",
     "LigerSwiGLUMLP",
+    "LigerTVDLoss",
 ]

@@ -1,4 +1,5 @@
-"""Distillation losses as nn.Modules: thin wrappers around liger_core.ops.kl_div / jsd / fused_linear_jsd.
+"""Distillation losses as nn.Modules: thin wrappers around liger_core.ops.kl_div / jsd / tvd /
+fused_linear_jsd.
 
 They hold only their hyper-parameters (no parameters, no buffers), so swapping one in for an eager loss never
 changes a state_dict.
@@ -10,9 +11,10 @@ import torch
 from torch import nn
 
 from liger_core.ops._divergence_math import check_beta, check_ignore_index
-from liger_core.ops.fused_linear_jsd import fused_linear_jsd
+from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
 from liger_core.ops.jsd import jsd
 from liger_core.ops.kl_div import REDUCTIONS, kl_div
+from liger_core.ops.tvd import tvd
 
 
 class LigerKLDIVLoss(nn.Module):
@@ -86,3 +88,61 @@ class LigerFusedLinearJSD(nn.Module):
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"
+
+
+class LigerFusedLinearKLDiv(nn.Module):
+    """lm_head projections of student and teacher + KL(teacher || student) (``reverse=True``: KL(student ||
+    teacher)), chunked over tokens so that neither model's logits are materialised; an fp32 loss
+    (``liger_core.ops.fused_linear_kl_div``). The weights are passed to forward."""
+
+    def __init__(self, ignore_index: int = -100, temperature: float = 1.0, reverse: bool = False) -> None:
+        super().__init__()
+        self.ignore_index = check_ignore_index(ignore_index)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"temperature={temperature!r} must be a positive number")
+        if not isinstance(reverse, bool):
+            raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
+        self.temperature, self.reverse = float(temperature), reverse
+
+    def forward(
+        self,
+        student_hidden: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_hidden: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        shift_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return fused_linear_kl_div(
+            student_hidden,
+            student_weight,
+            teacher_hidden,
+            teacher_weight,
+            shift_labels,
+            ignore_index=self.ignore_index,
+            temperature=self.temperature,
+            reverse=self.reverse,
+        )
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, temperature={self.temperature}, reverse={self.reverse}"
+
+
+class LigerTVDLoss(nn.Module):
+    """Total variation distance ``0.5 * |p - q|`` between probabilities (liger-kernel's ``LigerTVDLoss``):
+    reduced by ``reduction`` over the rows whose ``shift_labels`` is not ``ignore_index``; an fp32 loss,
+    gradients for p and q in their dtype (``liger_core.ops.tvd``)."""
+
+    def __init__(self, reduction: str = "batchmean", ignore_index: int = -100) -> None:
+        super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction={reduction!r} is not supported; choose one of {REDUCTIONS}")
+        self.reduction = reduction
+        self.ignore_index = check_ignore_index(ignore_index)
+
+    def forward(
+        self, p: torch.Tensor, q: torch.Tensor, shift_labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return tvd(p, q, shift_labels, self.reduction, self.ignore_index)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}, ignore_index={self.ignore_index}"

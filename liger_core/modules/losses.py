@@ -16,6 +16,7 @@ from torch import nn
 from liger_core.loss_options import CrossEntropyOptions
 from liger_core.ops.cross_entropy import cross_entropy
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from liger_core.ops.fused_linear_logprobs import fused_linear_scaled_cross_entropy
 
 
 class _CrossEntropyOptionsView:
@@ -156,4 +157,31 @@ class LigerFusedLinearCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self._options_repr()}, accum_dtype={self.accum_dtype}, max_chunk_bytes={self.max_chunk_bytes}"
+        )
+
+
+class LigerFusedLinearScaledCrossEntropy(nn.Module):
+    """Per-token cross-entropy (and entropy) of ``input @ weight.T / temperature``, chunked over tokens
+    (``liger_core.ops.fused_linear_scaled_cross_entropy``); forward takes ``(input, weight, target)``."""
+
+    def __init__(self, temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = False):
+        super().__init__()
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"temperature={temperature!r} must be a positive number")
+        if not isinstance(return_entropy, bool):
+            raise TypeError(f"return_entropy must be a bool, got {type(return_entropy).__name__}")
+        self.temperature, self.ignore_index = float(temperature), ignore_index
+        self.return_entropy = return_entropy
+
+    def forward(
+        self, input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return fused_linear_scaled_cross_entropy(
+            input, weight, target, self.temperature, self.ignore_index, self.return_entropy
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature}, ignore_index={self.ignore_index}, "
+            f"return_entropy={self.return_entropy}"
         )

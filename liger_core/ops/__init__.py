@@ -10,34 +10,48 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 # so `from liger_core.ops import swiglu` gives the function.
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
-from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div  # noqa: E402
 from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  # noqa: E402
-from liger_core.ops.fused_linear_logprobs import FusedLogProbs, fused_linear_logprobs  # noqa: E402
+from liger_core.ops.fused_linear_logprobs import (  # noqa: E402
+    FusedLogProbs,
+    fused_linear_logprobs,
+    fused_linear_scaled_cross_entropy,
+)
 from liger_core.ops.geglu import geglu  # noqa: E402
 from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
+from liger_core.ops.relu_squared import relu_squared  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
+from liger_core.ops.softmax import softmax  # noqa: E402
+from liger_core.ops.sparsemax import sparsemax  # noqa: E402
 from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
+from liger_core.ops.tvd import tvd  # noqa: E402
 
 __all__ = [
     "cross_entropy",
     "fused_linear_cross_entropy",
     "FusedLogProbs",
     "fused_linear_jsd",
+    "fused_linear_kl_div",
     "fused_linear_logprob_loss",
     "fused_linear_logprobs",
+    "fused_linear_scaled_cross_entropy",
     "geglu",
     "glu_down_proj",
     "jsd",
     "kl_div",
     "layer_norm",
+    "relu_squared",
     "rms_norm",
     "rms_norm_gated",
     "rope",
+    "softmax",
+    "sparsemax",
     "swiglu",
     "swiglu_packed",
+    "tvd",
 ]

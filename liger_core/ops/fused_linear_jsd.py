@@ -487,3 +487,40 @@ def fused_linear_jsd(
         temperature,
         chunk_size,
     )
+
+
+def fused_linear_kl_div(
+    student_hidden: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    shift_labels: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    temperature: float = 1.0,
+    *,
+    reverse: bool = False,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """KL divergence between the teacher's and the student's next-token distributions, fused with both
+    lm_head projections: with ``Q = softmax(student_hidden @ student_weight^T / T)`` and ``P`` the teacher's,
+    ``KL(P || Q)`` per token (``torch.nn.functional.kl_div(log Q, log P, log_target=True)``, the forward KL
+    of distillation), or ``KL(Q || P)`` with ``reverse=True``, averaged over the rows whose ``shift_labels``
+    is not ``ignore_index``.
+
+    Exactly ``fused_linear_jsd`` with ``beta = 0`` (forward) or ``beta = 1`` (reverse): the generalised JSD
+    takes its two endpoints as the KLs by name, in the same kernel. Shapes, dtypes, gradients (student only)
+    and the no-kept-row convention are fused_linear_jsd's.
+    """
+    if not isinstance(reverse, bool):
+        raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
+    return fused_linear_jsd(
+        student_hidden,
+        student_weight,
+        teacher_hidden,
+        teacher_weight,
+        shift_labels,
+        1.0 if reverse else 0.0,
+        ignore_index,
+        temperature,
+        chunk_size=chunk_size,
+    )

@@ -422,3 +422,42 @@ def fused_linear_logprobs(
     for name, value in zip(_STATS, stats):
         fields.append(value.view(out_shape) if name in outputs else None)
     return FusedLogProbs(*fields)
+
+
+def fused_linear_scaled_cross_entropy(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cross-entropy of temperature-scaled logits, as RL trainers (PPO / GRPO policy losses) use it:
+    liger-kernel's ``LigerFusedLinearScaledCrossEntropyFunction.apply(input, weight, target, temperature,
+    ignore_index, return_entropy=...)``. With ``z = (input @ weight.T) / temperature``::
+
+        nll     = logsumexp(z) - z_target           (fp32; 0 where target == ignore_index)
+        entropy = logsumexp(z) - sum_v p_v z_v      (p = softmax(z); in input's dtype; 0 where ignored)
+
+    Returns ``nll``, or ``(nll, entropy)`` with ``return_entropy=True``, each of target's shape; both carry
+    gradients to input and weight (the entropy's too, for an entropy bonus). This is ``fused_linear_logprobs``
+    (its chunk loop: the (tokens, V) logits never exist in full) with ``outputs=("entropy",)``: nll is minus
+    its log_probs and the entropy is rounded once to input's dtype, as liger-kernel returns it. input
+    ``(..., H)`` (liger-kernel: 2-D), weight ``(V, H)``, target ``(...)`` int64.
+    """
+    if not isinstance(return_entropy, bool):
+        raise TypeError(f"return_entropy must be a bool, got {type(return_entropy).__name__}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
+    out = fused_linear_logprobs(
+        input,
+        weight,
+        target,
+        temperature=temperature,
+        ignore_index=ignore_index,
+        outputs=("log_probs", "entropy") if return_entropy else ("log_probs",),
+    )
+    nll = 0.0 - out.log_probs  # +0 (not -0) at ignored tokens
+    if not return_entropy:
+        return nll
+    return nll, out.entropy.to(input.dtype)

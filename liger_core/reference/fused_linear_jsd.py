@@ -35,3 +35,27 @@ def fused_linear_jsd(
     student_logp = torch.log_softmax(_upcast(student_logits) / temperature, dim=-1)
     teacher_logp = torch.log_softmax(_upcast(teacher_logits) / temperature, dim=-1)
     return jsd(student_logp, teacher_logp, beta=beta, ignore_index=ignore_index, shift_labels=shift_labels)
+
+
+def fused_linear_kl_div(
+    student_hidden: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    shift_labels: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    temperature: float = 1.0,
+    *,
+    reverse: bool = False,
+) -> torch.Tensor:
+    """``fused_linear_jsd`` at beta = 0 (``KL(P_teacher || Q_student)``) or, with ``reverse``, beta = 1."""
+    return fused_linear_jsd(
+        student_hidden,
+        student_weight,
+        teacher_hidden,
+        teacher_weight,
+        shift_labels,
+        1.0 if reverse else 0.0,
+        ignore_index,
+        temperature,
+    )

@@ -83,3 +83,25 @@ def fused_linear_logprobs(
         if "is_top1" in outputs:
             is_top1 = (z.argmax(-1) == target) & valid
     return FusedLogProbs(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1)
+
+
+def fused_linear_scaled_cross_entropy(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The eager composition RL trainers run (verl's / liger-kernel's fallback): logits / temperature in the
+    input's dtype, then fp32 log_softmax, the target's term and the entropy, 0 at ignored tokens."""
+    logits = (input @ weight.t()) / temperature
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    valid = target != ignore_index
+    log_probs = z.log_softmax(-1)
+    token = log_probs.gather(-1, target.masked_fill(~valid, 0).unsqueeze(-1)).squeeze(-1)
+    nll = torch.where(valid, -token, torch.zeros_like(token))
+    if not return_entropy:
+        return nll
+    entropy = torch.logsumexp(z, -1) - (z.softmax(-1) * z).sum(-1)
+    return nll, torch.where(valid, entropy, torch.zeros_like(entropy)).to(logits.dtype)
