@@ -12,7 +12,13 @@ from tiny_models import batch, tiny_model
 import liger_core
 from liger_core import tuning
 from liger_core.modules.long_context import OFFLOAD_COUNTS, offloaded_checkpoint, tiled_mlp
-from liger_core.patching import apply_liger_kernel, apply_liger_kernel_to, patched_kinds, revert, revert_model_type
+from liger_core.patching import (
+    apply_liger_kernel,
+    apply_liger_kernel_to,
+    patched_kinds,
+    revert,
+    revert_model_type,
+)
 
 ONLY = dict(rope=False, rms_norm=False, swiglu=False, geglu=False, fused_linear_cross_entropy=False)
 
@@ -22,7 +28,8 @@ def _step(model, ids, labels):
     model.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, labels=labels).loss
     loss.backward()
-    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
 
 
 def _assert_same(got, want, rtol=2e-5):
@@ -123,8 +130,9 @@ def test_tiled_mlp_function_against_float64(dtype):
     """Output, input gradient and weight gradients of a SiLU-gated MLP over 4 tiles, against float64: no
     worse than the untiled MLP in the same dtype."""
     hidden, inter, tokens = 24, 40, 29
-    ws64 = [torch.randn(inter, hidden, dtype=torch.float64) / 5, torch.randn(inter, hidden, dtype=torch.float64)]
-    ws64.append(torch.randn(hidden, inter, dtype=torch.float64) / 6)
+    f64 = torch.float64
+    ws64 = [torch.randn(inter, hidden, dtype=f64) / 5, torch.randn(inter, hidden, dtype=f64)]
+    ws64.append(torch.randn(hidden, inter, dtype=f64) / 6)
     x64 = torch.randn(2, tokens, hidden, dtype=torch.float64)
     dy64 = torch.randn(2, tokens, hidden, dtype=torch.float64)
 
