@@ -481,6 +481,8 @@ def _spawn(setup: str, provider: str, length: int, opts: dict, timeout: float) -
             return result
     tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-15:])
     status = "oom" if "OutOfMemoryError" in tail or "out of memory" in tail else "failed"
+    if proc.returncode == -9:  # SIGKILL without a result: the kernel's OOM killer (host memory)
+        status, tail = "oom", f"killed (host memory?)\n{tail}"
     return dict(base, status=status, error=f"exit code {proc.returncode}: {tail}", wall_s=wall)
 
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_no_worse_than_eager
+from helpers import assert_no_worse_than_eager, devices
 from tiny_models import batch, tiny_model
 
 import liger_core
 from liger_core import tuning
-from liger_core.modules.long_context import OFFLOAD_COUNTS, offloaded_checkpoint, tiled_mlp
+from liger_core.modules.long_context import (
+    OFFLOAD_COUNTS,
+    offloaded_checkpoint,
+    release_pinned_memory,
+    tiled_mlp,
+)
 from liger_core.patching import (
     apply_liger_kernel,
     apply_liger_kernel_to,
@@ -172,28 +177,32 @@ def _checkpointed(seed, **overrides):
     return model
 
 
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("enable_after_patch", [False, True])
-def test_offload_checkpoints_matches_and_moves_every_layer_input(enable_after_patch):
+def test_offload_checkpoints_matches_and_moves_every_layer_input(enable_after_patch, device):
     # attention dropout: the recompute must draw the forward's masks (random state restored)
-    ref = _checkpointed(9, attention_dropout=0.25)
-    ids, labels = batch(8, batch_size=2, seq_len=10)
+    ref = _checkpointed(9, attention_dropout=0.25).to(device)
+    ids, labels = (t.to(device) for t in batch(8, batch_size=2, seq_len=10))
     torch.manual_seed(123)
     want = _step(ref, ids, labels)
 
-    model = tiny_model("llama", seed=9, attention_dropout=0.25)
+    model = tiny_model("llama", seed=9, attention_dropout=0.25).to(device)
     if not enable_after_patch:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     report = apply_liger_kernel(model, offload_checkpoints=True, **ONLY)
     assert report.swapped == {"offload_checkpoints": 2}, str(report)
     if enable_after_patch:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    OFFLOAD_COUNTS.clear()
-    torch.manual_seed(123)
-    with tuning.override(checkpoint_offload_min_bytes=0):
-        got = _step(model, ids, labels)
-    assert OFFLOAD_COUNTS["offloaded"] == 2 and OFFLOAD_COUNTS["fetched"] == 2
-    assert OFFLOAD_COUNTS["prefetched"] == 2  # layer 0's input was prefetched by layer 1's backward
-    _assert_same(got, want, rtol=1e-6)
+    for step in range(2):
+        OFFLOAD_COUNTS.clear()
+        torch.manual_seed(123)
+        with tuning.override(checkpoint_offload_min_bytes=0):
+            got = _step(model, ids, labels)
+        assert OFFLOAD_COUNTS["offloaded"] == 2 and OFFLOAD_COUNTS["fetched"] == 2
+        assert OFFLOAD_COUNTS["prefetched"] == 2  # layer 0's input was prefetched by layer 1's backward
+        if device == "cuda":  # pinned host buffers: two in the first step, reused in the second
+            assert OFFLOAD_COUNTS["pinned_bytes"] == (2 * ids.numel() * 32 * 4 if step == 0 else 0)
+        _assert_same(got, want, rtol=1e-6)
 
     revert(model)  # the wrapper left in the layers calls transformers' checkpoint function again
     OFFLOAD_COUNTS.clear()
@@ -201,6 +210,8 @@ def test_offload_checkpoints_matches_and_moves_every_layer_input(enable_after_pa
     with tuning.override(checkpoint_offload_min_bytes=0):
         _assert_same(_step(model, ids, labels), want, rtol=1e-6)
     assert not OFFLOAD_COUNTS
+    if device == "cuda":
+        assert release_pinned_memory() == 2 * ids.numel() * 32 * 4
 
 
 def test_offload_checkpoints_with_frozen_embeddings_and_all_kernels():
