@@ -12,7 +12,9 @@ attention, causal without a mask, batch 1, random token ids as labels):
                 (alpha 32, no dropout) on every linear layer of the decoder (q, k, v, o, gate, up, down)
                 through peft where it is importable, else through this script's own LoRA wrapper (the
                 same math: y = base(x) + (alpha / r) * B(A(x)), A random, B zero; recorded as ``lora``);
-                fused AdamW on the adapters (fp32)
+                fused AdamW on the adapters, fp32 as peft keeps them by default (each adapted layer's input
+                is then cast to fp32 for its adapter, a tokens x hidden fp32 copy per adapted linear layer
+                saved for backward; ``--adapter-dtype bf16`` keeps adapters and inputs in bf16)
   llama3b-full  Llama-3.2-3B shape (vocab 128256, hidden 3072, 28 layers, 24 / 8 heads, intermediate 8192,
                 tied embeddings), full fine-tuning: bf16 weights, gradients and fused AdamW states
   qwen3b-full   Qwen2.5-3B shape (vocab 151936, hidden 2048, 36 layers, 16 / 2 heads, intermediate 11008,
@@ -239,57 +241,56 @@ def _config(setup: str, opts: dict):
     return config
 
 
-class _LoRALinear:
-    """LoRA on a frozen linear layer (used when peft is not importable): y = base(x) + s * B(A(x))."""
+def _builtin_lora(model, r: int, alpha: int, targets: tuple[str, ...], dtype) -> int:
+    """LoRA on the frozen linear layers named ``targets`` (when peft is not importable):
+    y = base(x) + (alpha / r) * B(A(x)), A and B in ``dtype``, the input cast to it as peft does."""
+    from torch import nn
 
-    @staticmethod
-    def wrap(model, r: int, alpha: int, targets: tuple[str, ...]) -> int:
-        import torch
-        from torch import nn
+    class LoRALinear(nn.Module):
+        def __init__(self, base: nn.Linear):
+            super().__init__()
+            self.base_layer = base
+            kw = dict(bias=False, device=base.weight.device, dtype=dtype)
+            self.lora_A = nn.Linear(base.in_features, r, **kw)
+            self.lora_B = nn.Linear(r, base.out_features, **kw)
+            nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+            nn.init.zeros_(self.lora_B.weight)
+            self.scaling = alpha / r
 
-        class LoRALinear(nn.Module):
-            def __init__(self, base: nn.Linear):
-                super().__init__()
-                self.base_layer = base
-                self.lora_A = nn.Linear(base.in_features, r, bias=False, device=base.weight.device)
-                self.lora_B = nn.Linear(r, base.out_features, bias=False, device=base.weight.device)
-                nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
-                nn.init.zeros_(self.lora_B.weight)
-                self.scaling = alpha / r
+        def forward(self, x):
+            y = self.base_layer(x)
+            return y + self.lora_B(self.lora_A(x.to(dtype))).to(y.dtype) * self.scaling
 
-            def forward(self, x):
-                y = self.base_layer(x)
-                return y + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))).to(y.dtype) * self.scaling
-
-        count = 0
-        for module in list(model.modules()):
-            for child_name, child in list(module.named_children()):
-                if child_name in targets and isinstance(child, nn.Linear):
-                    wrapped = LoRALinear(child).to(torch.float32)
-                    wrapped.base_layer.to(child.weight.dtype)
-                    setattr(module, child_name, wrapped)
-                    count += 1
-        return count
+    count = 0
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name in targets and isinstance(child, nn.Linear):
+                setattr(module, child_name, LoRALinear(child))
+                count += 1
+    return count
 
 
 def _apply_lora(model, opts: dict):
+    """LoRA (``LORA``) on the frozen model; adapters in fp32 (peft's default ``autocast_adapter_dtype``) or,
+    with ``--adapter-dtype bf16``, in the base's dtype (no fp32 copy of each adapted layer's input)."""
     import torch
 
+    dtype = torch.float32 if opts["adapter_dtype"] == "fp32" else getattr(torch, opts["dtype"])
     for p in model.parameters():
         p.requires_grad_(False)
     try:
         import peft
     except ImportError:
-        n = _LoRALinear.wrap(model, LORA["r"], LORA["alpha"], LORA["targets"])
-        return model, f"builtin ({n} layers)"
+        n = _builtin_lora(model, LORA["r"], LORA["alpha"], LORA["targets"], dtype)
+        return model, f"builtin ({n} layers, {opts['adapter_dtype']} adapters)"
     config = peft.LoraConfig(
         r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, target_modules=list(LORA["targets"])
     )
-    model = peft.get_peft_model(model, config)
+    model = peft.get_peft_model(model, config, autocast_adapter_dtype=False)
     for p in model.parameters():
-        if p.requires_grad and p.dtype != torch.float32:  # adapters in fp32, as peft's default autocast does
-            p.data = p.data.float()
-    return model, f"peft {peft.__version__}"
+        if p.requires_grad:
+            p.data = p.data.to(dtype)
+    return model, f"peft {peft.__version__} ({opts['adapter_dtype']} adapters)"
 
 
 def _liger_kernel(provider: str, model_type: str):
@@ -662,6 +663,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-minutes", type=float, default=8.0, help="wall-clock budget of the whole run")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers run (the rest as ballast)")
     parser.add_argument("--memory-gib", type=float, default=None, help="cap on the GPU memory used")
+    parser.add_argument(
+        "--adapter-dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="LoRA adapters' dtype (fp32: peft's default, which casts each adapted layer's input to fp32)",
+    )
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test of this script (tiny configs)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default results/<gpu>/)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -734,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
             environment=env,
             command=command,
             options=dict(resolution=resolution, max_length=max_length, starts=starts, layers=args.layers,
-                         memory_gib=args.memory_gib, max_minutes=args.max_minutes),
+                         memory_gib=args.memory_gib, max_minutes=args.max_minutes,
+                         adapter_dtype=args.adapter_dtype),
             searches=searches,
             files=[csv_path.name, "longest_sequence.png" if plot.endswith(".png") else plot],
         )  # fmt: skip
@@ -751,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             layers_run=layers_run,
             max_positions=max(max_length, 8192),
             memory_gib=args.memory_gib,
+            adapter_dtype=args.adapter_dtype,
         )
         share_end = time.monotonic() + (deadline - time.monotonic()) / (len(pairs) - index)
         key = f"{setup}/{provider}"
