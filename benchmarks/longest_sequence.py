@@ -42,8 +42,8 @@ resident host memory (the offloaded checkpoints live there).
 
 ``--layers K`` runs K decoder layers instead of all of them and holds the memory the other layers would hold
 (their parameters, gradients and optimizer states, and, for providers that keep checkpointed layer inputs on
-the GPU, those inputs: tokens x hidden x 2 bytes each) in a ballast tensor, on the GPU, and in pinned host
-memory for the inputs ``liger_core_long`` offloads; memory limits are then those of the full model, and the
+the GPU, those inputs: tokens x hidden x 2 bytes each) in a ballast tensor, on the GPU, and in host memory
+for the inputs ``liger_core_long`` offloads; memory limits are then those of the full model, and the
 step time is projected to all layers (``step_s_projected`` = step_s x layers / K, a slight overestimate: the
 embedding and the loss do not scale). This makes an 8B attempt at 400K tokens fit the minutes a run has (one
 full step there is ~10 minutes of attention on an H100). ``--memory-gib G`` caps the GPU memory the process
@@ -429,7 +429,7 @@ def worker(setup: str, provider: str, length: int, opts: dict) -> dict:
 
 
 def _ballast(model, provider: str, length: int, opts: dict, device):
-    """(GPU tensor, pinned host tensor or None) holding what the layers left out by ``--layers`` would
+    """(GPU tensor, host tensor or None) holding what the layers left out by ``--layers`` would
     hold: their parameters (and, if trainable, gradients and the two AdamW states, in the parameter's dtype)
     and their checkpointed inputs (tokens x hidden x 2 bytes each; in host memory for the provider that
     offloads them)."""
@@ -447,8 +447,9 @@ def _ballast(model, provider: str, length: int, opts: dict, device):
     gpu = torch.empty(gpu_bytes, dtype=torch.uint8, device=device)
     host = None
     if offloaded:
-        host = torch.empty(inputs, dtype=torch.uint8, pin_memory=device.type == "cuda")
-        host.fill_(0)  # resident, as the offloaded inputs are
+        # resident host memory of the same size (not pinned: torch's pinned allocator would round it up to a
+        # power of two, which liger_core's own pinned buffers avoid)
+        host = torch.zeros(inputs, dtype=torch.uint8)
     return gpu, host
 
 
