@@ -30,6 +30,13 @@ Knobs:
 - ``FUSE_DOWN_PROJ``: patched GLU MLPs compute the activation and the down projection in one op
   (``ops.glu_down_proj``) where ``modules.mlp.fusable_down_proj`` allows it; off: activation, then the module.
 
+- ``MLP_TILE_TOKENS``: with the ``tiled_mlp`` patch flag, MLPs run over tiles of this many tokens
+  (``modules.long_context.tiled_mlp``); inputs of at most this many tokens run untiled. The tile's
+  intermediate activations (gate, up and their product: 3 x tokens x intermediate) are the MLP's working set.
+- ``CHECKPOINT_OFFLOAD_MIN_BYTES``: with the ``offload_checkpoints`` patch flag, checkpointed layer inputs of
+  at least this many bytes are kept in host memory (``modules.long_context.offloaded_checkpoint``); smaller
+  ones stay where they are (the copy would cost more than the memory it frees).
+
 - Launch tables (``NORM_*``, ``ROPE_TILE_ELEMENTS``): tile shapes, warps and programs per SM of the
   row-normalisation and RoPE kernels, each commented below with the measurement behind it;
   ``NORM_NPOW2_RMS_NORM`` picks RMSNorm's launch policy for rows whose width is not a power of two. Tests
@@ -51,6 +58,10 @@ HEADROOM_CHUNK_BYTES = 512 * 2**20
 FAST_LAUNCH = True
 EAGER_VIA_CUSTOM_OPS = False
 FUSE_DOWN_PROJ = True
+# Llama-3.1-8B (intermediate 14336, bf16): 3 x 8192 x 14336 x 2 bytes = 0.66 GiB per tile, GEMMs of 8192 rows
+# run at full efficiency.
+MLP_TILE_TOKENS = 8192
+CHECKPOINT_OFFLOAD_MIN_BYTES = 2**20
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -153,7 +164,8 @@ ROPE_TILE_ELEMENTS = 2048
 
 KNOBS = (
     "ce_resident", "use_headroom", "headroom_chunk_bytes", "fast_launch", "eager_via_custom_ops",
-    "fuse_down_proj", "norm_fused_max_cols", "norm_bwd_fused_max_cols", "norm_chunk_cols",
+    "fuse_down_proj", "mlp_tile_tokens", "checkpoint_offload_min_bytes", "norm_fused_max_cols",
+    "norm_bwd_fused_max_cols", "norm_chunk_cols",
     "norm_tile_elements", "norm_bwd_tile_elements_layer_norm", "norm_fwd_elements_per_thread",
     "norm_bwd_elements_per_thread", "norm_bwd_programs_per_sm", "norm_bwd_programs_per_sm_layer_norm",
     "norm_bwd_prefetch", "norm_bwd_wide_rms_norm", "norm_bwd_wide_layer_norm", "norm_bwd_wide_default",

@@ -20,7 +20,8 @@
 
 Flags (``KernelFlags``; all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``moe_experts``,
 ``layer_norm``, ``cross_entropy``
-(default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``), and
+(default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``), for long
+sequences ``tiled_mlp`` and ``offload_checkpoints`` (default False; see ``KernelFlags``), and
 ``strict`` (default False): raise ``PatchIncompleteError`` when a kernel that is asked for and that the model
 could use was not applied (``PatchReport.missing`` names each with its reason; the call is undone first).
 Importing this package imports neither transformers nor Triton.

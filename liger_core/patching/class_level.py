@@ -104,23 +104,32 @@ def norm_subclass(original: type, spec: NormSpec) -> type:
     return _subclass_cache[key]
 
 
-def mlp_subclass(original: type, spec: MLPSpec, allowed: frozenset[str]) -> type:
-    """Each built MLP recognises its activation (from its config); liger runs only for allowed kinds."""
-    key = ("mlp", original, spec, allowed)
+def mlp_subclass(original: type, spec: MLPSpec, allowed: frozenset[str], tiled: bool = False) -> type:
+    """Each built MLP recognises its activation (from its config); liger runs only for allowed kinds, over
+    sequence tiles with ``tiled`` (around the kernel, or around the original forward if its kind is off)."""
+    key = ("mlp", original, spec, allowed, tiled)
     if key not in _subclass_cache:
 
         def __init__(self, *args, **kwargs):
             original.__init__(self, *args, **kwargs)
             resolved = fw.resolve_mlp(self, spec)
-            if isinstance(resolved, fw.ResolvedMLP) and resolved.kind in allowed:
+            if not isinstance(resolved, fw.ResolvedMLP):
+                return
+            kernel = resolved.kind in allowed
+            if kernel or tiled:
                 self._liger_core_mlp_spec = resolved
-                self._liger_core_kind = resolved.kind
+                self._liger_core_kind = resolved.kind if kernel else "tiled_mlp"
+            if tiled:
+                self._liger_core_tiled_inner = fw.gated_mlp_forward if kernel else original.forward
 
         def forward(self, x):
+            if getattr(self, "_liger_core_tiled_inner", None) is not None:
+                return fw.tiled_mlp_forward(self, x)
             if getattr(self, "_liger_core_mlp_spec", None) is None:
                 return original.forward(self, x)
             return fw.gated_mlp_forward(self, x)
 
+        what = f"SwiGLU/GeGLU ({sorted(allowed)})" + (", over sequence tiles" if tiled else "")
         _subclass_cache[key] = type(
             f"Liger{original.__name__}",
             (original,),
@@ -128,7 +137,7 @@ def mlp_subclass(original: type, spec: MLPSpec, allowed: frozenset[str]) -> type
                 "__init__": __init__,
                 "forward": forward,
                 "__module__": __name__,
-                "__doc__": f"{original.__name__} with liger_core SwiGLU/GeGLU ({sorted(allowed)}).",
+                "__doc__": f"{original.__name__} with liger_core {what}.",
             },
         )
     return _subclass_cache[key]
@@ -207,6 +216,8 @@ def apply_liger_kernel_to(
     layer_norm: bool = True,
     cross_entropy: bool = False,
     fused_linear_cross_entropy: bool = True,
+    tiled_mlp: bool = False,
+    offload_checkpoints: bool = False,
     strict: bool = False,
 ) -> PatchReport:
     """Class-level patching of ``model_type`` (module docstring); the report counts classes/functions.
@@ -222,6 +233,8 @@ def apply_liger_kernel_to(
         # Experts need a probe of the built module (layout, activation): instance patching of the built
         # model does it, so it is not a miss of this call (strict class-level patching must not fail on it).
         report.skip("moe_experts: experts modules are patched on the built model (apply_liger_kernel(model))")
+    if offload_checkpoints:
+        report.skip("offload_checkpoints: applied to the built model (apply_liger_kernel(model))")
     before = len(_swapped_by_type.get(model_type, []))
     mapping: dict[str, type] = {}
 
@@ -240,20 +253,24 @@ def apply_liger_kernel_to(
             report.count("rms_norm")
 
     allowed = frozenset(k for k, on in (("swiglu", swiglu), ("geglu", geglu)) if on)
-    if allowed:
+    if allowed or tiled_mlp:
         for spec in recipe.mlps:
+            kinds = [spec.activation] if spec.activation in allowed else []
+            kinds += ["tiled_mlp"] if tiled_mlp else []
             original = original_attr(module, spec.class_name)
             if original is None:
-                if spec.activation in allowed:
-                    report.miss(spec.activation, f"{recipe.module} has no {spec.class_name}")
+                for kind in kinds:
+                    report.miss(kind, f"{recipe.module} has no {spec.class_name}")
                 continue
-            replacement = mlp_subclass(original, spec, allowed)
+            replacement = mlp_subclass(original, spec, allowed, tiled_mlp)
             if getattr(module, spec.class_name) is replacement:
-                report.count_already(spec.activation)
+                for kind in kinds:
+                    report.count_already(kind)
                 continue
             _swap_module_attr(model_type, module, spec.class_name, replacement)
             mapping[spec.class_name] = replacement
-            report.count(spec.activation)
+            for kind in kinds:
+                report.count(kind)
 
     if rope and recipe.rope:
         if original_attr(module, recipe.rope) is None:

@@ -22,6 +22,16 @@ class KernelFlags:
 
     ``cross_entropy`` and ``fused_linear_cross_entropy`` replace the same loss, so they are exclusive: turning
     on ``cross_entropy`` needs ``fused_linear_cross_entropy=False`` (``ValueError`` otherwise).
+
+    Long sequences (off by default; same loss and gradients, less memory, some more time):
+
+    - ``tiled_mlp``: gated MLPs run over sequence tiles of ``tuning.MLP_TILE_TOKENS`` tokens and are
+      recomputed tile by tile in backward (``liger_core.modules.long_context.tiled_mlp``), so one tile's
+      intermediate activations exist at a time; with ``swiglu``/``geglu`` the tiles run those kernels.
+    - ``offload_checkpoints``: under gradient checkpointing, each checkpointed decoder layer's input is kept
+      in pinned host memory from its forward to its backward and prefetched back on a side stream
+      (``liger_core.modules.long_context.offloaded_checkpoint``). Built models only: class-level patching
+      leaves it to ``apply_liger_kernel(model)``.
     """
 
     rope: bool = True
@@ -32,6 +42,8 @@ class KernelFlags:
     layer_norm: bool = True
     cross_entropy: bool = False
     fused_linear_cross_entropy: bool = True
+    tiled_mlp: bool = False
+    offload_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         if self.cross_entropy and self.fused_linear_cross_entropy:

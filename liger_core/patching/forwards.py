@@ -150,6 +150,21 @@ def gated_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Te
     return down(h)
 
 
+def tiled_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's forward over sequence tiles (``liger_core.modules.long_context.tiled_mlp``): each tile
+    runs ``self._liger_core_tiled_inner(self, tile)`` (``gated_mlp_forward`` with the GLU kernels, else the
+    class's own forward). An MLP whose dropout draws random numbers runs untiled: tiles would draw other
+    masks than one call over the whole input."""
+    inner = self._liger_core_tiled_inner
+    spec = self._liger_core_mlp_spec
+    if spec.dropout is not None and _dropout_active(getattr(self, spec.dropout)):
+        return inner(self, x)
+    from liger_core.modules.long_context import tiled_mlp
+
+    params = [p for p in self.parameters() if p.requires_grad]
+    return tiled_mlp(functools.partial(inner, self), x, params)
+
+
 _ACT_PROBE_TOL = 1e-6
 
 

@@ -30,6 +30,7 @@ from liger_core.patching.experts import patch_experts
 from liger_core.patching.flags import KernelFlags
 from liger_core.patching.introspect import RewrapError, innermost_function
 from liger_core.patching.loss import patch_loss
+from liger_core.patching.offload import patch_checkpoint_offload
 from liger_core.patching.recipes import RECIPES, Recipe
 from liger_core.patching.report import (
     PatchIncompleteError,
@@ -38,7 +39,7 @@ from liger_core.patching.report import (
     logger,
     summarize_reasons,
 )
-from liger_core.patching.structural import patch_structurally
+from liger_core.patching.structural import bind_mlp, patch_structurally
 from liger_core.patching.swaps import (
     bind,
     class_forward_is,
@@ -103,17 +104,17 @@ def _patch_with_recipe(root: nn.Module, recipe: Recipe, flags: dict[str, bool], 
         elif mlp_spec is not None:
             resolved = fw.resolve_mlp(m, mlp_spec)
             if isinstance(resolved, str):
-                if flags.get(mlp_spec.activation):
-                    misses.append((mlp_spec.activation, f"{type(m).__name__}: {resolved}"))
+                for kind in (mlp_spec.activation, "tiled_mlp"):
+                    if flags.get(kind):
+                        misses.append((kind, f"{type(m).__name__}: {resolved}"))
                 continue
-            if not flags[resolved.kind]:
+            kinds = [k for k in (resolved.kind, "tiled_mlp") if flags[k]]
+            if not kinds:
                 continue
             if foreign_forward(m):
-                misses.append((resolved.kind, f"{type(m).__name__} {_FOREIGN}"))
+                misses += [(k, f"{type(m).__name__} {_FOREIGN}") for k in kinds]
                 continue
-            bind(root, m, fw.gated_mlp_forward, resolved.kind, _liger_core_mlp_spec=resolved)
-            report.count(resolved.kind)
-            report.modules[name] = resolved.kind
+            bind_mlp(root, m, resolved, flags, report, name)
         elif rope_name is not None:
             forward = type(m).forward
             inner = innermost_function(forward)
@@ -163,6 +164,8 @@ def apply_liger_kernel(
     layer_norm: bool = True,
     cross_entropy: bool = False,
     fused_linear_cross_entropy: bool = True,
+    tiled_mlp: bool = False,
+    offload_checkpoints: bool = False,
     strict: bool = False,
 ) -> PatchReport:
     """Patch a built Hugging Face model (or a PEFT/DDP/compiled wrapper of one) in place (module docstring).
@@ -195,6 +198,9 @@ def apply_liger_kernel(
     else:
         report = PatchReport(model_type=model_type, method="structural")
         patch_structurally(root, flags, report)
+    if flags["offload_checkpoints"]:
+        patch_checkpoint_offload(root, report)
+    if recipe is None:
         if not report and not any(report.already.values()) and any(flags.values()):
             error = unsupported_error(model_type)
             reasons = report.skipped + [f"{k}: {', '.join(r)}" for k, r in report.missing.items()]

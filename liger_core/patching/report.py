@@ -18,6 +18,8 @@ KINDS = (
     "rope",
     "cross_entropy",
     "fused_linear_cross_entropy",
+    "tiled_mlp",
+    "offload_checkpoints",
 )
 
 

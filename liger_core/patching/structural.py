@@ -342,6 +342,31 @@ def _verdict(probe, *args):
         return f"probe failed ({type(e).__name__}: {e})"
 
 
+def bind_mlp(
+    root: nn.Module,
+    m: nn.Module,
+    resolved: fw.ResolvedMLP,
+    flags: dict[str, bool],
+    report: PatchReport,
+    name: str,
+) -> None:
+    """Bind the MLP forward the flags ask for: the GLU kernel (``resolved.kind``), run over sequence tiles
+    with ``tiled_mlp`` (around the kernel, or around the class's own forward when the kernel is off)."""
+    kernel = flags[resolved.kind]
+    kind = resolved.kind if kernel else "tiled_mlp"
+    if flags["tiled_mlp"]:
+        inner = fw.gated_mlp_forward if kernel else type(m).forward
+        bind(
+            root, m, fw.tiled_mlp_forward, kind, _liger_core_mlp_spec=resolved, _liger_core_tiled_inner=inner
+        )
+        report.count("tiled_mlp")
+    else:
+        bind(root, m, fw.gated_mlp_forward, kind, _liger_core_mlp_spec=resolved)
+    if kernel:
+        report.count(resolved.kind)
+    report.modules[name] = kind
+
+
 def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchReport) -> None:
     """Swap what is recognised and passes its probe; report every recognised module that was not swapped."""
     gen = torch.Generator().manual_seed(0)
@@ -402,19 +427,18 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                     else:
                         misses.append(("rms_norm", f"{name}: {_reason(m, verdict)}"))
                 continue
-            if flags["swiglu"] or flags["geglu"]:
+            if flags["swiglu"] or flags["geglu"] or flags["tiled_mlp"]:
                 verdict = _verdict(_probe_mlp, m, gen)
                 if isinstance(verdict, fw.ResolvedMLP):
-                    if flags[verdict.kind]:
-                        if foreign_forward(m):
-                            misses.append((verdict.kind, f"{name}: {_reason(m, verdict)}"))
-                        else:
-                            bind(root, m, fw.gated_mlp_forward, verdict.kind, _liger_core_mlp_spec=verdict)
-                            report.count(verdict.kind)
-                            report.modules[qualname] = verdict.kind
+                    kinds = [k for k in (verdict.kind, "tiled_mlp") if flags[k]]
+                    if kinds and foreign_forward(m):
+                        misses += [(k, f"{name}: {_reason(m, verdict)}") for k in kinds]
+                    elif kinds:
+                        bind_mlp(root, m, verdict, flags, report, qualname)
                     continue
                 if verdict is not None:
-                    misses.append(("swiglu" if flags["swiglu"] else "geglu", f"gated MLP {name}: {verdict}"))
+                    asked = [k for k in ("swiglu", "geglu", "tiled_mlp") if flags[k]]
+                    misses.append((asked[0], f"gated MLP {name}: {verdict}"))
                     continue
             if flags["rope"]:
                 found = rope_global(m)

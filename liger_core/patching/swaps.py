@@ -89,6 +89,14 @@ def set_entry(root: nn.Module, module: nn.Module, attr: str, value: Any, kind: s
     swaps_of(root).append(Swap(module, attr, previous, (KIND_MARKER,)))
 
 
+def set_plain(root: nn.Module, module: nn.Module, attr: str, value: Any) -> None:
+    """Set ``module.__dict__[attr] = value`` without a kind marker (a module patched for another kind keeps
+    its marker), recording the undo on root."""
+    previous = module.__dict__.get(attr, _MISSING)
+    module.__dict__[attr] = value
+    swaps_of(root).append(Swap(module, attr, previous, ()))
+
+
 def undo(root: nn.Module, keep: int = 0) -> list[tuple[nn.Module, str | None]]:
     """Undo the swaps recorded on ``root``, newest first, down to the first ``keep`` of them; returns
     (module, kind it was marked with) for each swap undone, in the order undone."""

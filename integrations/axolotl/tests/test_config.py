@@ -44,6 +44,7 @@ def test_load_cfg_keeps_our_keys(tiny_llama, tiny_dataset, tmp_path, plugin_mana
             liger_core_rope=False,
             liger_core_layer_norm=True,
             liger_core_moe_experts=False,
+            liger_core_tiled_mlp=True,
         ),
     )
     assert PLUGIN in plugin_manager.plugins
@@ -60,6 +61,8 @@ def test_load_cfg_keeps_our_keys(tiny_llama, tiny_dataset, tmp_path, plugin_mana
         layer_norm=True,
         cross_entropy=False,
         fused_linear_cross_entropy=True,
+        tiled_mlp=True,
+        offload_checkpoints=False,
     )
 
 
