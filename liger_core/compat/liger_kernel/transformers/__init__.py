@@ -82,7 +82,13 @@ def is_transformers_available() -> bool:
 
 
 def liger_rotary_pos_emb(
-    q: Any, k: Any, cos: Any, sin: Any, position_ids: Any = None, unsqueeze_dim: int = 1, rotary_dim: Any = None
+    q: Any,
+    k: Any,
+    cos: Any,
+    sin: Any,
+    position_ids: Any = None,
+    unsqueeze_dim: int = 1,
+    rotary_dim: Any = None,
 ) -> Any:
     """Hugging Face's ``apply_rotary_pos_emb`` on liger_core's rope kernel (``functional.liger_rope``)."""
     from liger_core.compat.liger_kernel.transformers.functional import liger_rope

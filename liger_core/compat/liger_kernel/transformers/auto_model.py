@@ -56,7 +56,9 @@ class AutoLigerKernelForCausalLM:
         config = kwargs.get("config")
         if config is None or isinstance(config, str):
             source = config if isinstance(config, str) else pretrained_model_name_or_path
-            config = AutoConfig.from_pretrained(source, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+            config = AutoConfig.from_pretrained(
+                source, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs}
+            )
         flags = _split(str(config.model_type), kwargs)
         return Core.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs, **flags)
 

@@ -325,7 +325,9 @@ def _not_in_liger_core(name: str):
         raise missing(name)
 
     function.__name__ = function.__qualname__ = name
-    function.__doc__ = f"Liger-Kernel's ``{name}``: liger_core has no equivalent (raises NotImplementedError)."
+    function.__doc__ = (
+        f"Liger-Kernel's ``{name}``: liger_core has no equivalent (raises NotImplementedError)."
+    )
     return function
 
 

@@ -106,7 +106,9 @@ class LigerCrossEntropyLoss(_CoreCE):
         return_token_accuracy: bool = False,
         return_predicted_tokens: bool = False,
     ) -> None:
-        super().__init__(weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        super().__init__(
+            weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+        )
         self.return_token_accuracy = return_token_accuracy
         self.return_predicted_tokens = return_predicted_tokens
 
@@ -148,14 +150,25 @@ class LigerFusedLinearCrossEntropyLoss(_CoreFLCE):
         return_predicted_tokens: bool = False,
     ) -> None:
         super().__init__(
-            ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss, accum_dtype
+            ce_weight,
+            ignore_index,
+            reduction,
+            label_smoothing,
+            lse_square_scale,
+            softcap,
+            return_z_loss,
+            accum_dtype,
         )
         self.use_token_scaling = use_token_scaling
         self.return_token_accuracy = return_token_accuracy
         self.return_predicted_tokens = return_predicted_tokens
 
     def forward(  # type: ignore[override]
-        self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None
+        self,
+        lin_weight: torch.Tensor,
+        _input: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
     ) -> Any:
         if not (self.use_token_scaling or self.return_token_accuracy or self.return_predicted_tokens):
             return F._pack(super().forward(lin_weight, _input, target, bias), self.return_z_loss, {})

@@ -57,8 +57,14 @@ _SIGNATURES: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
     "gpt_oss": ("gpt_oss", (("rope", True), *_FLCE, ("rms_norm", True), ("swiglu", False), _MODEL)),
     "granite": (
         "granite",
-        (("rope", True), ("cross_entropy", True), ("fused_linear_cross_entropy", False), ("rms_norm", True),
-         ("swiglu", True), _MODEL),
+        (
+            ("rope", True),
+            ("cross_entropy", True),
+            ("fused_linear_cross_entropy", False),
+            ("rms_norm", True),
+            ("swiglu", True),
+            _MODEL,
+        ),
     ),  # fmt: skip
     "hunyuan_v1_dense": ("hunyuan_v1_dense", (*_LLAMA, _MODEL)),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", (*_LLAMA, _MODEL)),
@@ -189,8 +195,8 @@ def _make(suffix: str, model_type: str, params: tuple[tuple[str, Any], ...]):
 
 APPLY_FUNCTIONS: dict[str, Any] = {}
 for _suffix, (_model_type, _params) in _SIGNATURES.items():
-    APPLY_FUNCTIONS[f"apply_liger_kernel_to_{_suffix}"] = globals()[f"apply_liger_kernel_to_{_suffix}"] = _make(
-        _suffix, _model_type, _params
+    APPLY_FUNCTIONS[f"apply_liger_kernel_to_{_suffix}"] = globals()[f"apply_liger_kernel_to_{_suffix}"] = (
+        _make(_suffix, _model_type, _params)
     )
 del _suffix, _model_type, _params
 
