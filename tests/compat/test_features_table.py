@@ -71,7 +71,9 @@ def test_row_is_true(row):
         assert _exists(dotted, parameter), f"{feature}: {shown} is listed as present but does not exist"
     for dotted, parameter in lack:
         shown = f"{dotted}({parameter})" if parameter else dotted
-        assert not _exists(dotted, parameter), f"{feature}: {shown} exists now; update its row in {TABLE.name}"
+        assert not _exists(dotted, parameter), (
+            f"{feature}: {shown} exists now; update its row in {TABLE.name}"
+        )
     expected = "missing" if not have else ("yes" if not lack else "partial")
     assert status == expected, f"{feature}: status {status!r}, the names say {expected!r}"
 

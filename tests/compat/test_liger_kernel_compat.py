@@ -1,7 +1,8 @@
-"""``liger_core.compat.liger_kernel``: Liger-Kernel 0.8.5's documented API (names, parameters, defaults, return
-structures) on liger_core. The patch functions patch tiny models with the unpatched loss and gradients; the
-modules and functions give liger_core's outputs and gradients; the chunked losses return Liger-Kernel's
-``(loss, aux)`` structure with liger_core's loss; arguments Liger-Kernel does not take raise naming them."""
+"""``liger_core.compat.liger_kernel``: Liger-Kernel 0.8.5's documented API (names, parameters, defaults,
+return structures) on liger_core. The patch functions patch tiny models with the unpatched loss and
+gradients; the modules and functions give liger_core's outputs and gradients; the chunked losses return
+Liger-Kernel's ``(loss, aux)`` structure with liger_core's loss; arguments Liger-Kernel does not take raise
+naming them."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def _assert_same_step(model, reference, seed=0):
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     assert grads.keys() == ref_grads.keys()
     for name, g in grads.items():
-        torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- patching
@@ -66,7 +69,12 @@ def test_every_liger_kernel_model_has_a_patch_function_with_its_flags():
                                    "fused_linear_cross_entropy", "relu_squared"}, model  # fmt: skip
     defaults = {n: p.default for n, p in inspect.signature(T.apply_liger_kernel_to_llama).parameters.items()}
     assert defaults == dict(
-        rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=None
+        rope=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=True,
+        rms_norm=True,
+        swiglu=True,
+        model=None,
     )
     assert inspect.signature(T.apply_liger_kernel_to_granite).parameters["cross_entropy"].default is True
 
@@ -214,7 +222,13 @@ def test_cross_entropy_modules_keep_liger_kernels_argument_order_and_outputs():
     out = ours(logits, target)
     assert isinstance(out, F.CrossEntropyOutput) and out.token_accuracy is None
     loss, z = ops.cross_entropy(
-        logits, target, reduction="sum", label_smoothing=0.1, lse_square_scale=1e-3, softcap=20.0, return_z_loss=True
+        logits,
+        target,
+        reduction="sum",
+        label_smoothing=0.1,
+        lse_square_scale=1e-3,
+        softcap=20.0,
+        return_z_loss=True,
     )
     torch.testing.assert_close(out.loss, loss, rtol=0, atol=0)
     torch.testing.assert_close(out.z_loss, z, rtol=0, atol=0)
@@ -305,7 +319,11 @@ def test_ops_liger_core_may_add_are_looked_up_when_called(name, op, monkeypatch)
     receives them (so the function works once liger_core defines the op); without one, the call raises
     NotImplementedError naming the function."""
     params = list(inspect.signature(getattr(F, name)).parameters)
-    args = [object() for p in params if inspect.signature(getattr(F, name)).parameters[p].default is inspect._empty]
+    args = [
+        object()
+        for p in params
+        if inspect.signature(getattr(F, name)).parameters[p].default is inspect._empty
+    ]
     seen = {}
 
     def stand_in(*a, **kw):
@@ -345,7 +363,7 @@ def test_every_public_name_resolves():
         assert getattr(F if name in F.__all__ else C, name) is not None, name
 
 
-# ---------------------------------------------------------------------------------------------- chunked losses
+# ------------------------------------------------------------------------------------------- chunked losses
 
 
 def _pref_batch(pairs=2, seq=6, hidden=8, vocab=24):
@@ -385,7 +403,9 @@ def test_dpo_returns_liger_kernels_structure_with_liger_cores_loss():
     torch.testing.assert_close(chosen_r, 0.2 * (chosen - ref_chosen), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rejected_r, 0.2 * (rejected - ref_rejected), rtol=1e-5, atol=1e-5)
     # compute_nll_loss adds alpha times the chosen NLL that aux reports
-    with_nll = C.LigerFusedLinearDPOLoss(beta=0.2, alpha=0.5, compute_nll_loss=True)(w, x, target, None, ref_x, ref_w)
+    with_nll = C.LigerFusedLinearDPOLoss(beta=0.2, alpha=0.5, compute_nll_loss=True)(
+        w, x, target, None, ref_x, ref_w
+    )
     torch.testing.assert_close(with_nll[0], loss + 0.5 * nll, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="ref_input"):
         dpo(w, x, target)
@@ -429,7 +449,9 @@ def test_kto_structure_and_loss():
     assert len(aux) == 6 and all(a.dim() == 0 for a in aux)
     want = fused_linear_kto_loss(x, w, target, labels, ref_logps=torch.zeros(4), beta=0.1)[0]
     torch.testing.assert_close(loss, want, rtol=0, atol=0)
-    torch.testing.assert_close(aux[4], 0.1 * aux[0], rtol=1e-5, atol=1e-6)  # no reference: rewards = beta logps
+    torch.testing.assert_close(
+        aux[4], 0.1 * aux[0], rtol=1e-5, atol=1e-6
+    )  # no reference: rewards = beta logps
     with pytest.raises(ValueError, match="preference_labels"):
         C.LigerFusedLinearKTOLoss()(x, w, target)
 

@@ -1,10 +1,10 @@
 """Liger-Kernel 0.8.5's ``liger_kernel.chunked_loss`` classes, backed by ``liger_core.losses``.
 
-Constructor parameters, ``forward`` argument order and the ``(loss, aux)`` return structure are Liger-Kernel's;
-the loss and its gradients are liger_core's (the formulas of TRL's trainers on per-token log-probs from
-``liger_core.ops.fused_linear_logprobs``, logits never materialised). ``compiled`` and ``chunk_size`` (Liger-
-Kernel's ``torch.compile`` switch and rows-per-chunk) are accepted and unused: liger_core runs Triton kernels
-and sizes its own chunks.
+Constructor parameters, ``forward`` argument order and the ``(loss, aux)`` return structure are
+Liger-Kernel's; the loss and its gradients are liger_core's (the formulas of TRL's trainers on per-token
+log-probs from ``liger_core.ops.fused_linear_logprobs``, logits never materialised). ``compiled`` and
+``chunk_size`` (Liger-Kernel's ``torch.compile`` switch and rows-per-chunk) are accepted and unused:
+liger_core runs Triton kernels and sizes its own chunks.
 
 Paired preference losses (DPO, ORPO, CPO, SimPO): ``_input (2B, T, H)`` with the chosen rows first, ``target
 (2B, T)`` aligned with it (positions equal to ``ignore_index`` masked). ``aux`` is ``(chosen_logps,
@@ -51,7 +51,8 @@ def _sequence_stats(
 def _check_ref(use_ref_model: bool, ref_input: Any, ref_weight: Any, precomputed: Any = None) -> None:
     if use_ref_model and precomputed is None and (ref_input is None or ref_weight is None):
         raise ValueError(
-            "use_ref_model=True needs ref_input and ref_weight (the reference model's hidden states and lm_head)"
+            "use_ref_model=True needs ref_input and ref_weight "
+            "(the reference model's hidden states and lm_head)"
         )
 
 
@@ -268,8 +269,8 @@ class LigerFusedLinearCPOLoss(_PairedBase):
 
 
 class LigerFusedLinearSimPOLoss(LigerFusedLinearCPOLoss):
-    """SimPO (``liger_core.losses.fused_linear_simpo_loss``): average log-probs, margin ``gamma``: ``-(1 - eps)
-    log sig(beta d - gamma) - eps log sig(gamma - beta d)`` plus ``alpha`` times the chosen NLL
+    """SimPO (``liger_core.losses.fused_linear_simpo_loss``): average log-probs, margin ``gamma``:
+    ``-(1 - eps) log sig(beta d - gamma) - eps log sig(gamma - beta d)`` plus ``alpha`` times the chosen NLL
     (``compute_nll_loss``). Rewards: ``beta * average logps``."""
 
     def __init__(

@@ -57,9 +57,9 @@ _MODEL_TYPES = (
     "deepseek_v2", "deepseek_v3", "deepseek_v4", "exaone4", "falcon_h1", "gemma", "gemma2", "gemma3",
     "gemma3_text", "gemma4", "gemma4_text", "glm4", "glm4v", "glm4v_moe", "gpt_oss", "granite",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "internvl", "llama", "llama4", "llava", "ministral", "mistral",
-    "mixtral", "mllama", "muse_glimmer", "nemotron", "olmo2", "olmo3", "paligemma", "phi3", "pixtral", "qwen2",
-    "qwen2_5_vl", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
-    "qwen3_vl_moe", "smollm3", "smolvlm",
+    "mixtral", "mllama", "muse_glimmer", "nemotron", "olmo2", "olmo3", "paligemma", "phi3", "pixtral",
+    "qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+    "qwen3_vl", "qwen3_vl_moe", "smollm3", "smolvlm",
 )  # fmt: skip
 _PATCH_FUNCTIONS = (
     "_apply_liger_kernel",

@@ -195,7 +195,8 @@ def liger_jsd(
     beta: float = 0.5,
     ignore_index: int = -100,
 ) -> torch.Tensor:
-    """Generalised JSD of student log-probs ``input`` and teacher log-probs ``target`` (``liger_core.ops.jsd``)."""
+    """Generalised JSD of student log-probs ``input`` and teacher log-probs ``target``
+    (``liger_core.ops.jsd``)."""
     return _ops().jsd(input, target, beta=beta, ignore_index=ignore_index, shift_labels=shift_labels)
 
 

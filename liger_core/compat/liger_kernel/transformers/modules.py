@@ -15,10 +15,10 @@ from torch import nn
 
 from liger_core.compat.liger_kernel._lazy import liger_core_name, missing
 from liger_core.compat.liger_kernel.transformers import functional as F
-from liger_core.modules import LigerGEGLUMLP, LigerJSD, LigerSwiGLUMLP
 from liger_core.modules import LigerCrossEntropyLoss as _CoreCE
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss as _CoreFLCE
 from liger_core.modules import LigerFusedLinearJSD as _CoreFLJSD
+from liger_core.modules import LigerGEGLUMLP, LigerJSD, LigerSwiGLUMLP
 from liger_core.modules import LigerKLDIVLoss as _CoreKL
 from liger_core.modules import LigerLayerNorm as _CoreLayerNorm
 from liger_core.modules import LigerRMSNorm as _CoreRMSNorm
@@ -217,7 +217,8 @@ class LigerFusedLinearJSD(_CoreFLJSD):
 
 
 class LigerQwen3MoeSwiGLUMLP(LigerSwiGLUMLP):
-    """SwiGLU MLP of a Qwen3-MoE expert: ``intermediate_size`` defaults to ``config.moe_intermediate_size``."""
+    """SwiGLU MLP of a Qwen3-MoE expert; ``intermediate_size`` defaults to
+    ``config.moe_intermediate_size``."""
 
     def __init__(self, config: Any, intermediate_size: int | None = None) -> None:
         size = intermediate_size if intermediate_size is not None else config.moe_intermediate_size
@@ -242,7 +243,8 @@ class LigerPhi3SwiGLUMLP(nn.Module):
 
 
 class LigerBlockSparseTop2MLP(nn.Module):
-    """The expert MLP of the ``w1/w2/w3`` Mixtral layout: ``w2(silu(w1 x) * w3 x)`` (``liger_core.ops.swiglu``)."""
+    """The expert MLP of the ``w1/w2/w3`` Mixtral layout: ``w2(silu(w1 x) * w3 x)``
+    (``liger_core.ops.swiglu``)."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -264,7 +266,7 @@ def _deferred(name: str) -> type:
     def __new__(cls, *args: Any, **kwargs: Any) -> nn.Module:
         return liger_core_name("modules", name, name)(*args, **kwargs)
 
-    doc = f"Liger-Kernel's ``{name}``: builds ``liger_core.modules.{name}`` (NotImplementedError until it exists)."
+    doc = f"Liger-Kernel's ``{name}``: builds ``liger_core.modules.{name}`` (NotImplementedError until then)."
     return type(name, (nn.Module,), {"__new__": __new__, "__doc__": doc, "__module__": __name__})
 
 

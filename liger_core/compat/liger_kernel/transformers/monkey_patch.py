@@ -3,15 +3,16 @@
 
 Each function has Liger-Kernel 0.8.5's parameters and defaults (``_SIGNATURES``). Its flags map onto
 ``liger_core.patching.KernelFlags``: ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``layer_norm``,
-``cross_entropy``, ``fused_linear_cross_entropy`` by name; ``swiglu`` also drives ``moe_experts`` (Liger-Kernel
-patches the experts' SwiGLU with the same flag); a flag the function does not take is off, as Liger-Kernel
-leaves those modules alone.
+``cross_entropy``, ``fused_linear_cross_entropy`` by name; ``swiglu`` also drives ``moe_experts``
+(Liger-Kernel patches the experts' SwiGLU with the same flag); a flag the function does not take is off, as
+Liger-Kernel leaves those modules alone.
 
 - ``model=<built model>``: that model is patched in place (``liger_core.apply_liger_kernel``; exact recipe for
   the types liger_core has one for, numerically self-checked structural patching otherwise).
-- ``model=None``: class-level patching of models built afterwards (``liger_core.patching.apply_liger_kernel_to``)
-  for the types with a liger_core recipe (``liger_core.patching.recipe_model_types()``); for the other types
-  ``NotImplementedError`` says to pass ``model=``.
+- ``model=None``: class-level patching of models built afterwards
+  (``liger_core.patching.apply_liger_kernel_to``) for the types with a liger_core recipe
+  (``liger_core.patching.recipe_model_types()``); for the other types ``NotImplementedError`` says to pass
+  ``model=``.
 
 The functions return liger_core's ``PatchReport`` (Liger-Kernel returns None): what was patched and, by name,
 what was not and why.
@@ -125,7 +126,7 @@ MODEL_TYPE_TO_FUNCTION: dict[str, str] = {
 
 # Flags Liger-Kernel's functions take that map onto a KernelFlags field of the same name.
 _MAPPED = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm", "cross_entropy", "fused_linear_cross_entropy")
-# Every flag any of the functions takes (``_apply_liger_kernel*`` drop these where a model does not take them).
+# Every flag any of the functions takes (``_apply_liger_kernel*`` drop those a model's function lacks).
 KNOWN_FLAGS: frozenset[str] = frozenset(
     name for _, params in _SIGNATURES.values() for name, _ in params if name not in ("model", "**")
 )
