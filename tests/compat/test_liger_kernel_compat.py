@@ -208,7 +208,14 @@ def test_mlp_modules():
     torch.testing.assert_close(block(x), expected, rtol=1e-5, atol=1e-6)
 
     llama = tiny_config("llama")
-    assert T.LigerSwiGLUMLP is core_modules.LigerSwiGLUMLP and T.LigerGEGLUMLP is core_modules.LigerGEGLUMLP
+    x = torch.randn(3, llama.hidden_size)
+    for ours_cls, core_cls, config in (
+        (T.LigerSwiGLUMLP, core_modules.LigerSwiGLUMLP, llama),
+        (T.LigerGEGLUMLP, core_modules.LigerGEGLUMLP, tiny_config("gemma")),
+    ):
+        ours, core = ours_cls(config=config), core_cls(config)
+        core.load_state_dict(ours.state_dict())
+        _same_forward_backward(ours, core, x)
     moe = T.LigerQwen3MoeSwiGLUMLP(tiny_config("qwen3_moe"))
     assert moe.gate_proj.out_features == tiny_config("qwen3_moe").moe_intermediate_size
     assert T.LigerQwen3MoeSwiGLUMLP(llama, intermediate_size=8).up_proj.out_features == 8

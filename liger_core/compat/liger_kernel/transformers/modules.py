@@ -18,10 +18,12 @@ from liger_core.compat.liger_kernel.transformers import functional as F
 from liger_core.modules import LigerCrossEntropyLoss as _CoreCE
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss as _CoreFLCE
 from liger_core.modules import LigerFusedLinearJSD as _CoreFLJSD
-from liger_core.modules import LigerGEGLUMLP, LigerJSD, LigerSwiGLUMLP
+from liger_core.modules import LigerGEGLUMLP as _CoreGEGLUMLP
+from liger_core.modules import LigerJSD
 from liger_core.modules import LigerKLDIVLoss as _CoreKL
 from liger_core.modules import LigerLayerNorm as _CoreLayerNorm
 from liger_core.modules import LigerRMSNorm as _CoreRMSNorm
+from liger_core.modules import LigerSwiGLUMLP as _CoreSwiGLUMLP
 from liger_core.ops.swiglu import swiglu, swiglu_packed
 
 
@@ -214,6 +216,22 @@ class LigerFusedLinearJSD(_CoreFLJSD):
         if accum_dtype not in (None, torch.float32):
             raise missing(f"LigerFusedLinearJSD(accum_dtype={accum_dtype})", "It accumulates in float32.")
         super().__init__(beta=jsd_beta, ignore_index=ignore_index, temperature=temperature)
+
+
+class LigerSwiGLUMLP(_CoreSwiGLUMLP):
+    """``liger_core.modules.LigerSwiGLUMLP`` built from an HF ``config`` (Liger-Kernel's parameter names):
+    ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+
+    def __init__(self, config: Any, intermediate_size: int | None = None) -> None:
+        super().__init__(config, intermediate_size)
+
+
+class LigerGEGLUMLP(_CoreGEGLUMLP):
+    """``liger_core.modules.LigerGEGLUMLP`` built from an HF ``config`` (Liger-Kernel's parameter names):
+    ``down_proj(gelu(gate_proj(x)) * up_proj(x))``."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
 
 
 class LigerQwen3MoeSwiGLUMLP(LigerSwiGLUMLP):
