@@ -409,11 +409,12 @@ def test_dpo_returns_liger_kernels_structure_with_liger_cores_loss():
     ref_chosen, ref_rejected = C.LigerFusedLinearDPOLoss(use_ref_model=False)(ref_w, ref_x, target)[1][:2]
     torch.testing.assert_close(chosen_r, 0.2 * (chosen - ref_chosen), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rejected_r, 0.2 * (rejected - ref_rejected), rtol=1e-5, atol=1e-5)
-    # compute_nll_loss adds alpha times the chosen NLL that aux reports
-    with_nll = C.LigerFusedLinearDPOLoss(beta=0.2, alpha=0.5, compute_nll_loss=True)(
-        w, x, target, None, ref_x, ref_w
-    )
-    torch.testing.assert_close(with_nll[0], loss + 0.5 * nll, rtol=1e-5, atol=1e-6)
+    # compute_nll_loss adds alpha times the chosen NLL that aux reports (0 without the term, as Liger-Kernel)
+    assert nll == 0
+    with_nll = C.LigerFusedLinearDPOLoss(beta=0.2, alpha=0.5, compute_nll_loss=True)
+    nll_loss, nll_aux = with_nll(w, x, target, None, ref_x, ref_w)
+    assert nll_aux[4] > 0
+    torch.testing.assert_close(nll_loss, loss + 0.5 * nll_aux[4], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="ref_input"):
         dpo(w, x, target)
     with pytest.raises(NotImplementedError, match="average_log_prob"):

@@ -1,7 +1,8 @@
 """``liger_core.compat.liger_kernel`` against an installed Liger-Kernel (run_all.sh's hf_trainer-liger-kernel
 suite installs 0.8.5): every public name of ``liger_kernel.transformers``, its ``functional`` and
 ``liger_kernel.chunked_loss`` exists in the compat layer with the same parameters (names, kinds, defaults),
-so moving code over is one changed import. Without Liger-Kernel, the compat layer imports and patches without
+so moving code over is one changed import; the chunked losses give Liger-Kernel's loss, gradients and aux
+outputs. Without Liger-Kernel, the compat layer imports and patches without
 it (it never imports ``liger_kernel``)."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
+
+import torch
 
 HAS_LIGER_KERNEL = importlib.util.find_spec("liger_kernel") is not None
 
@@ -68,3 +71,90 @@ def test_compat_layer_matches_the_installed_liger_kernel():
         theirs, mine = getattr(lk_chunked, name), getattr(ours_chunked, name)
         if name != "LigerFusedLinearCosineSimilarityLoss":
             assert _params(theirs.forward)[1:] == _params(mine.forward)[1:], name
+
+
+def _run(loss_module, args, grad_args):
+    """(loss, outputs after it, gradients of ``grad_args``' positions) of one forward and backward."""
+    args = [
+        a.detach().clone().requires_grad_(i in grad_args) if torch.is_tensor(a) else a
+        for i, a in enumerate(args)
+    ]
+    out = loss_module(*args)
+    loss, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+    loss.backward()
+    return loss.detach(), rest, [args[i].grad for i in grad_args]
+
+
+def _flatten(values):
+    for v in values:
+        if isinstance(v, (tuple, list)):
+            yield from _flatten(v)
+        else:
+            yield v
+
+
+def test_chunked_losses_equal_the_installed_liger_kernels():
+    """Loss, gradients and every aux output of the compat chunked losses equal Liger-Kernel's (its pure
+    PyTorch path, ``compiled=False``) on a small batch. Without Liger-Kernel: the compat losses run and
+    return Liger-Kernel's structure."""
+    from liger_core.compat.liger_kernel import chunked_loss as ours
+
+    torch.manual_seed(0)
+    pairs, seq, hidden, vocab = 2, 6, 8, 24
+    x, w = torch.randn(2 * pairs, seq, hidden), torch.randn(vocab, hidden) * 0.5
+    target = torch.randint(0, vocab, (2 * pairs, seq))
+    target[:, :2] = -100
+    ref_x, ref_w = torch.randn_like(x), torch.randn_like(w)
+    labels = torch.tensor([True, False, True, False])
+    ids, xs = torch.randint(0, vocab, (3, 5)), torch.randn(3, 5, hidden)
+    mask = torch.ones(3, 5)
+    mask[0, 3:] = 0
+    adv, ref_lp, old_lp = torch.randn(3), torch.randn(3, 5) - 3, torch.randn(3, 5) - 3
+    student, teacher = torch.randn(8, hidden), torch.randn(8, 12)
+    teacher_w, true_labels = torch.randn(vocab, 12), torch.randint(0, vocab, (8,))
+    true_labels[0] = -100
+    pref, dpo_args = (w, x, target), (w, x, target, None, ref_x, ref_w)
+    grpo_args = (xs, w, ids, mask, adv, None, ref_lp, old_lp)
+    jsd_args = (student, w, teacher, teacher_w, true_labels)
+    cases = [  # (class, constructor kwargs, forward args, positions of the args to differentiate)
+        ("LigerFusedLinearDPOLoss", dict(beta=0.2), dpo_args, (0, 1)),
+        ("LigerFusedLinearDPOLoss", dict(beta=0.2, compute_nll_loss=True, alpha=0.5), dpo_args, (1,)),
+        ("LigerFusedLinearDPOLoss", dict(loss_type="robust", label_smoothing=0.1), dpo_args, (1,)),
+        ("LigerFusedLinearORPOLoss", dict(beta=0.3), pref, (0, 1)),
+        ("LigerFusedLinearCPOLoss", dict(beta=0.2, alpha=0.7, label_smoothing=0.1), pref, (0, 1)),
+        ("LigerFusedLinearSimPOLoss", dict(beta=2.0, gamma=0.4), pref, (0, 1)),
+        (
+            "LigerFusedLinearKTOLoss",
+            dict(use_ref_model=True),
+            (x, w, target, None, labels, ref_x, ref_w),
+            (0, 1),
+        ),
+        ("LigerFusedLinearGRPOLoss", dict(beta=0.05), grpo_args, (0, 1)),
+        ("LigerFusedLinearGRPOLoss", dict(use_ref_model=False, loss_type="cispo"), grpo_args, (0,)),
+        (
+            "LigerFusedLinearJSDLoss",
+            dict(beta=0.4, temperature=2.0, return_soft_hard_loss=True),
+            jsd_args,
+            (0, 1),
+        ),
+    ]
+    for name, kwargs, args, grad_args in cases:
+        loss, rest, grads = _run(getattr(ours, name)(**kwargs), args, grad_args)
+        assert loss.dim() == 0 and all(g is not None for g in grads), name
+        if not HAS_LIGER_KERNEL:
+            assert len(rest) == (2 if name == "LigerFusedLinearJSDLoss" else 1), name
+            continue
+        import liger_kernel.chunked_loss as lk
+
+        want, want_rest, want_grads = _run(getattr(lk, name)(compiled=False, **kwargs), args, grad_args)
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n} loss: {m}")
+        for i, (a, b) in enumerate(zip(grads, want_grads)):
+            torch.testing.assert_close(
+                a, b, rtol=1e-4, atol=1e-6, msg=lambda m, n=name, i=i: f"{n} grad {i}: {m}"
+            )
+        got_aux, want_aux = list(_flatten(rest)), list(_flatten(want_rest))
+        assert len(got_aux) == len(want_aux), name
+        for i, (a, b) in enumerate(zip(got_aux, want_aux)):
+            torch.testing.assert_close(
+                a.float(), b.float(), rtol=1e-4, atol=1e-5, msg=lambda m, n=name, i=i: f"{n} aux {i}: {m}"
+            )

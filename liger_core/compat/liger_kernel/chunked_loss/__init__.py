@@ -10,8 +10,9 @@ Paired preference losses (DPO, ORPO, CPO, SimPO): ``_input (2B, T, H)`` with the
 (2B, T)`` aligned with it (positions equal to ``ignore_index`` masked). ``aux`` is ``(chosen_logps,
 rejected_logps, chosen_logits_mean, rejected_logits_mean, nll_loss, chosen_rewards, rejected_rewards)``
 (ORPO adds ``log_odds_ratio, log_odds_chosen``): per-sequence log-probs ``(B,)`` (sums; ORPO and SimPO
-averages), the mean logit over every position and vocabulary entry of the chosen / rejected rows, the mean
-token NLL of the chosen completions, per-sequence rewards ``(B,)``. ``aux`` holds no gradient; its log-probs
+averages), the mean logit over every position (masked ones too) and vocabulary entry of the chosen /
+rejected rows, the mean token NLL of the chosen completions (0 where the loss has no NLL term), per-sequence
+rewards ``(B,)``. ``aux`` holds no gradient; its log-probs
 and logit means come from one extra no-grad pass of ``fused_linear_logprobs``.
 """
 
@@ -38,10 +39,11 @@ def _sequence_stats(
     from liger_core.ops import fused_linear_logprobs
 
     with torch.no_grad():
-        out = fused_linear_logprobs(
-            hidden, weight, target, bias, ignore_index=ignore_index, outputs=("log_probs", "mean_logits")
-        )
         mask = target != ignore_index
+        # every position scored (the logit means cover masked positions too); masked log-probs dropped below
+        out = fused_linear_logprobs(
+            hidden, weight, target.masked_fill(~mask, 0), bias, outputs=("log_probs", "mean_logits")
+        )
         token_sum = torch.where(mask, out.log_probs.float(), 0.0).sum(-1)
         counts = mask.sum(-1)
         seq = token_sum / counts.clamp(min=1) if average else token_sum
@@ -59,6 +61,7 @@ def _check_ref(use_ref_model: bool, ref_input: Any, ref_weight: Any, precomputed
 class _PairedBase(nn.Module):
     ignore_index: int
     beta: float
+    compute_nll_loss: bool
 
     def _aux_head(
         self, weight: torch.Tensor, hidden: torch.Tensor, target: torch.Tensor, bias: Any, average: bool
@@ -69,14 +72,16 @@ class _PairedBase(nn.Module):
         )
         n = target.shape[0] // 2
         nll = -token_sum[:n].sum() / counts[:n].sum().clamp(min=1)
+        if not self.compute_nll_loss:  # Liger-Kernel reports 0 where the loss has no NLL term
+            nll = torch.zeros_like(nll)
         return seq[:n], seq[n:], logit_mean[:n].mean(), logit_mean[n:].mean(), nll
 
 
 class LigerFusedLinearDPOLoss(_PairedBase):
-    """DPO (``liger_core.losses.fused_linear_dpo_loss``): ``loss_type`` and ``label_smoothing`` as there
-    (``sigmoid`` with ``label_smoothing > 0`` is conservative DPO), ``compute_nll_loss`` adds ``alpha`` times
-    the chosen completions' NLL (TRL's RPO), ``use_ref_model=False`` is reference-free DPO. Rewards:
-    ``beta * (logps - ref_logps)``."""
+    """DPO (``liger_core.losses.fused_linear_dpo_loss``): ``loss_type`` and ``label_smoothing`` as there,
+    except that the ``sigmoid`` loss ignores ``label_smoothing`` as Liger-Kernel's does; ``compute_nll_loss``
+    adds ``alpha`` times the chosen completions' NLL (TRL's RPO); ``use_ref_model=False`` is reference-free
+    DPO. Rewards: ``beta * (logps - ref_logps)``."""
 
     def __init__(
         self,
@@ -131,7 +136,8 @@ class LigerFusedLinearDPOLoss(_PairedBase):
             beta=self.beta,
             loss_type=loss_type,
             loss_weights=weights,
-            label_smoothing=self.label_smoothing,
+            # Liger-Kernel's sigmoid DPO has no label smoothing (it is used by robust and exo_pair)
+            label_smoothing=0.0 if self.loss_type == "sigmoid" else self.label_smoothing,
             discopop_tau=self.discopop_tau,
         )
         _, _, chosen_mean, rejected_mean, nll = self._aux_head(
@@ -167,7 +173,7 @@ class LigerFusedLinearORPOLoss(_PairedBase):
             raise missing(
                 "LigerFusedLinearORPOLoss(compute_nll_loss=False)", "Its ORPO loss includes the NLL."
             )
-        self.ignore_index, self.beta = ignore_index, beta
+        self.ignore_index, self.beta, self.compute_nll_loss = ignore_index, beta, True
 
     def forward(
         self,
@@ -179,6 +185,8 @@ class LigerFusedLinearORPOLoss(_PairedBase):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         from liger_core.losses import fused_linear_orpo_loss
 
+        if nll_target is not None and nll_target.shape[0] == target.shape[0]:
+            nll_target = nll_target[: target.shape[0] // 2]  # Liger-Kernel's full-batch form: its chosen rows
         loss, metrics = fused_linear_orpo_loss(
             _input,
             lin_weight,
@@ -393,9 +401,11 @@ class LigerFusedLinearGRPOLoss(nn.Module):
     """GRPO and its variants (``liger_core.losses.LigerFusedLinearGRPOLoss``, TRL's formulas) with
     Liger-Kernel's parameters. ``forward(_input, lin_weight, selected_token_ids, attention_mask, advantages,
     ...)`` returns ``(loss, metrics)``, metrics ``(kl_mean, clip_ratio)`` (``kl_mean`` only when ``beta !=
-    0``; ``clip_ratio``: the share of completion tokens whose ratio was clipped in the direction of their
-    advantage). ``use_ref_model=False`` drops the KL term (beta 0); ``vllm_is_ratio`` is TRL's
-    ``importance_sampling_ratio``."""
+    0``, 0 with ``use_ref_model=False``; ``clip_ratio``: the share of completion tokens whose ratio was
+    clipped in the direction of their advantage). ``use_ref_model=False`` drops the KL term (beta 0);
+    ``vllm_is_ratio`` is TRL's ``importance_sampling_ratio``. Known differences from Liger-Kernel 0.8.5:
+    ``loss_type="luspo"`` is normalised as TRL 1.16 does (``liger_core.losses.grpo``), and with
+    ``importance_sampling_level="sequence"`` the clip ratio is liger_core's."""
 
     def __init__(
         self,
@@ -423,6 +433,9 @@ class LigerFusedLinearGRPOLoss(nn.Module):
         from liger_core.losses import grpo_options
 
         self.beta = beta if use_ref_model else 0.0
+        self.reports_kl = (
+            beta != 0.0
+        )  # Liger-Kernel lists the KL metric for beta != 0 (0 without a reference)
         self.use_ref_model = use_ref_model
         options = grpo_options(
             beta=self.beta,
@@ -474,7 +487,12 @@ class LigerFusedLinearGRPOLoss(nn.Module):
             importance_sampling_ratio=vllm_is_ratio,
             **ref,
         )
-        out = ([metrics["kl"]] if self.beta != 0.0 else []) + [metrics["clip_ratio/region_mean"]]
+        # the clipped share: the ratio clipped against the advantage's sign (CISPO: the capped share); the
+        # losses without clipping (sapo, vespo) report 0, as Liger-Kernel does
+        zero = loss.new_zeros(()).detach()
+        clip = metrics.get("clip_ratio/region_mean", metrics.get("cispo_clip_ratio"))
+        clip = zero if clip is None else clip
+        out = ([metrics.get("kl", zero)] if self.reports_kl else []) + [clip]
         return loss, tuple(out)
 
 
