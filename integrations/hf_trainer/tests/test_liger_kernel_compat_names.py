@@ -158,3 +158,49 @@ def test_chunked_losses_equal_the_installed_liger_kernels():
             torch.testing.assert_close(
                 a.float(), b.float(), rtol=1e-4, atol=1e-5, msg=lambda m, n=name, i=i: f"{n} aux {i}: {m}"
             )
+
+
+def test_functional_equals_the_installed_liger_kernels():
+    """The compat ``functional`` entry points give Liger-Kernel's values (those of its kernels that run in
+    Triton's interpreter on CPU: fused linear cross-entropy, cross-entropy's z-loss path, JSD, fused linear
+    JSD, rope). Without Liger-Kernel: each returns a finite loss or tensor pair."""
+    from liger_core.compat.liger_kernel.transformers import functional as ours
+
+    torch.manual_seed(0)
+    target = torch.randint(0, 20, (6,))
+    target[1] = -100
+    hidden, weight = torch.randn(6, 8), torch.randn(20, 8)
+    teacher, teacher_w = torch.randn(6, 12), torch.randn(20, 12)
+    logits = torch.randn(6, 20)
+    student_lp, teacher_lp = torch.randn(6, 20).log_softmax(-1), torch.randn(6, 20).log_softmax(-1)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    angles = torch.randn(2, 5, 4).repeat(1, 1, 2)  # Hugging Face's layout: the two halves share angles
+    cases = {
+        "liger_fused_linear_cross_entropy": (
+            (hidden, weight, target),
+            dict(label_smoothing=0.1),
+        ),
+        "liger_cross_entropy": ((logits, target), dict(lse_square_scale=1e-3, return_z_loss=True)),
+        "liger_jsd": ((student_lp, teacher_lp, target), dict(beta=0.3)),
+        "liger_fused_linear_jsd": (
+            (hidden, weight, teacher, teacher_w, target),
+            dict(jsd_beta=0.3, temperature=2.0),
+        ),
+        "liger_rope": ((q, k, angles.cos(), angles.sin()), {}),
+    }
+    for name, (args, kwargs) in cases.items():
+        got = getattr(ours, name)(*[a.clone() for a in args], **kwargs)
+        got = [got.loss, got.z_loss] if isinstance(got, ours.CrossEntropyOutput) else got
+        got = list(got) if isinstance(got, (tuple, list)) else [got]
+        assert all(bool(torch.isfinite(g).all()) for g in got), name
+        if not HAS_LIGER_KERNEL:
+            continue
+        import liger_kernel.transformers.functional as lk
+
+        want = getattr(lk, name)(*[a.clone() for a in args], **kwargs)
+        want = [want.loss, want.z_loss] if hasattr(want, "z_loss") else want
+        want = list(want) if isinstance(want, (tuple, list)) else [want]
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            torch.testing.assert_close(
+                a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=name, i=i: f"{n} [{i}]: {m}"
+            )
