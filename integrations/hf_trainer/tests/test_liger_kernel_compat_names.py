@@ -2,13 +2,15 @@
 suite installs 0.8.5): every public name of ``liger_kernel.transformers``, its ``functional`` and
 ``liger_kernel.chunked_loss`` exists in the compat layer with the same parameters (names, kinds, defaults),
 so moving code over is one changed import; the chunked losses give Liger-Kernel's loss, gradients and aux
-outputs. Without Liger-Kernel, the compat layer imports and patches without
-it (it never imports ``liger_kernel``)."""
+outputs. Without Liger-Kernel, the compat layer imports and patches without it (it never imports
+``liger_kernel``). Each check runs in a child process (this file run as a script), so that the pytest
+process never imports ``liger_kernel`` (other tests here check that the plugin does not)."""
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import subprocess
 import sys
 
 import torch
@@ -37,7 +39,7 @@ def _compare(theirs_module, ours_module, names, skip=()):
     assert not mismatched, "\n".join(f"{k}: {v}" for k, v in mismatched.items())
 
 
-def test_compat_layer_matches_the_installed_liger_kernel():
+def _check_names():
     if not HAS_LIGER_KERNEL:  # this suite's venv without Liger-Kernel: the compat layer needs none
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,7 +95,7 @@ def _flatten(values):
             yield v
 
 
-def test_chunked_losses_equal_the_installed_liger_kernels():
+def _check_chunked_losses():
     """Loss, gradients and every aux output of the compat chunked losses equal Liger-Kernel's (its pure
     PyTorch path, ``compiled=False``) on a small batch. Without Liger-Kernel: the compat losses run and
     return Liger-Kernel's structure."""
@@ -160,7 +162,7 @@ def test_chunked_losses_equal_the_installed_liger_kernels():
             )
 
 
-def test_functional_equals_the_installed_liger_kernels():
+def _check_functional():
     """The compat ``functional`` entry points give Liger-Kernel's values (those of its kernels that run in
     Triton's interpreter on CPU: fused linear cross-entropy, cross-entropy's z-loss path, JSD, fused linear
     JSD, rope). Without Liger-Kernel: each returns a finite loss or tensor pair."""
@@ -204,3 +206,30 @@ def test_functional_equals_the_installed_liger_kernels():
             torch.testing.assert_close(
                 a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=name, i=i: f"{n} [{i}]: {m}"
             )
+
+
+CHECKS = {"names": _check_names, "chunked_losses": _check_chunked_losses, "functional": _check_functional}
+
+
+def _run_child(check: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, __file__, check], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith(f"{check}: ok"), proc.stdout + proc.stderr
+
+
+def test_compat_layer_has_liger_kernels_names_and_signatures():
+    _run_child("names")
+
+
+def test_compat_chunked_losses_equal_liger_kernels():
+    _run_child("chunked_losses")
+
+
+def test_compat_functional_equals_liger_kernels():
+    _run_child("functional")
+
+
+if __name__ == "__main__":
+    CHECKS[sys.argv[1]]()
+    print(f"{sys.argv[1]}: ok")
