@@ -79,7 +79,7 @@ def test_every_liger_kernel_model_has_a_patch_function_with_its_flags():
     assert inspect.signature(T.apply_liger_kernel_to_granite).parameters["cross_entropy"].default is True
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma2", "mixtral"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "mixtral"])
 def test_patch_function_on_a_model_keeps_loss_and_gradients(model_type):
     model, reference = tiny_model(model_type), tiny_model(model_type)
     report = getattr(T, f"apply_liger_kernel_to_{model_type}")(model=model)
@@ -150,6 +150,18 @@ def test_auto_model_takes_the_flags_of_the_model_types_function():
         revert_model_type("qwen3")
     with pytest.raises(OSError):
         T.AutoLigerKernelForCausalLM()
+
+
+def test_auto_model_from_pretrained_patches_the_loaded_model(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path)
+    reference = tiny_model("llama")
+    try:
+        model = T.AutoLigerKernelForCausalLM.from_pretrained(tmp_path, rope=False, dtype=torch.float32)
+        kinds = patched_kinds(model)
+        assert kinds.get("rms_norm") and kinds.get("swiglu") and "rope" not in kinds
+        _assert_same_step(model, reference)
+    finally:
+        revert_model_type("llama")
 
 
 # ---------------------------------------------------------------------------------------------- modules

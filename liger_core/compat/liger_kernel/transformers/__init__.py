@@ -13,6 +13,7 @@ Names are resolved on first use: importing this package imports neither transfor
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 _MODULE_CLASSES = (
