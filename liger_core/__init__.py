@@ -6,7 +6,7 @@ Public API (lazily imported: ``import liger_core`` does not import triton or tra
 - ``liger_core.apply_liger_kernel(model, **flags)``, ``liger_core.revert(model)`` (returns what it restored),
   ``liger_core.apply_liger_kernel_to_<model_type>(**flags)``, ``liger_core.revert_model_type(model_type)``,
   ``liger_core.AutoLigerKernelForCausalLM``
-- ``liger_core.compat.liger_kernel``: Liger-Kernel 0.8.5's API (``transformers``, ``chunked_loss``) on liger_core
+- ``liger_core.compat.liger_kernel``: Liger-Kernel 0.8.5's API (``transformers``, ``chunked_loss``)
 - ``liger_core.supported_model_types()``, ``liger_core.model_coverage(model_type)``,
   ``liger_core.recipe_model_types()``
 """
