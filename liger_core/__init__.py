@@ -6,6 +6,7 @@ Public API (lazily imported: ``import liger_core`` does not import triton or tra
 - ``liger_core.apply_liger_kernel(model, **flags)``, ``liger_core.revert(model)`` (returns what it restored),
   ``liger_core.apply_liger_kernel_to_<model_type>(**flags)``, ``liger_core.revert_model_type(model_type)``,
   ``liger_core.AutoLigerKernelForCausalLM``
+- ``liger_core.compat.liger_kernel``: Liger-Kernel 0.8.5's API (``transformers``, ``chunked_loss``)
 - ``liger_core.supported_model_types()``, ``liger_core.model_coverage(model_type)``,
   ``liger_core.recipe_model_types()``
 """
@@ -28,7 +29,7 @@ _PATCHING_NAMES = {
 
 
 def __getattr__(name: str):
-    if name in ("ops", "modules", "losses", "patching", "reference", "dispatch"):
+    if name in ("ops", "modules", "losses", "patching", "reference", "dispatch", "compat"):
         return importlib.import_module(f"{__name__}.{name}")
     if name in _PATCHING_NAMES or name.startswith("apply_liger_kernel_to_"):
         patching = importlib.import_module(f"{__name__}.patching")
