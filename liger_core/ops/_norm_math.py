@@ -74,6 +74,18 @@ def reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
 
 
 @triton.jit
+def row_block(x_ptr, y_ptr, n_rows, x_row_stride, y_row_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A forward program's block of BLOCK_M rows: (rows, row mask, columns of a tile, x and y row starts)."""
+    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + rows[:, None] * x_row_stride
+    y_rows = y_ptr + rows[:, None] * y_row_stride
+    return rows, row_mask, cols, x_rows, y_rows
+
+
+@triton.jit
 def chunk_mask(row_mask, chunk, n_cols):
     """The (rows, columns) mask of a tile: ``row_mask`` rows x the columns of ``chunk`` below ``n_cols``."""
     return row_mask[:, None] & (chunk[None, :] < n_cols)
@@ -103,17 +115,30 @@ def store_tile(ptr, rows, cols, row_stride, value, mask):
 
 @triton.jit
 def first_tiles(
-    dy_ptr, x_ptr, rows, cols, n_rows, col_mask, dy_row_stride, x_row_stride, PREFETCH: tl.constexpr
+    dy_ptr,
+    x_ptr,
+    first_row,
+    cols,
+    n_rows,
+    col_mask,
+    dy_row_stride,
+    x_row_stride,
+    tiles_per_program,
+    BLOCK_M: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    """The first tile's (dy, x) loads when PREFETCH, carried into ``next_tiles``; placeholders otherwise
-    (a loop-carried value that ``next_tiles`` returns unchanged, which the compiler drops)."""
+    """(rows of the program's first tile, end of its rows, the loads carried into ``next_tiles``): with
+    PREFETCH the first tile's (dy, x) loads, else placeholders (loop-carried values that ``next_tiles``
+    returns unchanged, which the compiler drops)."""
+    rows = first_row + tl.arange(0, BLOCK_M)
+    rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
     if PREFETCH:
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
     else:
         dy_next = 0.0
         x_next = 0.0
-    return dy_next, x_next
+    return rows, rows_end, dy_next, x_next
 
 
 @triton.jit
@@ -122,9 +147,9 @@ def next_tiles(
     x_ptr,
     rows,
     cols,
+    n_rows,
     rows_end,
     col_mask,
-    mask,
     dy_row_stride,
     x_row_stride,
     dy_next,
@@ -132,8 +157,10 @@ def next_tiles(
     BLOCK_M: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    """(dy, x) of the tile at ``rows`` in fp32, and the loads in flight for the next tile (PREFETCH: the
-    next tile's, issued now, up to ``rows_end``; else the placeholders of ``first_tiles``)."""
+    """(dy, x) of the tile at ``rows`` in fp32, its row and tile masks, and the loads in flight for the next
+    tile (PREFETCH: the next tile's, issued now, up to ``rows_end``; else ``first_tiles``' placeholders)."""
+    row_mask = rows < n_rows
+    mask = row_mask[:, None] & col_mask[None, :]
     if PREFETCH:
         dy, x = dy_next, x_next
         next_mask = (rows + BLOCK_M < rows_end)[:, None] & col_mask[None, :]
@@ -142,7 +169,7 @@ def next_tiles(
         )
     else:
         dy, x = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
-    return dy.to(tl.float32), x.to(tl.float32), dy_next, x_next
+    return dy.to(tl.float32), x.to(tl.float32), row_mask, mask, dy_next, x_next
 
 
 @triton.jit

@@ -57,6 +57,7 @@ from liger_core.ops._norm_math import (
     partials_buffer,
     per_group,
     reload_tiles,
+    row_block,
     rows_view,
     store_lane_sums,
     store_rows,
@@ -97,12 +98,9 @@ def _rms_norm_fwd_kernel(
     SINGLE_PASS: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < n_rows
-    cols = tl.arange(0, BLOCK_N)
-    x_rows = x_ptr + rows[:, None] * x_row_stride
-    y_rows = y_ptr + rows[:, None] * y_row_stride
+    rows, row_mask, cols, x_rows, y_rows = row_block(
+        x_ptr, y_ptr, n_rows, x_row_stride, y_row_stride, BLOCK_M, BLOCK_N
+    )
     x_dtype = x_ptr.dtype.element_ty
 
     if SINGLE_PASS:
@@ -170,16 +168,13 @@ def _rms_norm_bwd_kernel(
         # BLOCK_M lanes are summed once at the end (in fp64 when PRECISE)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        rows = first_row + tl.arange(0, BLOCK_M)
-        rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
-        dy_next, x_next = first_tiles(
-            dy_ptr, x_ptr, rows, cols, n_rows, col_mask, dy_row_stride, x_row_stride, PREFETCH
-        )
+        rows, rows_end, dy_next, x_next = first_tiles(
+            dy_ptr, x_ptr, first_row, cols, n_rows, col_mask, dy_row_stride, x_row_stride, tiles_per_program,
+            BLOCK_M, PREFETCH,
+        )  # fmt: skip
         for _ in range(0, tiles_per_program):
-            row_mask = rows < n_rows
-            mask = row_mask[:, None] & col_mask[None, :]
-            dy, x, dy_next, x_next = next_tiles(
-                dy_ptr, x_ptr, rows, cols, rows_end, col_mask, mask, dy_row_stride, x_row_stride,
+            dy, x, row_mask, mask, dy_next, x_next = next_tiles(
+                dy_ptr, x_ptr, rows, cols, n_rows, rows_end, col_mask, dy_row_stride, x_row_stride,
                 dy_next, x_next, BLOCK_M, PREFETCH,
             )  # fmt: skip
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
