@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from liger_core.losses import _preference_math
 from liger_core.losses._logps import (
     LogprobHead,
     check_batch,
@@ -38,9 +39,6 @@ from liger_core.losses._logps import (
     token_metrics,
 )
 from liger_core.losses._preference_math import (
-    CPO_LOSS_TYPES,
-    DPO_LOSS_TYPES,
-    F_DIVERGENCES,
     CPOOptions,
     DPOOptions,
     cpo_loss_from_logps,
@@ -54,28 +52,9 @@ from liger_core.losses._preference_math import (
 from liger_core.ops.fused_linear_cross_entropy import choose_chunk_tokens, wants_grad
 from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss
 
-__all__ = [
-    "CPO_LOSS_TYPES",
-    "DPO_LOSS_TYPES",
-    "F_DIVERGENCES",
-    "CPOOptions",
-    "DPOOptions",
-    "LigerFusedLinearCPOLoss",
-    "LigerFusedLinearDPOLoss",
-    "LigerFusedLinearORPOLoss",
-    "LigerFusedLinearSimPOLoss",
-    "cpo_loss_from_logps",
-    "cpo_options",
-    "dpo_loss_from_logps",
-    "dpo_options",
-    "fused_linear_cpo_loss",
-    "fused_linear_dpo_loss",
-    "fused_linear_orpo_loss",
-    "fused_linear_simpo_loss",
-    "orpo_loss_from_logps",
-    "preference_metrics",
-    "simpo_options",
-]
+# the loss type names are public here too, as the formulas and options
+DPO_LOSS_TYPES, F_DIVERGENCES = _preference_math.DPO_LOSS_TYPES, _preference_math.F_DIVERGENCES
+CPO_LOSS_TYPES = _preference_math.CPO_LOSS_TYPES
 
 
 def preference_metrics(
