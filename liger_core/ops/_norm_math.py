@@ -186,12 +186,14 @@ def store_lane_sums(partial_row, cols, acc, comp, col_mask, PRECISE: tl.constexp
 
 
 @triton.jit
-def load_row_chunk(dy_ptr, x_ptr, w_ptr, row, chunk, dy_row_stride, x_row_stride, mask):
-    """(dy, x, w) of one row's column chunk, in fp32."""
+def load_row_chunk(dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride):
+    """(columns, mask, dy, x, w) of one row's column chunk from ``start`` (dy, x, w in fp32)."""
+    chunk = start + cols
+    mask = chunk < n_cols
     dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32)
-    return dy, x, w
+    return chunk, mask, dy, x, w
 
 
 @triton.jit

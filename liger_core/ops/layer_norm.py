@@ -227,10 +227,8 @@ def _layer_norm_bwd_kernel(
                 sum_gxhat = tl.zeros([BLOCK_N], dtype=tl.float32)
                 sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy, x, w = load_row_chunk(
-                        dy_ptr, x_ptr, w_ptr, row, chunk, dy_row_stride, x_row_stride, mask
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
                     )
                     g = dy * w
                     sum_gxhat += g * tl.where(mask, (x - mean) * rstd, 0.0)
@@ -238,10 +236,8 @@ def _layer_norm_bwd_kernel(
                 mean_gxhat = tl.sum(sum_gxhat, axis=0) / n_cols
                 mean_g = tl.sum(sum_g, axis=0) / n_cols
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy, x, w = load_row_chunk(
-                        dy_ptr, x_ptr, w_ptr, row, chunk, dy_row_stride, x_row_stride, mask
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
                     )
                     xhat = tl.where(mask, (x - mean) * rstd, 0.0)
                     dx = rstd * (dy * w - xhat * mean_gxhat - mean_g)

@@ -203,19 +203,15 @@ def _rms_norm_bwd_kernel(
                 rstd = tl.load(rstd_ptr + row)
                 dot = tl.zeros([BLOCK_N], dtype=tl.float32)
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy, x, w = load_row_chunk(
-                        dy_ptr, x_ptr, w_ptr, row, chunk, dy_row_stride, x_row_stride, mask
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
                     )
                     w += offset
                     dot += dy * w * (x * rstd)
                 mean_gxn = tl.sum(dot, axis=0) / n_cols
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy, x, w = load_row_chunk(
-                        dy_ptr, x_ptr, w_ptr, row, chunk, dy_row_stride, x_row_stride, mask
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
                     )
                     w += offset
                     xn = x * rstd
