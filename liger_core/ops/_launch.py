@@ -169,6 +169,12 @@ def _npow2_settings(
 def norm_bwd_programs(device, n_tiles: int, settings: NormSettings) -> tuple[int, int]:
     """(programs, tiles per program) for the persistent backward grid: ``settings.programs_per_sm`` programs
     per SM, each with a contiguous block of >= 1 tile."""
-    target = num_sms(device) * settings.programs_per_sm
+    return persistent_grid(device, n_tiles, settings.programs_per_sm)
+
+
+def persistent_grid(device, n_tiles: int, programs_per_sm: int) -> tuple[int, int]:
+    """(programs, tiles per program) for a persistent grid of ``programs_per_sm`` programs per SM, each with
+    a contiguous block of >= 1 tile."""
+    target = num_sms(device) * programs_per_sm
     tiles_per_program = cdiv(n_tiles, max(1, min(target, n_tiles)))
     return cdiv(n_tiles, tiles_per_program), tiles_per_program

@@ -1,6 +1,8 @@
 """Row-normalisation pieces shared by the norm ops (RMSNorm, gated RMSNorm, LayerNorm): the precision helpers
-of the row statistics, the tile loads of the backward, the sum of the per-program dW/dB partial rows, and the
-host-side (rows, hidden) views.
+of the row statistics, the tile loads and stores, the persistent backward's tile pipeline and dW/dB partial
+rows (in registers, or in global memory for rows wider than a tile), the sum of those partial rows, and the
+host-side buffers and (rows, hidden) views. The Triton helpers are inlined: a kernel that calls them compiles
+to the same code as one that spells them out.
 """
 
 from __future__ import annotations
@@ -69,6 +71,150 @@ def reload_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask):
         eviction_policy="evict_first",
     )
     return dy, x
+
+
+@triton.jit
+def row_block(x_ptr, y_ptr, n_rows, x_row_stride, y_row_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A forward program's block of BLOCK_M rows: (rows, row mask, columns of a tile, x and y row starts)."""
+    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + rows[:, None] * x_row_stride
+    y_rows = y_ptr + rows[:, None] * y_row_stride
+    return rows, row_mask, cols, x_rows, y_rows
+
+
+@triton.jit
+def chunk_mask(row_mask, chunk, n_cols):
+    """The (rows, columns) mask of a tile: ``row_mask`` rows x the columns of ``chunk`` below ``n_cols``."""
+    return row_mask[:, None] & (chunk[None, :] < n_cols)
+
+
+@triton.jit
+def load_rows(rows_ptr, cols, mask):
+    """The fp32 tile at columns ``cols`` of the rows ``rows_ptr`` (a column of row-start pointers)."""
+    return tl.load(rows_ptr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_rows(rows_ptr, cols, value, mask):
+    """``value`` stored at columns ``cols`` of the rows ``rows_ptr``, rounded to their dtype."""
+    tl.store(rows_ptr + cols[None, :], value.to(rows_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_tile(ptr, rows, cols, row_stride, value, mask):
+    """``value`` stored at ``rows`` x ``cols`` (int64 rows) of the matrix at ``ptr``, rounded to its dtype."""
+    tl.store(ptr + rows[:, None] * row_stride + cols[None, :], value.to(ptr.dtype.element_ty), mask=mask)
+
+
+# The persistent backward grids: each program loops over a contiguous block of row tiles, loading (dy, x)
+# tiles; with PREFETCH the next tile's loads are issued before this tile's math (two tiles in flight).
+
+
+@triton.jit
+def first_tiles(
+    dy_ptr,
+    x_ptr,
+    first_row,
+    cols,
+    n_rows,
+    col_mask,
+    dy_row_stride,
+    x_row_stride,
+    tiles_per_program,
+    BLOCK_M: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """(rows of the program's first tile, end of its rows, the loads carried into ``next_tiles``): with
+    PREFETCH the first tile's (dy, x) loads, else placeholders (loop-carried values that ``next_tiles``
+    returns unchanged, which the compiler drops)."""
+    rows = first_row + tl.arange(0, BLOCK_M)
+    rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
+    if PREFETCH:
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
+    else:
+        dy_next = 0.0
+        x_next = 0.0
+    return rows, rows_end, dy_next, x_next
+
+
+@triton.jit
+def next_tiles(
+    dy_ptr,
+    x_ptr,
+    rows,
+    cols,
+    n_rows,
+    rows_end,
+    col_mask,
+    dy_row_stride,
+    x_row_stride,
+    dy_next,
+    x_next,
+    BLOCK_M: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """(dy, x) of the tile at ``rows`` in fp32, its row and tile masks, and the loads in flight for the next
+    tile (PREFETCH: the next tile's, issued now, up to ``rows_end``; else ``first_tiles``' placeholders)."""
+    row_mask = rows < n_rows
+    mask = row_mask[:, None] & col_mask[None, :]
+    if PREFETCH:
+        dy, x = dy_next, x_next
+        next_mask = (rows + BLOCK_M < rows_end)[:, None] & col_mask[None, :]
+        dy_next, x_next = load_tiles(
+            dy_ptr, x_ptr, rows + BLOCK_M, cols, dy_row_stride, x_row_stride, next_mask
+        )
+    else:
+        dy, x = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
+    return dy.to(tl.float32), x.to(tl.float32), row_mask, mask, dy_next, x_next
+
+
+@triton.jit
+def store_lane_sums(partial_row, cols, acc, comp, col_mask, PRECISE: tl.constexpr):
+    """The program's partial row: the sum over the BLOCK_M row lanes of a compensated accumulator
+    (``accumulate``), in fp64 when PRECISE."""
+    total = tl.sum(widen(acc, PRECISE) - widen(comp, PRECISE), axis=0)
+    tl.store(partial_row + cols, total, mask=col_mask)
+
+
+# Rows wider than a tile (SINGLE_PASS=False): one row at a time over column chunks, the partial rows in
+# global memory, each element read and written by the same thread (same layout). ``TWO``: LayerNorm's dB
+# partial row beside dW's.
+
+
+@triton.jit
+def load_row_chunk(dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride):
+    """(columns, mask, dy, x, w) of one row's column chunk from ``start`` (dy, x, w in fp32)."""
+    chunk = start + cols
+    mask = chunk < n_cols
+    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32)
+    return chunk, mask, dy, x, w
+
+
+@triton.jit
+def zero_partial_rows(dw_row, db_row, n_cols, BLOCK_N: tl.constexpr, TWO: tl.constexpr):
+    """Zero the program's dW partial row of ``n_cols`` (and its dB one)."""
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, n_cols, BLOCK_N):
+        chunk = start + cols
+        tl.store(dw_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
+        if TWO:
+            tl.store(db_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
+
+
+@triton.jit
+def add_to_partial_rows(dw_row, db_row, chunk, dy, xn, mask, PRECISE: tl.constexpr, TWO: tl.constexpr):
+    """``dy * xn`` added to the dW partial row at ``chunk`` (and ``dy`` to the dB one), in its precision."""
+    dw_old = tl.load(dw_row + chunk, mask=mask, other=0.0)
+    tl.store(dw_row + chunk, dw_old + widen(dy * xn, PRECISE), mask=mask)
+    if TWO:
+        db_old = tl.load(db_row + chunk, mask=mask, other=0.0)
+        tl.store(db_row + chunk, db_old + widen(dy, PRECISE), mask=mask)
 
 
 @fast_launch
@@ -141,6 +287,13 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         partials, out, n_partials, n_cols, n_sums, n_partials, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
     )
     return out
+
+
+def partials_buffer(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The per-program partial rows of a backward over rows of ``x``: fp64 where the data is fp32, fp32
+    otherwise (bf16/fp16 sums: fp32 is ~2^16 finer than the final rounding)."""
+    dtype = torch.float64 if x.dtype == torch.float32 else torch.float32
+    return torch.empty(shape, dtype=dtype, device=x.device)
 
 
 def as_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:

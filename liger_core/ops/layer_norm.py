@@ -34,15 +34,26 @@ from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
 from liger_core.ops._norm_math import (
     accumulate,
+    add_to_partial_rows,
     as_shape,
     check_group_size,
+    chunk_mask,
+    first_tiles,
     inv_sqrt_mean,
-    load_tiles,
+    load_row_chunk,
+    load_rows,
+    next_tiles,
+    partials_buffer,
     per_group,
     reload_tiles,
+    row_block,
     rows_view,
+    store_lane_sums,
+    store_rows,
+    store_tile,
     sum_partials,
     widen,
+    zero_partial_rows,
 )
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
 
@@ -67,18 +78,15 @@ def _layer_norm_fwd_kernel(
     SINGLE_PASS: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < n_rows
-    cols = tl.arange(0, BLOCK_N)
-    x_rows = x_ptr + rows[:, None] * x_row_stride
-    y_rows = y_ptr + rows[:, None] * y_row_stride
+    rows, row_mask, cols, x_rows, y_rows = row_block(
+        x_ptr, y_ptr, n_rows, x_row_stride, y_row_stride, BLOCK_M, BLOCK_N
+    )
     # statistics in widen()-ed precision (fp64 for fp32 data): mean_w, and x - mean_w before any rounding
     shift = widen(tl.load(x_ptr + rows * x_row_stride, mask=row_mask, other=0.0).to(tl.float32), PRECISE)
 
     if SINGLE_PASS:
-        mask = row_mask[:, None] & (cols[None, :] < n_cols)
-        x_wide = widen(tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+        mask = chunk_mask(row_mask, cols, n_cols)
+        x_wide = widen(load_rows(x_rows, cols, mask), PRECISE)
         mean_w = shift + tl.sum(tl.where(mask, x_wide - shift[:, None], 0.0), axis=1) / n_cols
         xc_wide = tl.where(mask, x_wide - mean_w[:, None], 0.0)
         sum_sq = tl.sum(xc_wide * xc_wide, axis=1)
@@ -87,15 +95,15 @@ def _layer_norm_fwd_kernel(
         shifted_sum = widen(tl.zeros([BLOCK_M], dtype=tl.float32), PRECISE)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
-            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
-            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            mask = chunk_mask(row_mask, chunk, n_cols)
+            x_wide = widen(load_rows(x_rows, chunk, mask), PRECISE)
             shifted_sum += tl.sum(tl.where(mask, x_wide - shift[:, None], 0.0), axis=1)
         mean_w = shift + shifted_sum / n_cols
         sum_sq = widen(tl.zeros([BLOCK_M], dtype=tl.float32), PRECISE)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
-            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
-            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            mask = chunk_mask(row_mask, chunk, n_cols)
+            x_wide = widen(load_rows(x_rows, chunk, mask), PRECISE)
             xc_wide = tl.where(mask, x_wide - mean_w[:, None], 0.0)
             sum_sq += tl.sum(xc_wide * xc_wide, axis=1)
     rstd = inv_sqrt_mean(sum_sq, n_cols, eps)
@@ -108,19 +116,19 @@ def _layer_norm_fwd_kernel(
         y = xc * rstd[:, None] * w[None, :]
         if HAS_BIAS:
             y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        store_rows(y_rows, cols, y, mask)
     else:
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
             col_mask = chunk < n_cols
             mask = row_mask[:, None] & col_mask[None, :]
-            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            x_wide = widen(load_rows(x_rows, chunk, mask), PRECISE)
             xc = (x_wide - mean_w[:, None]).to(tl.float32)
             w = tl.load(w_ptr + chunk, mask=col_mask, other=0.0).to(tl.float32)
             y = xc * rstd[:, None] * w[None, :]
             if HAS_BIAS:
                 y += tl.load(b_ptr + chunk, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_rows + chunk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+            store_rows(y_rows, chunk, y, mask)
 
 
 @fast_launch
@@ -166,25 +174,15 @@ def _layer_norm_bwd_kernel(
         db_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_row = tl.zeros([BLOCK_N], dtype=tl.float32)
         db_row = tl.zeros([BLOCK_N], dtype=tl.float32)
-        rows = first_row + tl.arange(0, BLOCK_M)
-        rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
-        if PREFETCH:
-            mask = (rows < n_rows)[:, None] & col_mask[None, :]
-            dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
+        rows, rows_end, dy_next, x_next = first_tiles(
+            dy_ptr, x_ptr, first_row, cols, n_rows, col_mask, dy_row_stride, x_row_stride, tiles_per_program,
+            BLOCK_M, PREFETCH,
+        )  # fmt: skip
         for _ in range(0, tiles_per_program):
-            row_mask = rows < n_rows
-            mask = row_mask[:, None] & col_mask[None, :]
-            if PREFETCH:
-                # the next tile's loads are issued before this tile's math: two tiles in flight per program
-                dy, x = dy_next, x_next
-                next_mask = (rows + BLOCK_M < rows_end)[:, None] & col_mask[None, :]
-                dy_next, x_next = load_tiles(
-                    dy_ptr, x_ptr, rows + BLOCK_M, cols, dy_row_stride, x_row_stride, next_mask
-                )
-            else:
-                dy, x = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
-            dy = dy.to(tl.float32)
-            x = x.to(tl.float32)
+            dy, x, row_mask, mask, dy_next, x_next = next_tiles(
+                dy_ptr, x_ptr, rows, cols, n_rows, rows_end, col_mask, dy_row_stride, x_row_stride,
+                dy_next, x_next, BLOCK_M, PREFETCH,
+            )  # fmt: skip
             mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
             if RELOAD:
@@ -208,30 +206,19 @@ def _layer_norm_bwd_kernel(
                 xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
                 g = dy.to(tl.float32) * w[None, :]
             dx = rstd[:, None] * (g - xhat * mean_gxhat[:, None] - mean_g[:, None])
-            tl.store(
-                dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
-                dx.to(dx_ptr.dtype.element_ty),
-                mask=mask,
-            )
+            store_tile(dx_ptr, rows, cols, dx_row_stride, dx, mask)
             rows += BLOCK_M
         if TILE_SUM:
             tl.store(dw_partial_row + cols, dw_row, mask=col_mask)
             if HAS_BIAS:
                 tl.store(db_partial_row + cols, db_row, mask=col_mask)
         else:
-            dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
-            tl.store(dw_partial_row + cols, dw, mask=col_mask)
+            store_lane_sums(dw_partial_row, cols, dw_acc, dw_comp, col_mask, PRECISE)
             if HAS_BIAS:
-                db = tl.sum(widen(db_acc, PRECISE) - widen(db_comp, PRECISE), axis=0)
-                tl.store(db_partial_row + cols, db, mask=col_mask)
+                store_lane_sums(db_partial_row, cols, db_acc, db_comp, col_mask, PRECISE)
     else:
-        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial rows live
-        # in global memory and each element is read and written by the same thread (same layout)
-        for start in range(0, n_cols, BLOCK_N):
-            chunk = start + cols
-            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
-            if HAS_BIAS:
-                tl.store(db_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
+        # BLOCK_M == 1: one row at a time, two passes over its column chunks (``_norm_math``)
+        zero_partial_rows(dw_partial_row, db_partial_row, n_cols, BLOCK_N, HAS_BIAS)
         for tile in range(0, tiles_per_program):
             row = first_row + tile
             if row < n_rows:
@@ -240,30 +227,24 @@ def _layer_norm_bwd_kernel(
                 sum_gxhat = tl.zeros([BLOCK_N], dtype=tl.float32)
                 sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32)
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
+                    )
                     g = dy * w
                     sum_gxhat += g * tl.where(mask, (x - mean) * rstd, 0.0)
                     sum_g += g
                 mean_gxhat = tl.sum(sum_gxhat, axis=0) / n_cols
                 mean_g = tl.sum(sum_g, axis=0) / n_cols
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32)
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
+                    )
                     xhat = tl.where(mask, (x - mean) * rstd, 0.0)
                     dx = rstd * (dy * w - xhat * mean_gxhat - mean_g)
                     tl.store(dx_ptr + row * dx_row_stride + chunk, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-                    dw_old = tl.load(dw_partial_row + chunk, mask=mask, other=0.0)
-                    tl.store(dw_partial_row + chunk, dw_old + widen(dy * xhat, PRECISE), mask=mask)
-                    if HAS_BIAS:
-                        db_old = tl.load(db_partial_row + chunk, mask=mask, other=0.0)
-                        tl.store(db_partial_row + chunk, db_old + widen(dy, PRECISE), mask=mask)
+                    add_to_partial_rows(
+                        dw_partial_row, db_partial_row, chunk, dy, xhat, mask, PRECISE, HAS_BIAS
+                    )
 
 
 # Kernel launchers: torch.library custom ops for torch.compile, plain calls in eager mode
@@ -361,9 +342,7 @@ def _layer_norm_bwd_impl(
             num_warps=tuning.NORM_BWD_TILE_SUM_WARPS,
         )
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
-    partial_dtype = torch.float64 if precise else torch.float32  # as in rms_norm
-    shape = (2, programs, n_cols) if has_bias else (programs, n_cols)
-    partials = torch.empty(shape, dtype=partial_dtype, device=x.device)
+    partials = partials_buffer(x, (2, programs, n_cols) if has_bias else (programs, n_cols))
     if rowwise:
         _layer_norm_bwd_row_kernel[(programs,)](
             dy, x, w, mean, rstd, dx, partials, n_rows, n_cols,

@@ -45,15 +45,26 @@ from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, norm_bwd_programs, norm_settings
 from liger_core.ops._norm_math import (
     accumulate,
+    add_to_partial_rows,
     as_shape,
     check_group_size,
+    chunk_mask,
+    first_tiles,
     inv_sqrt_mean,
-    load_tiles,
+    load_row_chunk,
+    load_rows,
+    next_tiles,
+    partials_buffer,
     per_group,
     reload_tiles,
+    row_block,
     rows_view,
+    store_lane_sums,
+    store_rows,
+    store_tile,
     sum_partials,
     widen,
+    zero_partial_rows,
 )
 from liger_core.reference.rms_norm import CASTING_MODES
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, on_local_shards
@@ -87,25 +98,22 @@ def _rms_norm_fwd_kernel(
     SINGLE_PASS: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < n_rows
-    cols = tl.arange(0, BLOCK_N)
-    x_rows = x_ptr + rows[:, None] * x_row_stride
-    y_rows = y_ptr + rows[:, None] * y_row_stride
+    rows, row_mask, cols, x_rows, y_rows = row_block(
+        x_ptr, y_ptr, n_rows, x_row_stride, y_row_stride, BLOCK_M, BLOCK_N
+    )
     x_dtype = x_ptr.dtype.element_ty
 
     if SINGLE_PASS:
-        mask = row_mask[:, None] & (cols[None, :] < n_cols)
-        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mask = chunk_mask(row_mask, cols, n_cols)
+        x = load_rows(x_rows, cols, mask)
         x_wide = widen(x, PRECISE)
         sum_sq = tl.sum(x_wide * x_wide, axis=1)
     else:
         sum_sq = widen(tl.zeros([BLOCK_M], dtype=tl.float32), PRECISE)
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
-            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
-            x_wide = widen(tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32), PRECISE)
+            mask = chunk_mask(row_mask, chunk, n_cols)
+            x_wide = widen(load_rows(x_rows, chunk, mask), PRECISE)
             sum_sq += tl.sum(x_wide * x_wide, axis=1)
     rstd = inv_sqrt_mean(sum_sq, n_cols, eps)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
@@ -113,15 +121,15 @@ def _rms_norm_fwd_kernel(
     if SINGLE_PASS:
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = _rms_norm_scale(x, rstd, w, offset, x_dtype, ROUND_BEFORE_WEIGHT)
-        tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        store_rows(y_rows, cols, y, mask)
     else:
         for start in range(0, n_cols, BLOCK_N):
             chunk = start + cols
-            mask = row_mask[:, None] & (chunk[None, :] < n_cols)
-            x = tl.load(x_rows + chunk[None, :], mask=mask, other=0.0).to(tl.float32)
+            mask = chunk_mask(row_mask, chunk, n_cols)
+            x = load_rows(x_rows, chunk, mask)
             w = tl.load(w_ptr + chunk, mask=chunk < n_cols, other=0.0).to(tl.float32)
             y = _rms_norm_scale(x, rstd, w, offset, x_dtype, ROUND_BEFORE_WEIGHT)
-            tl.store(y_rows + chunk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+            store_rows(y_rows, chunk, y, mask)
 
 
 @fast_launch
@@ -160,25 +168,15 @@ def _rms_norm_bwd_kernel(
         # BLOCK_M lanes are summed once at the end (in fp64 when PRECISE)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         dw_comp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        rows = first_row + tl.arange(0, BLOCK_M)
-        rows_end = tl.minimum(first_row + tiles_per_program * BLOCK_M, n_rows)  # this program's rows
-        if PREFETCH:
-            mask = (rows < n_rows)[:, None] & col_mask[None, :]
-            dy_next, x_next = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
+        rows, rows_end, dy_next, x_next = first_tiles(
+            dy_ptr, x_ptr, first_row, cols, n_rows, col_mask, dy_row_stride, x_row_stride, tiles_per_program,
+            BLOCK_M, PREFETCH,
+        )  # fmt: skip
         for _ in range(0, tiles_per_program):
-            row_mask = rows < n_rows
-            mask = row_mask[:, None] & col_mask[None, :]
-            if PREFETCH:
-                # the next tile's loads are issued before this tile's math: two tiles in flight per program
-                dy, x = dy_next, x_next
-                next_mask = (rows + BLOCK_M < rows_end)[:, None] & col_mask[None, :]
-                dy_next, x_next = load_tiles(
-                    dy_ptr, x_ptr, rows + BLOCK_M, cols, dy_row_stride, x_row_stride, next_mask
-                )
-            else:
-                dy, x = load_tiles(dy_ptr, x_ptr, rows, cols, dy_row_stride, x_row_stride, mask)
-            dy = dy.to(tl.float32)
-            x = x.to(tl.float32)
+            dy, x, row_mask, mask, dy_next, x_next = next_tiles(
+                dy_ptr, x_ptr, rows, cols, n_rows, rows_end, col_mask, dy_row_stride, x_row_stride,
+                dy_next, x_next, BLOCK_M, PREFETCH,
+            )  # fmt: skip
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
             if RELOAD:
                 w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
@@ -193,44 +191,33 @@ def _rms_norm_bwd_kernel(
                 xn = x.to(tl.float32) * rstd[:, None]
                 g = dy.to(tl.float32) * w[None, :]
             dx = rstd[:, None] * (g - xn * mean_gxn[:, None])
-            tl.store(
-                dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
-                dx.to(dx_ptr.dtype.element_ty),
-                mask=mask,
-            )
+            store_tile(dx_ptr, rows, cols, dx_row_stride, dx, mask)
             rows += BLOCK_M
-        dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
-        tl.store(dw_partial_row + cols, dw, mask=col_mask)
+        store_lane_sums(dw_partial_row, cols, dw_acc, dw_comp, col_mask, PRECISE)
     else:
-        # BLOCK_M == 1: one row at a time, two passes over its column chunks; the partial row lives
-        # in global memory and is read and written by the same thread for each element (same layout)
-        for start in range(0, n_cols, BLOCK_N):
-            chunk = start + cols
-            tl.store(dw_partial_row + chunk, tl.zeros([BLOCK_N], dtype=tl.float32), mask=chunk < n_cols)
+        # BLOCK_M == 1: one row at a time, two passes over its column chunks (``_norm_math``)
+        zero_partial_rows(dw_partial_row, dw_partial_row, n_cols, BLOCK_N, False)
         for tile in range(0, tiles_per_program):
             row = first_row + tile
             if row < n_rows:
                 rstd = tl.load(rstd_ptr + row)
                 dot = tl.zeros([BLOCK_N], dtype=tl.float32)
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32) + offset
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
+                    )
+                    w += offset
                     dot += dy * w * (x * rstd)
                 mean_gxn = tl.sum(dot, axis=0) / n_cols
                 for start in range(0, n_cols, BLOCK_N):
-                    chunk = start + cols
-                    mask = chunk < n_cols
-                    dy = tl.load(dy_ptr + row * dy_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    x = tl.load(x_ptr + row * x_row_stride + chunk, mask=mask, other=0.0).to(tl.float32)
-                    w = tl.load(w_ptr + chunk, mask=mask, other=0.0).to(tl.float32) + offset
+                    chunk, mask, dy, x, w = load_row_chunk(
+                        dy_ptr, x_ptr, w_ptr, row, start, cols, n_cols, dy_row_stride, x_row_stride
+                    )
+                    w += offset
                     xn = x * rstd
                     dx = rstd * (dy * w - xn * mean_gxn)
                     tl.store(dx_ptr + row * dx_row_stride + chunk, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-                    dw_old = tl.load(dw_partial_row + chunk, mask=mask, other=0.0)
-                    tl.store(dw_partial_row + chunk, dw_old + widen(dy * xn, PRECISE), mask=mask)
+                    add_to_partial_rows(dw_partial_row, dw_partial_row, chunk, dy, xn, mask, PRECISE, False)
 
 
 def _output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
@@ -267,9 +254,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     s = norm_settings(n_cols, backward=True, rms_norm=True)
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     precise = x.dtype == torch.float32
-    # partial rows in fp64 only where the data is fp32 (bf16/fp16: fp32 partials, summed in fp32)
-    partial_dtype = torch.float64 if precise else torch.float32
-    dw_partial = torch.empty((programs, n_cols), dtype=partial_dtype, device=x.device)
+    dw_partial = partials_buffer(x, (programs, n_cols))
     _rms_norm_bwd_kernel[(programs,)](
         dy, x, w, rstd, dx, dw_partial, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), offset,
         tiles_per_program, BLOCK_M=s.block_m, BLOCK_N=s.block_n, SINGLE_PASS=s.single_pass,

@@ -47,8 +47,18 @@ from liger_core.dispatch import (
 from liger_core.ops import _launch
 from liger_core.ops._activation_math import sigmoid_from_m, sigmoid_of_minus_abs, times_sigmoid
 from liger_core.ops._fastlaunch import fast_launch
-from liger_core.ops._launch import cdiv, next_power_of_2, num_sms
-from liger_core.ops._norm_math import accumulate, as_shape, inv_sqrt_mean, rows_view, sum_partials, widen
+from liger_core.ops._launch import cdiv, next_power_of_2, persistent_grid
+from liger_core.ops._norm_math import (
+    accumulate,
+    as_shape,
+    inv_sqrt_mean,
+    partials_buffer,
+    rows_view,
+    store_lane_sums,
+    store_tile,
+    sum_partials,
+    widen,
+)
 from liger_core.reference.rms_norm_gated import ACTIVATIONS, CASTING_MODES, output_dtype
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, is_dtensor
 
@@ -121,7 +131,7 @@ def _rms_norm_gated_fwd_kernel(
         y = y.to(x_dtype).to(tl.float32)
     if NORM_BEFORE_GATE:
         y = y * a
-    tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_tile(y_ptr, rows, cols, y_row_stride, y, mask)
 
 
 @fast_launch
@@ -192,17 +202,10 @@ def _rms_norm_gated_bwd_kernel(
         if PRECISE:
             # an infinite gate makes an infinite dw term: no rounding error to carry (inf - inf would be NaN)
             dw_comp = tl.where(tl.abs(dw_acc) < float("inf"), dw_comp, 0.0)
-        tl.store(
-            dx_ptr + rows[:, None] * dx_row_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask
-        )
-        tl.store(
-            dgate_ptr + rows[:, None] * dgate_row_stride + cols[None, :],
-            dgate.to(dgate_ptr.dtype.element_ty),
-            mask=mask,
-        )
+        store_tile(dx_ptr, rows, cols, dx_row_stride, dx, mask)
+        store_tile(dgate_ptr, rows, cols, dgate_row_stride, dgate, mask)
         rows += BLOCK_M
-    dw = tl.sum(widen(dw_acc, PRECISE) - widen(dw_comp, PRECISE), axis=0)
-    tl.store(dw_partial_ptr + pid * n_cols + cols, dw, mask=col_mask)
+    store_lane_sums(dw_partial_ptr + pid * n_cols, cols, dw_acc, dw_comp, col_mask, PRECISE)
 
 
 def _tile(group_size: int) -> tuple[int, int, int]:
@@ -263,15 +266,11 @@ def _rms_norm_gated_bwd_impl(
     if n_rows == 0:
         return dx, dgate, torch.zeros_like(w)
     block_m, block_n, warps = _tile(group_size)
-    n_tiles = cdiv(n_rows, block_m)
-    target = num_sms(x.device) * tuning.NORM_BWD_PROGRAMS_PER_SM
-    tiles_per_program = cdiv(n_tiles, min(target, n_tiles))
-    programs = cdiv(n_tiles, tiles_per_program)
-    precise = x.dtype == torch.float32
-    # partial rows in fp64 only where the data is fp32 (bf16/fp16: fp32 partials, summed in fp32)
-    partials = torch.empty(
-        (programs, n_cols), dtype=torch.float64 if precise else torch.float32, device=x.device
+    programs, tiles_per_program = persistent_grid(
+        x.device, cdiv(n_rows, block_m), tuning.NORM_BWD_PROGRAMS_PER_SM
     )
+    precise = x.dtype == torch.float32
+    partials = partials_buffer(x, (programs, n_cols))
     _rms_norm_gated_bwd_kernel[(programs, n_cols // group_size)](
         dy, x, gate, w, rstd, dx, dgate, partials, n_rows, n_cols, group_size, dy.stride(0), x.stride(0),
         gate.stride(0), dx.stride(0), dgate.stride(0), offset, tiles_per_program,

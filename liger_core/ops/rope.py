@@ -43,7 +43,6 @@ exact. Under torch.compile and for inference-mode tables both halves are always 
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -53,6 +52,14 @@ import triton.language as tl
 from liger_core import reference, tuning
 from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_tensor, launcher, use_triton
 from liger_core.ops._fastlaunch import fast_launch
+from liger_core.ops._rope_math import (
+    FREQ_TABLES,
+    TABLES,
+    TableHalves,
+    check_table_halves,
+    layout_bits,
+    layout_constexprs,
+)
 
 # Elements of one [heads x half-rotary] tile per step of the head loop: ``tuning.ROPE_TILE_ELEMENTS``.
 _NUM_WARPS = 4
@@ -67,6 +74,29 @@ _MANY_HEAD_ELEMENTS = 8192
 
 
 @triton.jit
+def _head_tile(
+    stride_h,
+    h0,
+    N_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    PAIRS: tl.constexpr,
+):
+    """(head offsets, first-half features, second-half features, mask) of the tile of heads [h0, h0 +
+    BLOCK_H) of one token: the features [0, HALF) and [HALF, 2 HALF), or with PAIRS the even and odd ones
+    (interleaved)."""
+    heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = (heads < N_HEADS)[:, None] & (cols < HALF)[None, :]
+    if PAIRS:
+        first, second = 2 * cols, 2 * cols + 1
+    else:
+        first, second = cols, cols + HALF
+    return heads[:, None] * stride_h, first, second, mask
+
+
+@triton.jit
 def _load_halves(
     x_ptr,
     x_stride_h,
@@ -77,16 +107,9 @@ def _load_halves(
     BLOCK_HALF: tl.constexpr,
     PAIRS: tl.constexpr,
 ):
-    """The two rotary halves of heads [h0, h0 + BLOCK_H) of one token (x_ptr: head 0, feature 0), fp32: the
-    features [0, HALF) and [HALF, 2 HALF), or with PAIRS the even and odd ones (interleaved)."""
-    heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_HALF)
-    mask = (heads < N_HEADS)[:, None] & (cols < HALF)[None, :]
-    if PAIRS:
-        first, second = 2 * cols, 2 * cols + 1
-    else:
-        first, second = cols, cols + HALF
-    rows = heads[:, None] * x_stride_h
+    """The two rotary halves of heads [h0, h0 + BLOCK_H) of one token (x_ptr: head 0, feature 0), fp32
+    (``_head_tile``'s features)."""
+    rows, first, second, mask = _head_tile(x_stride_h, h0, N_HEADS, HALF, BLOCK_H, BLOCK_HALF, PAIRS)
     x1 = tl.load(x_ptr + rows + first[None, :], mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + rows + second[None, :], mask=mask, other=0.0).to(tl.float32)
     return x1, x2
@@ -110,15 +133,8 @@ def _store_rotated(
     PAIRS: tl.constexpr,
 ):
     """y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2 for heads [h0, h0 + BLOCK_H), rounded once to y's dtype, stored
-    as halves, or with PAIRS as the even and odd features (``_load_halves``)."""
-    heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_HALF)
-    mask = (heads < N_HEADS)[:, None] & (cols < HALF)[None, :]
-    if PAIRS:
-        first, second = 2 * cols, 2 * cols + 1
-    else:
-        first, second = cols, cols + HALF
-    rows = heads[:, None] * y_stride_h
+    as halves, or with PAIRS as the even and odd features (``_head_tile``)."""
+    rows, first, second, mask = _head_tile(y_stride_h, h0, N_HEADS, HALF, BLOCK_H, BLOCK_HALF, PAIRS)
     y1 = x1 * c1[None, :] - x2 * s1[None, :]
     y2 = x2 * c2[None, :] + x1 * s2[None, :]
     tl.store(y_ptr + rows + first[None, :], y1.to(y_ptr.dtype.element_ty), mask=mask)
@@ -326,38 +342,6 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # distinct shapes (variable sequence lengths); the cache starts over beyond this
 
 
-# The layout flags, one int through the custom ops (bits of ``layout``)
-_PAIRS_IN, _PAIRS_OUT, _PAIR_TABLES, _FREQ_TABLES, _NEGATE_SIN, _ROTARY_LAST = (1 << i for i in range(6))
-TABLES = ("halves", "pairs", "freqs")  # the table layouts ``rope`` takes
-
-
-def _layout_bits(
-    interleaved: bool, deinterleave: bool, tables: str, negate_sin: bool, rotary_last: bool
-) -> int:
-    return (
-        (_PAIRS_IN if interleaved else 0)
-        | (_PAIRS_OUT if interleaved and not deinterleave else 0)
-        | (_PAIR_TABLES if tables == "pairs" else 0)
-        | (_FREQ_TABLES if tables == "freqs" else 0)
-        | (_NEGATE_SIN if negate_sin else 0)
-        | (_ROTARY_LAST if rotary_last else 0)
-    )
-
-
-def _layout_constexprs(layout: int, halves_equal: bool) -> dict:
-    return dict(
-        # interleaved pairs read the first half of cat(freqs, freqs) tables; freqs tables are that half
-        HALVES_EQUAL=halves_equal
-        or bool(layout & _FREQ_TABLES)
-        or bool(layout & _PAIRS_IN and not layout & _PAIR_TABLES),
-        PAIRS_IN=bool(layout & _PAIRS_IN),
-        PAIRS_OUT=bool(layout & _PAIRS_OUT),
-        PAIR_TABLES=bool(layout & _PAIR_TABLES),
-        NEGATE_SIN=bool(layout & _NEGATE_SIN),
-        ROTARY_LAST=bool(layout & _ROTARY_LAST),
-    )
-
-
 def _plan(
     x_q: torch.Tensor,
     x_k: torch.Tensor,
@@ -372,7 +356,7 @@ def _plan(
     batch, dim_1, dim_2, head_dim = x_q.shape
     seq_len, n_q_heads = (dim_2, dim_1) if unsqueeze_dim == 1 else (dim_1, dim_2)
     n_k_heads = x_k.shape[unsqueeze_dim]
-    half = cos.shape[-1] if layout & _FREQ_TABLES else cos.shape[-1] // 2
+    half = cos.shape[-1] if layout & FREQ_TABLES else cos.shape[-1] // 2
     pass_dim = head_dim - 2 * half
     block_half = _pow2(half)
     heads_per_tile = max(1, tuning.ROPE_TILE_ELEMENTS // block_half)
@@ -439,7 +423,7 @@ def _launch(
             y_q,
             y_k,
             *plan.args,
-            **_layout_constexprs(layout, halves_equal),
+            **layout_constexprs(layout, halves_equal),
             **plan.constexprs,
         )
     return y_q, y_k
@@ -496,73 +480,10 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> integer view
-
-
-class _TableHalves:
-    """Whether a (cos, sin) pair repeats its first half bitwise (HF's ``cat(freqs, freqs)``; 0.0 and -0.0 or
-    NaNs differ): checked on the device when the pair is first seen, read on the host once that is done."""
-
-    __slots__ = ("cos_ref", "sin_ref", "versions", "equal", "host_flag", "event")
-
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, versions: tuple[int, int]) -> None:
-        self.cos_ref, self.sin_ref, self.versions = weakref.ref(cos), weakref.ref(sin), versions
-        half = cos.shape[-1] // 2
-        with torch.no_grad():
-            bits = _BITS[cos.element_size()]
-            c, s = cos.detach().view(bits), sin.detach().view(bits)
-            equal = torch.logical_and(
-                (c[..., :half] == c[..., half:]).all(), (s[..., :half] == s[..., half:]).all()
-            )
-        self.equal: bool | None = None
-        self.host_flag = self.event = None
-        if cos.is_cuda:  # the answer comes back asynchronously: no sync
-            self.host_flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            self.host_flag.copy_(equal, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.equal = bool(equal)
-
-    def matches(self, cos: torch.Tensor, sin: torch.Tensor, versions: tuple[int, int]) -> bool:
-        return self.cos_ref() is cos and self.sin_ref() is sin and self.versions == versions
-
-    def known_equal(self) -> bool:
-        """True once the check is done and found equal halves; False before (the kernel reads both)."""
-        if self.equal is None and self.event is not None and not torch.cuda.is_current_stream_capturing():
-            if self.event.query():
-                self.equal = bool(self.host_flag)
-                self.host_flag = self.event = None
-        return bool(self.equal)
-
-
-# (id(cos), id(sin)) -> the pair's check; entries are validated by identity and version on every lookup
-_TABLE_CHECKS: dict[tuple[int, int], _TableHalves] = {}
-_MAX_TABLE_CHECKS = 64  # live table pairs remembered (HF: one per forward); the cache starts over beyond this
-
-
-def _table_check(cos: torch.Tensor, sin: torch.Tensor) -> _TableHalves | None:
-    """The cached check of this (cos, sin) pair, started now if new. None (both halves are always read) under
-    torch.compile, for inference-mode tables (no version counter) and inside a CUDA-graph capture."""
-    if torch.compiler.is_compiling() or cos.is_inference() or sin.is_inference():
-        return None
-    key = (id(cos), id(sin))
-    versions = (cos._version, sin._version)
-    check = _TABLE_CHECKS.get(key)
-    if check is not None and check.matches(cos, sin, versions):
-        return check
-    if cos.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    if len(_TABLE_CHECKS) >= _MAX_TABLE_CHECKS:
-        _TABLE_CHECKS.clear()
-    check = _TABLE_CHECKS[key] = _TableHalves(cos, sin, versions)
-    return check
-
-
 class RopeFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, q, k, cos, sin, table_check: _TableHalves | None, unsqueeze_dim: int, options: dict, out_dtype
+        ctx, q, k, cos, sin, table_check: TableHalves | None, unsqueeze_dim: int, options: dict, out_dtype
     ):
         q, k = _unit_last_stride(q), _unit_last_stride(k)
         cos_strides = cos.stride()
@@ -570,7 +491,7 @@ class RopeFunction(torch.autograd.Function):
             cos, sin = cos.contiguous(), sin.contiguous()
         ctx.unsqueeze_dim = unsqueeze_dim
         ctx.options = options  # the layout keywords of ``rope``
-        layout = ctx.layout = _layout_bits(**options)
+        layout = ctx.layout = layout_bits(**options)
         # cos/sin are saved (autograd fails on their in-place change before the backward), so the check still
         # holds there; by then its answer has usually arrived
         ctx.table_check = table_check
@@ -722,7 +643,9 @@ def rope(
         table_check = None
         plain = not interleaved and tables == "halves"
         if use_triton(q) and plain and cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= head_dim:
-            table_check = _table_check(cos, sin)  # of the whole table: its gathered rows share the answer
+            table_check = check_table_halves(
+                cos, sin
+            )  # of the whole table: its gathered rows share the answer
         cos, sin = cos[position_ids], sin[position_ids]
     elif cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] != seq_len:
         raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (1 or {batch}, {seq_len}, rotary_dim)")
@@ -744,5 +667,5 @@ def rope(
         return reference.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, out_dtype=out_dtype, **options)
     if position_ids is None:
         # only rotate-half on cat(freqs, freqs) tables may read both halves: the others need no check
-        table_check = _table_check(cos, sin) if not interleaved and tables == "halves" else None
+        table_check = check_table_halves(cos, sin) if not interleaved and tables == "halves" else None
     return RopeFunction.apply(q, k, cos, sin, table_check, unsqueeze_dim, options, out_dtype)

@@ -25,6 +25,7 @@ PARTIAL_ROTARY = {"cpu": 22, "cuda": 64}  # rotary_dim < head_dim (Phi/GLM-style
 LAYOUTS = ["hf_transpose", "contiguous", "bthd", "noncontiguous"]
 # the module itself (liger_core.ops binds the name `rope` to the function)
 rope_module = importlib.import_module("liger_core.ops.rope")
+rope_math = importlib.import_module("liger_core.ops._rope_math")
 
 
 def make_qk(shape, layout, dtype, device):
@@ -174,7 +175,7 @@ def test_rope_position_ids_gather_table_rows(ids_shape):
 
 
 def _flag(cos, sin):
-    check = rope_module._table_check(cos, sin)
+    check = rope_math.check_table_halves(cos, sin)
     return None if check is None else check.known_equal()
 
 
@@ -186,9 +187,9 @@ def test_rope_table_check_cached_and_never_stale(dtype, poison_empty):
     q, k, unsqueeze_dim = make_qk(shape, "hf_transpose", dtype, "cpu")
     cos, sin = make_cos_sin(1, shape[3], shape[4], dtype, "cpu")
     check_against_eager(q, k, cos, sin, unsqueeze_dim, apply_rotary_pos_emb)
-    check = rope_module._table_check(cos, sin)
+    check = rope_math.check_table_halves(cos, sin)
     assert check.known_equal()
-    assert rope_module._table_check(cos, sin) is check  # cached: no second check
+    assert rope_math.check_table_halves(cos, sin) is check  # cached: no second check
     assert _flag(cos.clone(), sin)  # another object: its own check
     half = shape[4] // 2
     with torch.no_grad():
@@ -221,7 +222,7 @@ def test_rope_table_check_arrives_without_sync_cuda():
     shape = (2, 8, 2, 1024, 128)
     q, k, unsqueeze_dim = make_qk(shape, "hf_transpose", torch.bfloat16, "cuda")
     cos, sin = make_cos_sin(1, 1024, 128, torch.bfloat16, "cuda")
-    check = rope_module._table_check(cos, sin)
+    check = rope_math.check_table_halves(cos, sin)
     torch.cuda.synchronize()
     assert check.known_equal()
     both = rope_module._launch(q, k, cos, sin, False, unsqueeze_dim, torch.bfloat16, False)
