@@ -6,9 +6,10 @@ of two):
 
 - rms_norm, layer_norm: tokens x hidden
 - swiglu (models with silu MLPs), geglu (gelu MLPs): tokens x intermediate
+- relu_squared: tokens x intermediate of every model (the MLP activation of relu^2 models)
 - rope: batch x heads x seq x head_dim for q, batch x kv_heads x seq x head_dim for k
-- cross_entropy, kl_div, jsd: tokens x vocab
-- fused_linear_cross_entropy: tokens x hidden -> vocab
+- cross_entropy, kl_div, jsd, tvd, softmax, sparsemax: tokens x vocab
+- fused_linear_cross_entropy, fused_linear_scaled_cross_entropy: tokens x hidden -> vocab
 - fused_linear_jsd: student tokens x hidden, teacher tokens x the largest hidden of the models sharing its
   vocabulary -> vocab
 
@@ -96,11 +97,16 @@ def model_shapes(op: str, m: dict, batch: int, seq: int, models: Sequence[dict])
     if op in _GLU_ACT:
         widths = [m["intermediate"]] + ([m["moe_intermediate"]] if "moe_intermediate" in m else [])
         return [{"M": tokens, "N": n} for n in widths] if m["act"] == _GLU_ACT[op] else []
+    if op == "relu_squared":  # the MLP activation at the model's widths (as relu^2 models use it)
+        widths = [m["intermediate"]] + ([m["moe_intermediate"]] if "moe_intermediate" in m else [])
+        return [{"M": tokens, "N": n} for n in widths]
     if op == "rope":
         return [{"B": batch, "T": seq, "Hq": m["heads"], "Hk": m["kv_heads"], "D": m["head_dim"]}]
-    if op in ("cross_entropy", "kl_div", "jsd"):
+    if op in ("cross_entropy", "kl_div", "jsd", "tvd"):
         return [{"N": tokens, "V": m["vocab"]}]
-    if op == "fused_linear_cross_entropy":
+    if op in ("softmax", "sparsemax"):  # over the vocabulary, as output layers
+        return [{"M": tokens, "N": m["vocab"]}]
+    if op in ("fused_linear_cross_entropy", "fused_linear_scaled_cross_entropy"):
         return [{"BT": tokens, "H": m["hidden"], "V": m["vocab"]}]
     if op == "fused_linear_jsd":
         teacher = max(o["hidden"] for o in models if o["vocab"] == m["vocab"])
@@ -322,7 +328,8 @@ def run_sweep(args: argparse.Namespace, device: torch.device, out_dir: Path) -> 
         if (case.op, label) in done:
             continue
         if time.time() - t0 > 60 * args.max_minutes:
-            left = [f"{c.op} {OPS[c.op].label(c.shape)}" for c in cases[i:]]
+            labels = ((c.op, OPS[c.op].label(c.shape)) for c in cases[i:])
+            left = [f"{op} {lbl}" for op, lbl in labels if (op, lbl) not in done]  # not earlier runs'
             break
         if est_bytes(case, dtype) > 0.9 * total_mem:
             skipped_mem.append(f"{case.op} {label} ({est_bytes(case, dtype) / 2**30:.0f} GiB)")

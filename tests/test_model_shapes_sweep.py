@@ -1,5 +1,5 @@
 """benchmarks/model_shapes.py on CPU: the model table, the shapes it derives per op, the summary, and the
-sweep's and the RMSNorm A/B's plumbing end to end in Triton's interpreter (``--cpu-smoke``, untimed)."""
+sweep's plumbing end to end in Triton's interpreter (``--cpu-smoke``, untimed)."""
 
 from __future__ import annotations
 
@@ -116,3 +116,12 @@ def test_time_limit_leaves_shapes_for_resume(tmp_path):
     assert _run("--max-minutes", "0", "--ops", "rms_norm", "rope", tmp_path=tmp_path) == 0
     meta = json.loads((tmp_path / "model_shapes.meta.json").read_text())
     assert meta["shapes_run"] == 0 and len(meta["shapes_left_by_time_limit"]) == 4
+
+
+def test_resume_leaves_only_shapes_not_yet_run(tmp_path):
+    """A resumed run cut off by the time limit lists the shapes still to run, not those of earlier runs."""
+    assert _run("--ops", "rms_norm", "--providers", "torch", "liger_core", tmp_path=tmp_path) == 0
+    assert _run("--resume", "--max-minutes", "0", "--ops", "rope", "rms_norm", tmp_path=tmp_path) == 0
+    meta = json.loads((tmp_path / "model_shapes.meta.json").read_text())
+    assert meta["shapes_run"] == 0 and len(meta["earlier_runs"]) == 1
+    assert sorted(s.split()[0] for s in meta["shapes_left_by_time_limit"]) == ["rope", "rope"]
