@@ -6,9 +6,10 @@ of two):
 
 - rms_norm, layer_norm: tokens x hidden
 - swiglu (models with silu MLPs), geglu (gelu MLPs): tokens x intermediate
+- relu_squared: tokens x intermediate of every model (the MLP activation of relu^2 models)
 - rope: batch x heads x seq x head_dim for q, batch x kv_heads x seq x head_dim for k
-- cross_entropy, kl_div, jsd: tokens x vocab
-- fused_linear_cross_entropy: tokens x hidden -> vocab
+- cross_entropy, kl_div, jsd, tvd, softmax, sparsemax: tokens x vocab
+- fused_linear_cross_entropy, fused_linear_scaled_cross_entropy: tokens x hidden -> vocab
 - fused_linear_jsd: student tokens x hidden, teacher tokens x the largest hidden of the models sharing its
   vocabulary -> vocab
 
@@ -27,7 +28,6 @@ liger_core's ratio to it (1.0: liger_core is the fastest); ``model_shapes_rows.c
     python benchmarks/model_shapes.py                          # ~8 min -> benchmarks/results/<hw>/
     python benchmarks/model_shapes.py --ops rms_norm swiglu --max-minutes 3
     python benchmarks/model_shapes.py --resume                 # continue a cut-off run
-    python benchmarks/model_shapes.py --ab rms_norm            # RMSNorm launch policies at every hidden size
     python benchmarks/model_shapes.py --list                   # the distinct shapes per op, nothing run
     python benchmarks/model_shapes.py --cpu-smoke              # CPU: 2 tiny shapes per op, untimed
 """
@@ -97,11 +97,16 @@ def model_shapes(op: str, m: dict, batch: int, seq: int, models: Sequence[dict])
     if op in _GLU_ACT:
         widths = [m["intermediate"]] + ([m["moe_intermediate"]] if "moe_intermediate" in m else [])
         return [{"M": tokens, "N": n} for n in widths] if m["act"] == _GLU_ACT[op] else []
+    if op == "relu_squared":  # the MLP activation at the model's widths (as relu^2 models use it)
+        widths = [m["intermediate"]] + ([m["moe_intermediate"]] if "moe_intermediate" in m else [])
+        return [{"M": tokens, "N": n} for n in widths]
     if op == "rope":
         return [{"B": batch, "T": seq, "Hq": m["heads"], "Hk": m["kv_heads"], "D": m["head_dim"]}]
-    if op in ("cross_entropy", "kl_div", "jsd"):
+    if op in ("cross_entropy", "kl_div", "jsd", "tvd"):
         return [{"N": tokens, "V": m["vocab"]}]
-    if op == "fused_linear_cross_entropy":
+    if op in ("softmax", "sparsemax"):  # over the vocabulary, as output layers
+        return [{"M": tokens, "N": m["vocab"]}]
+    if op in ("fused_linear_cross_entropy", "fused_linear_scaled_cross_entropy"):
         return [{"BT": tokens, "H": m["hidden"], "V": m["vocab"]}]
     if op == "fused_linear_jsd":
         teacher = max(o["hidden"] for o in models if o["vocab"] == m["vocab"])
@@ -323,7 +328,8 @@ def run_sweep(args: argparse.Namespace, device: torch.device, out_dir: Path) -> 
         if (case.op, label) in done:
             continue
         if time.time() - t0 > 60 * args.max_minutes:
-            left = [f"{c.op} {OPS[c.op].label(c.shape)}" for c in cases[i:]]
+            labels = ((c.op, OPS[c.op].label(c.shape)) for c in cases[i:])
+            left = [f"{op} {lbl}" for op, lbl in labels if (op, lbl) not in done]  # not earlier runs'
             break
         if est_bytes(case, dtype) > 0.9 * total_mem:
             skipped_mem.append(f"{case.op} {label} ({est_bytes(case, dtype) / 2**30:.0f} GiB)")
@@ -388,136 +394,6 @@ def _timing(name: str, timing_cls):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# A/B: RMSNorm launch policies for hidden sizes that are not powers of two
-# ------------------------------------------------------------------------------------------------------------
-
-AB_POLICIES = ("pad", "rows", "chunks")  # tuning.NORM_NPOW2_RMS_NORM values; "pad" is the old launch
-
-
-def run_ab_rms_norm(args: argparse.Namespace, device: torch.device, out_dir: Path) -> int:
-    """liger_core's RMSNorm under each launch policy of ``tuning.NORM_NPOW2_RMS_NORM`` at every distinct
-    hidden size of the table (tokens x hidden): checked against the float64 reference, wall and GPU time per
-    mode, and whether its outputs equal the "pad" policy's bit for bit."""
-    from liger_core import tuning
-    from liger_core.harness.correctness import CaseRunner, free_memory
-    from liger_core.harness.providers import provider_fn
-    from liger_core.harness.registry import OPS
-    from liger_core.harness.timing import Timing, time_graph, time_step
-    from liger_core.ops._launch import norm_settings
-
-    spec = OPS["rms_norm"]
-    dtype = getattr(torch, args.dtype)
-    timing = None if device.type == "cpu" else _timing(args.timing, Timing)
-    cases = distinct_shapes("rms_norm", args.models, args.batch, args.seq)
-    cases.sort(key=lambda c: c.shape["N"])
-    path = out_dir / "model_shapes_ab_rms_norm.csv"
-    cols = ("hidden", "tokens", "policy", "mode", "ms", "gpu_ms", "vs_pad_gpu", "rel_err", "eager_rel_err",
-            "check", "same_as_pad", "fwd_launch", "bwd_launch", "models")  # fmt: skip
-    path.unlink(missing_ok=True)
-    out: list[dict] = []
-    t0 = time.time()
-    for case in cases:
-        if time.time() - t0 > 60 * args.max_minutes:
-            print(f"--max-minutes {args.max_minutes} reached at hidden {case.shape['N']}")
-            break
-        runner = CaseRunner(spec, case.shape, dtype, device)
-        runner.compute_reference()
-        runner.set_eager(runner.run_checked(runner.reference).errors)
-        fn, _ = provider_fn(spec, "liger_core")
-        pad_outputs = None
-        pad_gpu: dict[str, float] = {}
-        for policy in AB_POLICIES:
-            with tuning.override(norm_npow2_rms_norm=policy):
-                launches = [norm_settings(case.shape["N"], backward=b, rms_norm=True) for b in (False, True)]
-                run = runner.run_checked(fn)
-                outputs = _outputs(run)
-                same = pad_outputs is None or all(torch.equal(a, b) for a, b in zip(outputs, pad_outputs))
-                pad_outputs = outputs if pad_outputs is None else pad_outputs
-                err, eager_err, _, ok = runner.verdict(run.errors)
-                for mode in args.modes:
-                    row = {
-                        "hidden": case.shape["N"], "tokens": case.shape["M"], "policy": policy, "mode": mode,
-                        "rel_err": err, "eager_rel_err": eager_err, "check": "ok" if ok else "FAIL",
-                        "same_as_pad": same, "models": ";".join(case.models),
-                        "fwd_launch": _launch_str(launches[0]), "bwd_launch": _launch_str(launches[1]),
-                    }  # fmt: skip
-                    if timing is not None:
-                        row["ms"] = time_step(run, mode, timing)[0]
-                        row["gpu_ms"] = time_graph(run, mode, timing, check_host_sync=False)[0]
-                        if policy == "pad":
-                            pad_gpu[mode] = row["gpu_ms"]
-                        elif pad_gpu.get(mode):
-                            row["vs_pad_gpu"] = row["gpu_ms"] / pad_gpu[mode]
-                    out.append(row)
-                    print(
-                        f"N={row['hidden']:>6} {policy:<7} {mode:<8} "
-                        + (f"{row['ms']:.4f} ms  GPU {row['gpu_ms']:.4f} ms  " if timing else "")
-                        + f"{row['check']} (err {err:.2e} vs eager {eager_err:.2e}) same as pad: {same}  "
-                        f"fwd {row['fwd_launch']} bwd {row['bwd_launch']}"
-                    )
-                del run
-        del runner, pad_outputs
-        free_memory()
-    append_csv(path, cols, out)
-    if timing is not None:
-        print_ab_table(out, args.modes)
-    print(f"\nwrote {path} ({len(out)} rows)")
-    return 0 if all(r["check"] == "ok" for r in out) else 1
-
-
-def print_ab_table(rows: Sequence[dict], modes: Sequence[str], log=print) -> None:
-    """GPU ms per hidden size and policy (policies whose launch equals "pad" there are marked '='), then per
-    mode the geometric mean of each policy's GPU time over "pad"'s across the hidden sizes it changes."""
-    log(f"\n{'hidden':>7} {'mode':<8} " + " ".join(f"{p:>10}" for p in AB_POLICIES) + "   GPU ms")
-    ratios: dict[tuple[str, str], list[float]] = {}
-    for hidden in dict.fromkeys(r["hidden"] for r in rows):
-        for mode in modes:
-            by_p = {r["policy"]: r for r in rows if r["hidden"] == hidden and r["mode"] == mode}
-            pad = by_p.get("pad", {})
-            cells = []
-            for p in AB_POLICIES:
-                r = by_p.get(p, {})
-                same = p != "pad" and (r.get("fwd_launch"), r.get("bwd_launch")) == (
-                    pad.get("fwd_launch"),
-                    pad.get("bwd_launch"),
-                )
-                t = _num(r.get("gpu_ms"))
-                cells.append((f"{t:9.4f}" if t is not None else "-".rjust(9)) + ("=" if same else " "))
-                if not same and p != "pad" and t and _num(pad.get("gpu_ms")):
-                    ratios.setdefault((p, mode), []).append(t / float(pad["gpu_ms"]))
-            log(f"{hidden:>7} {mode:<8} " + " ".join(cells))
-    for (p, mode), rs in sorted(ratios.items()):
-        gmean = math.exp(sum(math.log(r) for r in rs) / len(rs))
-        log(
-            f"{p:<7} {mode:<8}: GPU time {gmean:.3f}x of pad's (geometric mean over the {len(rs)} hidden "
-            f"size(s) it changes; best {min(rs):.3f}x, worst {max(rs):.3f}x)"
-        )
-
-
-def _outputs(run) -> list[torch.Tensor]:
-    """Forward output and gradients of one more forward and backward of a checked run's inputs."""
-    from liger_core.harness.correctness import as_tuple
-
-    for t in run.diff_tensors:
-        t.grad = None
-    outs = as_tuple(run.fn(*run.args))
-    torch.autograd.backward(outs, [g.clone() for g in run.grads])
-    got = [o.detach().clone() for o in outs] + [t.grad.clone() for t in run.diff_tensors]
-    for t in run.diff_tensors:
-        t.grad = None
-    if run.restore_pairs:
-        from liger_core.harness.correctness import restore_inputs
-
-        restore_inputs(run.restore_pairs)
-    return got
-
-
-def _launch_str(s) -> str:
-    kind = "1pass" if s.single_pass else "chunks"
-    return f"{s.block_m}x{s.block_n} {s.num_warps}w {kind}"
-
-
-# ------------------------------------------------------------------------------------------------------------
 # Entry point
 # ------------------------------------------------------------------------------------------------------------
 
@@ -535,13 +411,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"default: {' '.join(DEFAULT_OPS)}; 'all': also {more}",
     )
     p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
-    p.add_argument(
-        "--modes",
-        nargs="+",
-        default=None,
-        choices=MODES,
-        help="default: fwd+bwd (with --ab: fwd and fwd+bwd)",
-    )
+    p.add_argument("--modes", nargs="+", default=["fwd+bwd"], choices=MODES)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2047, help="tokens = batch x seq (default 8188)")
@@ -565,9 +435,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--out", type=Path, default=None, help="default benchmarks/results/<hw> (smoke: a temp dir)"
     )
-    p.add_argument(
-        "--ab", choices=("rms_norm",), help="A/B the launch policies of an op instead of the sweep"
-    )
     p.add_argument("--list", action="store_true", help="print the distinct shapes per op and exit")
     p.add_argument(
         "--cpu-smoke",
@@ -576,8 +443,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.modes is None:
-        args.modes = list(MODES) if args.ab else ["fwd+bwd"]
     if args.ops == ["all"]:
         args.ops = list(ALL_OPS)
     unknown = [o for o in args.ops if o not in ALL_OPS]
@@ -625,8 +490,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     with quiet_interpreter():
-        if args.ab == "rms_norm":
-            return run_ab_rms_norm(args, device, out_dir)
         return run_sweep(args, device, out_dir)
 
 

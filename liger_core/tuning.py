@@ -38,9 +38,8 @@ Knobs:
   ones stay where they are (the copy would cost more than the memory it frees).
 
 - Launch tables (``NORM_*``, ``ROPE_TILE_ELEMENTS``): tile shapes, warps and programs per SM of the
-  row-normalisation and RoPE kernels, each commented below with the measurement behind it;
-  ``NORM_NPOW2_RMS_NORM`` picks RMSNorm's launch policy for rows whose width is not a power of two. Tests
-  set small tiles to reach the multi-tile paths on small shapes: ``override(norm_tile_elements=64)``.
+  row-normalisation and RoPE kernels, each commented below with the measurement behind it. Tests set small
+  tiles to reach the multi-tile paths on small shapes: ``override(norm_tile_elements=64)``.
 
 ``LOOP_COUNTS`` is not a knob: calls per loop of ``fused_linear_cross_entropy`` (benchmarks and tests read
 which loop ran).
@@ -135,28 +134,6 @@ NORM_BWD_TILE_SUM_PROGRAMS_PER_SM = 8
 NORM_BWD_TILE_SUM_PREFETCH = False
 NORM_BWD_TILE_SUM_WARPS = 4
 
-# RMSNorm launch for rows whose width is not a power of two and whose tile, padded to the next power of two,
-# masks more than 1/8 of its lanes (2560 of 4096: 37.5 %, 5120 of 8192, 2304, 2880, 3072, 4608, 5376, 1536;
-# 3584, 3840, 7168, 896, 960 mask <= 12.5 % and keep "pad"):
-# - "pad": the tables above, as for a power of two (a tile holds NORM_TILE_ELEMENTS padded elements, so a
-#   tile of 2560-column rows carries 62.5 % of the bytes of a 4096-column tile; a kernel whose time goes by
-#   row reductions rather than bytes runs at 2560/4096 of its power-of-two throughput);
-# - "rows": tiles of short rows (padded width up to NORM_TILE_ELEMENTS) take as many rows as it needs for
-#   NORM_TILE_ELEMENTS real elements (2560: 2 rows of 4096 lanes), warps scaled with the tile (the same
-#   elements per thread, so the same registers); the persistent backward runs correspondingly fewer programs
-#   per SM (the warps per SM of "pad"). Wide rows (padded above NORM_TILE_ELEMENTS: 5120, 4608, 5376) keep
-#   "pad": two of them per tile would not fit in registers;
-# - "chunks": the backward as "rows"; the forward loops over column chunks of the largest power of two (512
-#   .. half the padded width) that covers the row with at most 1/8 masked (2560: 5 x 512, 2880: 3 x 1024,
-#   3072: 3 x 1024, 5120: 5 x 1024, 4608: 5 x 1024, 5376: 3 x 2048), reading x a second time (L1/L2) for the
-#   output, as torch.compile's looped reduction does at these widths; rows too short for such a chunk as
-#   "rows".
-# Same math in each (one fp32 sum of squares per row, dW summed per column; only the order of the additions
-# within a row's or a column's sum differs). Not yet measured against each other on a GPU:
-# `python benchmarks/model_shapes.py --ab rms_norm` times the three at every hidden size of the model table.
-NORM_NPOW2_RMS_NORM = "pad"
-NORM_NPOW2_POLICIES = ("pad", "rows", "chunks")
-
 # Rotary embedding (``ops.rope``): elements of one [heads x half-rotary] tile a program holds in registers per
 # step of its head loop. When q's and k's heads each fit in one tile (up to 64 heads of head_dim 64, 32 of
 # 128), all of a token's loads are issued before its first store.
@@ -172,7 +149,7 @@ KNOBS = (
     "norm_bwd_wide_programs_per_sm", "norm_bwd_rowwise_layer_norm", "norm_bwd_rowwise_warps",
     "norm_bwd_tile_sum_layer_norm", "norm_bwd_tile_sum_tile_elements",
     "norm_bwd_tile_sum_programs_per_sm", "norm_bwd_tile_sum_prefetch", "norm_bwd_tile_sum_warps",
-    "rope_tile_elements", "norm_npow2_rms_norm",
+    "rope_tile_elements",
 )  # fmt: skip
 
 LOOP_COUNTS: collections.Counter = collections.Counter()

@@ -1,5 +1,5 @@
 """benchmarks/model_shapes.py on CPU: the model table, the shapes it derives per op, the summary, and the
-sweep's and the RMSNorm A/B's plumbing end to end in Triton's interpreter (``--cpu-smoke``, untimed)."""
+sweep's plumbing end to end in Triton's interpreter (``--cpu-smoke``, untimed)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_summary_fastest_counts_only_passing_providers():
 
 
 def test_cpu_smoke_runs_every_default_op(tmp_path):
-    """Two tiny shapes per op through the suite's bench_case (checked, untimed), and the RMSNorm A/B."""
+    """Two tiny shapes per op through the suite's bench_case (checked, untimed)."""
     assert _run("--providers", "torch", "liger_core", tmp_path=tmp_path) == 0
     rows = _read(tmp_path / "model_shapes.csv")
     assert sorted({r["op"] for r in rows}) == sorted(DEFAULT_OPS)
@@ -109,10 +109,6 @@ def test_cpu_smoke_runs_every_default_op(tmp_path):
         assert sum(r["op"] == op for r in rows) == 2, op
     assert all(r["liger_core_check"] == "ok" for r in rows)
     assert (tmp_path / "model_shapes.meta.json").exists() and (tmp_path / "model_shapes_rows.csv").exists()
-
-    assert _run("--ab", "rms_norm", tmp_path=tmp_path) == 0
-    ab = _read(tmp_path / "model_shapes_ab_rms_norm.csv")
-    assert {r["policy"] for r in ab} == set(ms.AB_POLICIES) and all(r["check"] == "ok" for r in ab)
 
 
 def test_time_limit_leaves_shapes_for_resume(tmp_path):
@@ -122,16 +118,10 @@ def test_time_limit_leaves_shapes_for_resume(tmp_path):
     assert meta["shapes_run"] == 0 and len(meta["shapes_left_by_time_limit"]) == 4
 
 
-def test_ab_table_compares_only_changed_launches():
-    rows = []
-    for hidden, times in ((2560, (0.10, 0.08, 0.05)), (4096, (0.12, 0.12, 0.12))):
-        for policy, t in zip(ms.AB_POLICIES, times):
-            launch = "1x4096" if hidden == 4096 or policy == "pad" else policy
-            rows.append(
-                dict(hidden=hidden, mode="fwd+bwd", policy=policy, gpu_ms=t, fwd_launch=launch, bwd_launch="")
-            )
-    lines: list[str] = []
-    ms.print_ab_table(rows, ["fwd+bwd"], log=lines.append)
-    assert "0.1200=" in lines[2]  # 4096: the policies launch as pad, marked and left out of the means
-    assert any(line.startswith("rows") and "0.800x" in line and "over the 1 hidden" in line for line in lines)
-    assert any(line.startswith("chunks") and "0.500x" in line for line in lines)
+def test_resume_leaves_only_shapes_not_yet_run(tmp_path):
+    """A resumed run cut off by the time limit lists the shapes still to run, not those of earlier runs."""
+    assert _run("--ops", "rms_norm", "--providers", "torch", "liger_core", tmp_path=tmp_path) == 0
+    assert _run("--resume", "--max-minutes", "0", "--ops", "rope", "rms_norm", tmp_path=tmp_path) == 0
+    meta = json.loads((tmp_path / "model_shapes.meta.json").read_text())
+    assert meta["shapes_run"] == 0 and len(meta["earlier_runs"]) == 1
+    assert sorted(s.split()[0] for s in meta["shapes_left_by_time_limit"]) == ["rope", "rope"]

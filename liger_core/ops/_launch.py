@@ -71,23 +71,18 @@ _NORM_KNOBS = (
     "NORM_FUSED_MAX_COLS", "NORM_BWD_FUSED_MAX_COLS", "NORM_CHUNK_COLS", "NORM_TILE_ELEMENTS",
     "NORM_BWD_TILE_ELEMENTS_LAYER_NORM", "NORM_FWD_ELEMENTS_PER_THREAD", "NORM_BWD_ELEMENTS_PER_THREAD",
     "NORM_BWD_PREFETCH", "NORM_BWD_PROGRAMS_PER_SM", "NORM_BWD_PROGRAMS_PER_SM_LAYER_NORM",
-    "NORM_BWD_WIDE_DEFAULT", "NORM_BWD_WIDE_PROGRAMS_PER_SM", "NORM_NPOW2_RMS_NORM",
+    "NORM_BWD_WIDE_DEFAULT", "NORM_BWD_WIDE_PROGRAMS_PER_SM",
 )  # fmt: skip
 
 
-def norm_settings(
-    n_cols: int, backward: bool = False, layer_norm: bool = False, rms_norm: bool = False
-) -> NormSettings:
+def norm_settings(n_cols: int, backward: bool = False, layer_norm: bool = False) -> NormSettings:
     """Tile shape and warps for a row-normalisation kernel (forward or backward) over rows of ``n_cols``;
-    cached (host time on every launch), keyed on the knobs too since benchmarks change them. ``rms_norm``:
-    the caller is RMSNorm, whose rows of a width that is not a power of two follow
-    ``tuning.NORM_NPOW2_RMS_NORM``."""
+    cached (host time on every launch), keyed on the knobs too since benchmarks change them."""
     wide = tuning.NORM_BWD_WIDE_LAYER_NORM if layer_norm else tuning.NORM_BWD_WIDE_RMS_NORM
     key = (
         n_cols,
         backward,
         layer_norm,
-        rms_norm,
         tuple(sorted(wide.items())),
         *(getattr(tuning, n) for n in _NORM_KNOBS),
     )
@@ -99,16 +94,7 @@ def norm_settings(
             if backward and layer_norm and wide_rows
             else tuning.NORM_TILE_ELEMENTS
         )
-        settings = _norm_settings(n_cols, backward, layer_norm, tile_elements, wide)
-        policy = tuning.NORM_NPOW2_RMS_NORM if rms_norm else "pad"
-        if policy not in tuning.NORM_NPOW2_POLICIES:
-            raise ValueError(
-                f"tuning.NORM_NPOW2_RMS_NORM must be one of {tuning.NORM_NPOW2_POLICIES}, got {policy!r}"
-            )
-        masked = settings.block_n - n_cols
-        if policy != "pad" and settings.single_pass and masked > _NPOW2_MAX_MASKED * settings.block_n:
-            settings = _npow2_settings(n_cols, backward, settings, policy, tile_elements)
-        _NORM_SETTINGS[key] = settings
+        settings = _NORM_SETTINGS[key] = _norm_settings(n_cols, backward, layer_norm, tile_elements, wide)
     return settings
 
 
@@ -131,39 +117,6 @@ def _norm_settings(
         per_thread = tuning.NORM_BWD_ELEMENTS_PER_THREAD
     warps = min(32, max(4, tile // (32 * per_thread)))
     return NormSettings(block_m, block_n, warps, single_pass, prefetch, reload, per_sm)
-
-
-# tuning.NORM_NPOW2_RMS_NORM applies to rows whose padded tile masks more than this share of its lanes
-# (2560 of 4096: 37.5 %; 3584, 3840, 7168: <= 12.5 %, kept as "pad"); "chunks" loops over the largest chunk
-# width of at least _NPOW2_MIN_CHUNK whose cover of the row masks at most this share.
-_NPOW2_MIN_CHUNK = 512
-_NPOW2_MAX_MASKED = 1 / 8
-
-
-def _npow2_settings(
-    n_cols: int, backward: bool, pad: NormSettings, policy: str, tile_elements: int
-) -> NormSettings:
-    """``tuning.NORM_NPOW2_RMS_NORM``'s "rows" and "chunks" launches of a single-pass row of ``n_cols``
-    columns padded to ``pad.block_n``; ``pad``: the launch of the "pad" policy."""
-    if policy == "chunks" and not backward:
-        chunk = pad.block_n // 2
-        while chunk >= _NPOW2_MIN_CHUNK:
-            cover = cdiv(n_cols, chunk) * chunk
-            if cover - n_cols <= _NPOW2_MAX_MASKED * cover:
-                block_m = max(1, tile_elements // chunk)
-                warps = min(32, max(4, block_m * chunk // (32 * tuning.NORM_FWD_ELEMENTS_PER_THREAD)))
-                return pad._replace(block_m=block_m, block_n=chunk, num_warps=warps, single_pass=False)
-            chunk //= 2
-    if pad.block_n > tile_elements:  # wide rows stay one row per tile
-        return pad
-    block_m = _next_power_of_2(cdiv(tile_elements, n_cols))
-    if block_m <= pad.block_m:
-        return pad
-    scale = block_m // pad.block_m
-    warps = min(32, pad.num_warps * scale)
-    # the persistent backward keeps the warps per SM of "pad": fewer, larger programs
-    per_sm = max(1, pad.programs_per_sm * pad.num_warps // warps)
-    return pad._replace(block_m=block_m, num_warps=warps, programs_per_sm=per_sm)
 
 
 def norm_bwd_programs(device, n_tiles: int, settings: NormSettings) -> tuple[int, int]:

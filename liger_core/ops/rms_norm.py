@@ -237,7 +237,7 @@ def _rms_norm_fwd_impl(
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, rstd
-    s = norm_settings(n_cols, rms_norm=True)
+    s = norm_settings(n_cols)
     _rms_norm_fwd_kernel[(cdiv(n_rows, s.block_m),)](
         x, w, y, rstd, n_rows, n_cols, x.stride(0), y.stride(0), eps, offset,
         ROUND_BEFORE_WEIGHT=casting_mode == "llama", BLOCK_M=s.block_m, BLOCK_N=s.block_n,
@@ -251,7 +251,7 @@ def _launch_bwd(dy, x, w, rstd, dx, offset) -> torch.Tensor:
     n_rows, n_cols = x.shape
     if n_rows == 0:
         return torch.zeros_like(w)
-    s = norm_settings(n_cols, backward=True, rms_norm=True)
+    s = norm_settings(n_cols, backward=True)
     programs, tiles_per_program = norm_bwd_programs(x.device, cdiv(n_rows, s.block_m), s)
     precise = x.dtype == torch.float32
     dw_partial = partials_buffer(x, (programs, n_cols))

@@ -191,48 +191,6 @@ def test_rms_norm_wide_rows_reload_after_reduction(dtype, mode, offset, shape, t
     assert torch.equal(dx, dx_held) and torch.equal(dw, dw_held)
 
 
-# (policy, rows, columns, tile elements): each launch path of tuning.NORM_NPOW2_RMS_NORM on a small row width
-# that is not a power of two; the tile is lowered so that "rows" takes more rows than "pad" on small rows
-NPOW2_CASES = [
-    ("rows", 37, 40, 256),  # pad: 4 rows of 64 lanes; rows: 8 (7 x 40 >= 256)
-    ("rows", 23, 96, 4096),  # pad: 32 rows of 128 lanes; rows: 64
-    ("chunks", 23, 1536, 4096),  # forward: 3 chunks of 512 columns, 8 rows each; backward: as "rows"
-    ("chunks", 5, 2880, 4096),  # forward: 3 chunks of 1024, the last one partial (gpt-oss' hidden size)
-    ("chunks", 21, 40, 256),  # no chunk of >= 512 columns: as "rows"
-]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("mode,offset", MODES[:2])
-@pytest.mark.parametrize("policy,rows,cols,tile", NPOW2_CASES)
-def test_rms_norm_npow2_launch_policies(dtype, mode, offset, policy, rows, cols, tile, tune, poison_empty):
-    """The launches of tuning.NORM_NPOW2_RMS_NORM for rows whose width is not a power of two: each differs
-    from "pad" as its comment in tuning says, and its results are no worse than eager's against float64."""
-    tune(norm_tile_elements=tile)
-    pad = [launch.norm_settings(cols, backward=b, rms_norm=True) for b in (False, True)]
-    tune(norm_npow2_rms_norm=policy)
-    fwd, bwd = (launch.norm_settings(cols, backward=b, rms_norm=True) for b in (False, True))
-    assert bwd.block_m > pad[1].block_m and bwd.single_pass
-    assert bwd.num_warps * bwd.programs_per_sm == pad[1].num_warps * pad[1].programs_per_sm  # warps per SM
-    if policy == "chunks" and cols >= 1024:
-        cover = -(-cols // fwd.block_n) * fwd.block_n
-        assert not fwd.single_pass and fwd.block_n >= 512 and cover - cols <= cover / 8
-    else:
-        assert fwd.block_m > pad[0].block_m and fwd.single_pass
-    # LayerNorm, power-of-two widths and rows whose padding masks at most 1/8 keep the "pad" launch
-    assert launch.norm_settings(cols) == pad[0]
-    for width in (64, 120):
-        assert launch.norm_settings(width, rms_norm=True) == launch.norm_settings(width)
-    x = _make_x((rows, cols), dtype, "cpu")
-    _check_against_float64(x, _make_w(cols, dtype, "cpu", offset), mode, offset)
-
-
-def test_rms_norm_npow2_policy_bad_value(tune):
-    tune(norm_npow2_rms_norm="wide")
-    with pytest.raises(ValueError, match="NORM_NPOW2_RMS_NORM"):
-        launch.norm_settings(40, rms_norm=True)
-
-
 def test_rms_norm_hidden_size_above_fused_limit(poison_empty):
     n = 2 * tuning.NORM_FUSED_MAX_COLS + 11
     x = _make_x((3, n), torch.bfloat16, "cpu")
