@@ -139,6 +139,7 @@ class DPOOptions(NamedTuple):
     f_divergence_type: str
     f_alpha_divergence_coef: float
     discopop_tau: float
+    average_log_prob: bool = False
 
 
 def dpo_options(
@@ -150,10 +151,15 @@ def dpo_options(
     f_divergence_type: str = "reverse_kl",
     f_alpha_divergence_coef: float = 0.5,
     discopop_tau: float = 0.05,
+    average_log_prob: bool = False,
 ) -> DPOOptions:
     """The DPO hyper-parameters (TRL's DPOConfig names and defaults), checked once: the one place that
     lists them. ``dpo_loss_from_logps`` and ``fused_linear_dpo_loss`` take them as keywords or whole
-    (``options=``). ``loss_type``: one name or several (TRL's MPO), each weighted by ``loss_weights``."""
+    (``options=``). ``loss_type``: one name or several (TRL's MPO), each weighted by ``loss_weights``.
+    ``average_log_prob`` (Liger-Kernel's option): the sequence log-probs ``c, r, c0, r0`` of every loss type
+    are length-normalised, ``sum_t log p_t / n`` over the n completion tokens (0 for n = 0); ipo and
+    sigmoid_norm, which normalise by length themselves, then use them as they are (no second division), and
+    sft stays the mean over the chosen tokens."""
     loss_types = (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
     weights = (1.0,) * len(loss_types) if loss_weights is None else tuple(loss_weights)
     if not loss_types or len(weights) != len(loss_types):
@@ -174,8 +180,17 @@ def dpo_options(
         raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1) ([0, 0.5) for 'robust')")
     if "exo_pair" in loss_types and label_smoothing == 0.0:
         raise ValueError("loss_type='exo_pair' needs label_smoothing > 0 (the paper's epsilon, e.g. 1e-3)")
+    if not isinstance(average_log_prob, bool):
+        raise TypeError(f"average_log_prob must be a bool, got {type(average_log_prob).__name__}")
     return DPOOptions(
-        beta, loss_types, weights, label_smoothing, f_divergence_type, f_alpha_divergence_coef, discopop_tau
+        beta,
+        loss_types,
+        weights,
+        label_smoothing,
+        f_divergence_type,
+        f_alpha_divergence_coef,
+        discopop_tau,
+        average_log_prob,
     )
 
 
@@ -204,7 +219,8 @@ def dpo_loss_from_logps(
     """The DPO loss (module doc) of B pairs of sequence log-probs ``(B,)``: sum over loss types of
     weight * mean over pairs. ``hyper`` (the keywords of ``dpo_options``) or ``options``: the
     hyper-parameters. ``chosen_lengths``/``rejected_lengths``: completion token counts (ipo, sigmoid_norm);
-    ``pair_weights``: WPO weights (B,); ``sft_loss``: the scalar for ``loss_type="sft"``."""
+    ``pair_weights``: WPO weights (B,); ``sft_loss``: the scalar for ``loss_type="sft"``. With
+    ``average_log_prob`` the log-probs are averages already and the lengths are not used."""
     options = _resolve(options, dpo_options, hyper)
     beta, loss_types, weights = options.beta, options.loss_types, options.loss_weights
     f_divergence_type, f_alpha_divergence_coef = options.f_divergence_type, options.f_alpha_divergence_coef
@@ -218,6 +234,8 @@ def dpo_loss_from_logps(
     eps = label_smoothing
 
     def lengths(counts):
+        if options.average_log_prob:  # the log-probs are per-token averages already
+            return 1.0
         if counts is None:
             raise ValueError("loss types 'ipo' and 'sigmoid_norm' need chosen_lengths and rejected_lengths")
         return counts.to(delta.dtype).clamp(min=1.0)
@@ -371,7 +389,9 @@ def fused_linear_dpo_loss(
     H)``, shifted ``target (2B, T)``; returns ``(loss, metrics)``.
 
     Reference: ``ref_hidden (2B, T, H_ref)`` with ``ref_weight``/``ref_bias`` (scored with the same op under
-    no_grad), or ``ref_chosen_logps``/``ref_rejected_logps`` ``(B,)`` precomputed, or ``reference_free``.
+    no_grad), or ``ref_chosen_logps``/``ref_rejected_logps`` ``(B,)`` precomputed (per-token averages with
+    ``average_log_prob``), or ``reference_free``. ``average_log_prob`` (in ``options``): length-normalised
+    sequence log-probs for the policy, the reference and the ``logps/*`` metrics.
     ``compute_metrics=False`` skips the per-token statistics (one read of each chunk of logits less) and
     returns the reward and log-prob metrics only. ``per_pair``: the metrics also hold the ``(B,)`` tensors
     ``chosen_logps``, ``rejected_logps``, ``chosen_rewards``, ``rejected_rewards`` (detached; for trainers
@@ -380,7 +400,7 @@ def fused_linear_dpo_loss(
     of ``dpo_options``: beta, loss_type, loss_weights, label_smoothing, f_divergence_type, ...) or
     ``options``: the DPO hyper-parameters."""
     options = _resolve(options, dpo_options, hyper)
-    beta, names = options.beta, options.loss_types
+    beta, names, average = options.beta, options.loss_types, options.average_log_prob
     outputs = ("entropy", "mean_logits", "is_top1") if compute_metrics else ()
     if use_weighting:
         if {"aot", "aot_unpaired"} & set(names):
@@ -398,7 +418,7 @@ def fused_linear_dpo_loss(
     placeholder = hidden.new_zeros(n_pairs, dtype=torch.float32)
     ref_chosen, ref_rejected = _reference_pair_logps(
         n_pairs, placeholder, target, mask, ref_chosen_logps, ref_rejected_logps, ref_hidden, ref_weight,
-        ref_bias, reference_free, ref_head, average=False,
+        ref_bias, reference_free, ref_head, average=average,
     )  # fmt: skip
     n_chosen_tokens = counts[:n_pairs].sum().clamp(min=1)
 
@@ -407,11 +427,12 @@ def fused_linear_dpo_loss(
         the batch's mean over pairs."""
         share = (last - first) / max(n_pairs, 1)
         rows_mask = torch.cat([mask[first:last], mask[n_pairs + first : n_pairs + last]])
-        seq = sequence_logps(log_probs, rows_mask)
+        seq = sequence_logps(log_probs, rows_mask, average=average)
         pairs = last - first
         sft_loss = None
         if "sft" in names:  # the mean over every chosen token of the batch, as a share of this group
-            sft_loss = -seq[:pairs].sum() / n_chosen_tokens / share
+            chosen_sums = sequence_logps(log_probs[:pairs], rows_mask[:pairs]) if average else seq[:pairs]
+            sft_loss = -chosen_sums.sum() / n_chosen_tokens / share
         pair_weights = None
         if use_weighting:
             with torch.no_grad():
@@ -440,7 +461,7 @@ def fused_linear_dpo_loss(
     else:
         stats = token_logprobs(hidden, weight, target, bias, head, outputs=outputs)
         loss = loss_of(stats.log_probs, stats.log_sum_sq_probs, 0, n_pairs)
-    logps = sequence_logps(stats.log_probs, mask)
+    logps = sequence_logps(stats.log_probs, mask, average=average)
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
     chosen_rewards = beta * (chosen_logps - ref_chosen).detach()
     rejected_rewards = beta * (rejected_logps - ref_rejected).detach()
