@@ -176,3 +176,36 @@ def test_return_convention_and_options():
         CrossEntropyOptions(use_token_scaling=1)
     with pytest.raises(TypeError, match="inside options"):
         fused_linear_cross_entropy(hidden, weight, target, options=options, return_predicted_tokens=True)
+
+
+def test_custom_ops_opcheck_and_compile():
+    """The custom ops with the argmax output and token scaling pass opcheck; torch.compile (fullgraph) gives
+    the eager values."""
+    import importlib
+
+    mod = importlib.import_module("liger_core.ops.fused_linear_cross_entropy")
+    hidden, weight, bias, target = _inputs(torch.float32, bias=True, n=7, vocab=33)
+    options = (IGNORE, "mean", 0.1, 1e-3, 20.0)
+    for loop in (
+        (torch.float32, 3, True, None, None, True, True),
+        (None, None, True, None, None, True, False),
+    ):
+        torch.library.opcheck(
+            mod._flce_fwd, (hidden, weight, target, bias, None, *options, True, True, True, *loop)
+        )
+    rows_options = (IGNORE, 0.1, 1e-3, None, True, True, True, None, 3, None, True)
+    torch.library.opcheck(
+        mod._flce_bwd_rows, (torch.randn(7), hidden, weight, target, bias, None, *rows_options)
+    )
+
+    def loss_fn(h, w):
+        out = fused_linear_cross_entropy(h, w, target, return_token_accuracy=True, use_token_scaling=True)
+        return out.loss, out.token_accuracy
+
+    h, w = leaf(hidden), leaf(weight)
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)(h, w)
+    eager = loss_fn(h, w)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(torch.autograd.grad(compiled[0], (h, w)), torch.autograd.grad(eager[0], (h, w))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
