@@ -217,3 +217,29 @@ def test_kto_average_log_prob_matches_trl(monkeypatch):
         assert_metrics_match(metrics, ref64["metrics"])
     with pytest.raises(TypeError, match="average_log_prob"):
         fused_linear_kto_loss(hidden, weight, target, labels, ref_logps=ref_avg, average_log_prob="yes")
+
+
+def test_dpo_average_log_prob_grouped_path_equals_recomputing_path(monkeypatch):
+    """The gradient-in-forward path (groups of whole pairs) averages as the recomputing path does."""
+    hidden, weight, bias, target = batch(torch.float32, 2 * B, T, H, V, empty_rows=(2,), bias=True)
+    grouped = []
+    real = preference.fused_linear_logprob_loss
+    monkeypatch.setattr(
+        preference, "fused_linear_logprob_loss", lambda *a, **k: grouped.append(1) or real(*a, **k)
+    )
+    ref_c, ref_r = torch.randn(B) - 3, torch.randn(B) - 3
+    for config in (dict(loss_type="sigmoid"), dict(loss_type=["ipo", "sft"], loss_weights=[0.5, 0.5])):
+        runs = []
+        for chunk in (2 * T, CHUNK):
+            leaves = [leaf(hidden), leaf(weight), leaf(bias)]
+            loss, metrics = fused_linear_dpo_loss(
+                *leaves[:2], target, leaves[2], ref_chosen_logps=ref_c, ref_rejected_logps=ref_r,
+                chunk_size=chunk, average_log_prob=True, **config,
+            )  # fmt: skip
+            runs.append((loss, metrics, torch.autograd.grad(loss, leaves)))
+        (g_loss, g_metrics, g_grads), (r_loss, r_metrics, r_grads) = runs
+        torch.testing.assert_close(g_loss, r_loss)
+        for a, b in zip(g_grads, r_grads):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(g_metrics["logps/chosen"], r_metrics["logps/chosen"])
+    assert len(grouped) == 2
