@@ -139,7 +139,7 @@ def _cross_entropy_kernel(
     offs = tl.arange(0, BLOCK_SIZE)
     best = tl.full([], -float("inf"), tl.float32)
     best_col = tl.full([], 0, tl.int64)
-    first_nan = tl.full([], n_cols, tl.int64)
+    first_nan = tl.zeros([], tl.int64) + n_cols  # n_cols: no NaN seen (n_cols may be a specialised 1)
     if PASS1_PREFETCH:
         x_next = tl.load(
             logits_row + offs, mask=offs < n_cols, other=-float("inf"), eviction_policy=PASS1_POLICY
