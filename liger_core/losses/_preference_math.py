@@ -115,6 +115,7 @@ class DPOOptions(NamedTuple):
     f_divergence_type: str
     f_alpha_divergence_coef: float
     discopop_tau: float
+    average_log_prob: bool = False
 
 
 def dpo_options(
@@ -126,10 +127,15 @@ def dpo_options(
     f_divergence_type: str = "reverse_kl",
     f_alpha_divergence_coef: float = 0.5,
     discopop_tau: float = 0.05,
+    average_log_prob: bool = False,
 ) -> DPOOptions:
     """The DPO hyper-parameters (TRL's DPOConfig names and defaults), checked once: the one place that
     lists them. ``dpo_loss_from_logps`` and ``fused_linear_dpo_loss`` take them as keywords or whole
-    (``options=``). ``loss_type``: one name or several (TRL's MPO), each weighted by ``loss_weights``."""
+    (``options=``). ``loss_type``: one name or several (TRL's MPO), each weighted by ``loss_weights``.
+    ``average_log_prob`` (Liger-Kernel's option): the sequence log-probs ``c, r, c0, r0`` of every loss type
+    are length-normalised, ``sum_t log p_t / n`` over the n completion tokens (0 for n = 0); ipo and
+    sigmoid_norm, which normalise by length themselves, then use them as they are (no second division), and
+    sft stays the mean over the chosen tokens."""
     loss_types = (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
     weights = (1.0,) * len(loss_types) if loss_weights is None else tuple(loss_weights)
     if not loss_types or len(weights) != len(loss_types):
@@ -150,8 +156,17 @@ def dpo_options(
         raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1) ([0, 0.5) for 'robust')")
     if "exo_pair" in loss_types and label_smoothing == 0.0:
         raise ValueError("loss_type='exo_pair' needs label_smoothing > 0 (the paper's epsilon, e.g. 1e-3)")
+    if not isinstance(average_log_prob, bool):
+        raise TypeError(f"average_log_prob must be a bool, got {type(average_log_prob).__name__}")
     return DPOOptions(
-        beta, loss_types, weights, label_smoothing, f_divergence_type, f_alpha_divergence_coef, discopop_tau
+        beta,
+        loss_types,
+        weights,
+        label_smoothing,
+        f_divergence_type,
+        f_alpha_divergence_coef,
+        discopop_tau,
+        average_log_prob,
     )
 
 
@@ -180,7 +195,8 @@ def dpo_loss_from_logps(
     """The DPO loss (module doc) of B pairs of sequence log-probs ``(B,)``: sum over loss types of
     weight * mean over pairs. ``hyper`` (the keywords of ``dpo_options``) or ``options``: the
     hyper-parameters. ``chosen_lengths``/``rejected_lengths``: completion token counts (ipo, sigmoid_norm);
-    ``pair_weights``: WPO weights (B,); ``sft_loss``: the scalar for ``loss_type="sft"``."""
+    ``pair_weights``: WPO weights (B,); ``sft_loss``: the scalar for ``loss_type="sft"``. With
+    ``average_log_prob`` the log-probs are averages already and the lengths are not used."""
     options = resolve_options(options, dpo_options, hyper)
     beta, loss_types, weights = options.beta, options.loss_types, options.loss_weights
     f_divergence_type, f_alpha_divergence_coef = options.f_divergence_type, options.f_alpha_divergence_coef
@@ -194,6 +210,8 @@ def dpo_loss_from_logps(
     eps = label_smoothing
 
     def lengths(counts):
+        if options.average_log_prob:  # the log-probs are per-token averages already
+            return 1.0
         if counts is None:
             raise ValueError("loss types 'ipo' and 'sigmoid_norm' need chosen_lengths and rejected_lengths")
         return counts.to(delta.dtype).clamp(min=1.0)

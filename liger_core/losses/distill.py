@@ -1,7 +1,8 @@
 """Distillation losses between a student's and a teacher's lm_head outputs, fused with the projections so that
 neither model's logits exist in full: a thin layer on ``liger_core.ops.fused_linear_jsd``.
 
-With ``Q = softmax(h_s W_s^T / T)`` (student) and ``P = softmax(h_t W_t^T / T)`` (teacher), per kept token::
+With ``Q = softmax((h_s W_s^T + b_s) / T)`` (student) and ``P = softmax((h_t W_t^T + b_t) / T)`` (teacher;
+the lm_head biases b optional), per kept token::
 
     forward_kl   KL(P || Q)                                            (fused_linear_jsd beta = 0)
     reverse_kl   KL(Q || P)                                            (beta = 1)
@@ -51,13 +52,16 @@ def fused_linear_distill_loss(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_size: int | None = None,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Divergence (module docstring) between the student's and the teacher's next-token distributions.
 
     student_hidden ``(..., Hs)`` with student_weight ``(V, Hs)``, teacher_hidden ``(..., Ht)`` with
     teacher_weight ``(V, Ht)``; target ``(...)`` (already shifted) only selects the tokens: those equal to
-    ignore_index are left out (None: every token counts). Returns an fp32 0-dim loss; gradients flow to
-    student_hidden and student_weight only. A batch with no kept token gives 0 with zero gradients.
+    ignore_index are left out (None: every token counts); student_bias, teacher_bias ``(V,)``: the lm_heads'
+    biases, if any. Returns an fp32 0-dim loss; gradients flow to student_hidden, student_weight and
+    student_bias only. A batch with no kept token gives 0 with zero gradients.
     """
     mixture_beta = distill_beta(loss, beta)
     mean = fused_linear_jsd(
@@ -70,6 +74,8 @@ def fused_linear_distill_loss(
         ignore_index=ignore_index,
         temperature=temperature,
         chunk_size=chunk_size,
+        student_bias=student_bias,
+        teacher_bias=teacher_bias,
     )
     if num_items_in_batch is None:
         return mean
@@ -124,6 +130,8 @@ class LigerFusedLinearDistillLoss(nn.Module):
         teacher_weight: torch.Tensor,
         target: torch.Tensor | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        student_bias: torch.Tensor | None = None,
+        teacher_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return fused_linear_distill_loss(
             student_hidden,
@@ -137,6 +145,8 @@ class LigerFusedLinearDistillLoss(nn.Module):
             ignore_index=self.ignore_index,
             num_items_in_batch=num_items_in_batch,
             chunk_size=self.chunk_size,
+            student_bias=student_bias,
+            teacher_bias=teacher_bias,
         )
 
     def extra_repr(self) -> str:

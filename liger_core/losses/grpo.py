@@ -31,7 +31,11 @@ With the defaults (G = S = P = 1, num_items_in_batch = this batch's token count)
 computes for a batch that is the whole optimiser step. The metrics use TRL's logged names (kl, entropy,
 clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, clip_ratio/low_min, clip_ratio/high_max,
 cispo_clip_ratio, vespo/phi_seq_mean): this process's values, as TRL computes them for one process (TRL
-all-reduces sums and counts, or gathers per-sequence values, across processes before logging).
+all-reduces sums and counts, or gathers per-sequence values, across processes before logging). With
+sequence-level importance sampling TRL's clip_ratio/* are means over completions; ``clip_ratio`` (the clipped
+loss types) is Liger-Kernel's metric, the one TRL's liger-kernel path logs: the fraction of completion tokens
+(weights m) in the clipped region, a completion's clipping counting once per token at sequence level,
+``sum_i c_i sum_t m_it / sum m`` (equal to clip_ratio/region_mean at token level).
 
 Masked tokens (weight 0) never reach the loss or the gradient: their log-ratios are replaced by 0 before any
 exp, so padding holding -inf, NaN or huge values cannot make a NaN, and a fully masked completion adds 0.
@@ -484,6 +488,9 @@ def _metrics(
             metrics["clip_ratio/low_mean"] = batch_mean(low)
             metrics["clip_ratio/high_mean"] = batch_mean(high)
             metrics["clip_ratio/region_mean"] = batch_mean(region)
+            # Liger-Kernel's token-weighted clip ratio: a completion's clipping (sequence level) counts once
+            # per completion token
+            metrics["clip_ratio"] = (region * weights).sum() / weights.sum().clamp(min=1.0)
             metrics["clip_ratio/low_min"] = _nan_reduce(per_seq_mean(low), torch.min)
             metrics["clip_ratio/high_max"] = _nan_reduce(per_seq_mean(high), torch.max)
         elif options.loss_type == "cispo":

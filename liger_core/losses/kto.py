@@ -99,28 +99,34 @@ def fused_linear_kto_loss(
     logit_scale: float = 1.0,
     chunk_size: int | None = None,
     accum_dtype: torch.dtype | None = torch.float32,
+    average_log_prob: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KTO (module doc) on ``hidden (B, T, H)``, shifted ``target (B, T)``, ``labels (B,)`` (True: desirable).
 
     Reference: ``ref_hidden`` (+ ``ref_weight``, ``ref_bias``; same op under no_grad) or ``ref_logps (B,)``.
     KL term (loss_type "kto"): ``kl`` given (a number or 0-dim tensor, clamped at 0), or from the mismatched
     completions ``kl_hidden``/``kl_target`` (policy, no gradient, same weight) and ``ref_kl_hidden`` (with
-    ``ref_weight``) or ``ref_kl_logps``; default 0. Returns ``(loss, metrics)``."""
+    ``ref_weight``) or ``ref_kl_logps``; default 0. ``average_log_prob`` (Liger-Kernel's option): every
+    sequence log-prob (policy, reference, KL completions) is length-normalised, ``sum_t log p_t / n`` over its
+    n completion tokens (0 for n = 0); precomputed ``ref_logps``/``ref_kl_logps`` must then be averages too.
+    Returns ``(loss, metrics)``."""
     rows = check_batch(hidden, target, paired=False)
     check_tensor("labels", labels, dtypes=None, ndim=1)
     check_shape("labels", labels, (rows,), "one preference label per completion")
     labels = labels.to(device=hidden.device, dtype=torch.bool)
+    if not isinstance(average_log_prob, bool):
+        raise TypeError(f"average_log_prob must be a bool, got {type(average_log_prob).__name__}")
     head = LogprobHead(ignore_index, temperature, softcap, logit_scale, chunk_size, accum_dtype=accum_dtype)
     outputs = ("entropy", "mean_logits") if compute_metrics else ()
     stats = token_logprobs(hidden, weight, target, bias, head, outputs=outputs)
     mask = target != ignore_index
-    logps = sequence_logps(stats.log_probs, mask)
+    logps = sequence_logps(stats.log_probs, mask, average=average_log_prob)
 
     if (ref_hidden is None) == (ref_logps is None):
         raise ValueError("give exactly one reference: ref_hidden (+ ref_weight) or ref_logps")
     if ref_hidden is not None:
         ref_tokens = reference_token_logprobs(ref_hidden, ref_weight, target, ref_bias, head)
-        ref = sequence_logps(ref_tokens, mask)
+        ref = sequence_logps(ref_tokens, mask, average=average_log_prob)
     else:
         check_sequence_logps("ref_logps", ref_logps, rows, hidden.device)
         ref = ref_logps.detach().to(logps.dtype)
@@ -129,7 +135,8 @@ def fused_linear_kto_loss(
         raise ValueError("give kl or kl_hidden (with kl_target), not both")
     if kl_hidden is not None:
         kl = _kl_from_hidden(
-            kl_hidden, kl_target, weight, bias, ref_kl_hidden, ref_kl_logps, ref_weight, ref_bias, head
+            kl_hidden, kl_target, weight, bias, ref_kl_hidden, ref_kl_logps, ref_weight, ref_bias, head,
+            average_log_prob,
         )  # fmt: skip
     elif kl is None:
         kl = logps.new_zeros(())
@@ -184,6 +191,7 @@ def _kl_from_hidden(
     ref_weight,
     ref_bias,
     head,
+    average,
 ):
     """TRL's KL estimate from the mismatched completions: policy log-probs under no_grad, reference log-probs
     from ``ref_kl_hidden`` or ``ref_kl_logps``."""
@@ -199,13 +207,14 @@ def _kl_from_hidden(
             bias.detach() if bias is not None else None,
             head,
         ).log_probs
-    policy = sequence_logps(policy, kl_mask)
+    policy = sequence_logps(policy, kl_mask, average=average)
     if (ref_kl_hidden is None) == (ref_kl_logps is None):
         raise ValueError("kl_hidden needs exactly one of ref_kl_hidden (+ ref_weight) and ref_kl_logps")
     if ref_kl_hidden is not None:
         ref = sequence_logps(
             reference_token_logprobs(ref_kl_hidden, ref_weight, kl_target, ref_bias, head),
             kl_mask,
+            average=average,
         )
     else:
         check_sequence_logps("ref_kl_logps", ref_kl_logps, rows, kl_hidden.device)

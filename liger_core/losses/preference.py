@@ -144,7 +144,9 @@ def fused_linear_dpo_loss(
     H)``, shifted ``target (2B, T)``; returns ``(loss, metrics)``.
 
     Reference: ``ref_hidden (2B, T, H_ref)`` with ``ref_weight``/``ref_bias`` (scored with the same op under
-    no_grad), or ``ref_chosen_logps``/``ref_rejected_logps`` ``(B,)`` precomputed, or ``reference_free``.
+    no_grad), or ``ref_chosen_logps``/``ref_rejected_logps`` ``(B,)`` precomputed (per-token averages with
+    ``average_log_prob``), or ``reference_free``. ``average_log_prob`` (in ``options``): length-normalised
+    sequence log-probs for the policy, the reference and the ``logps/*`` metrics.
     ``compute_metrics=False`` skips the per-token statistics (one read of each chunk of logits less) and
     returns the reward and log-prob metrics only. ``per_pair``: the metrics also hold the ``(B,)`` tensors
     ``chosen_logps``, ``rejected_logps``, ``chosen_rewards``, ``rejected_rewards`` (detached; for trainers
@@ -153,7 +155,7 @@ def fused_linear_dpo_loss(
     of ``dpo_options``: beta, loss_type, loss_weights, label_smoothing, f_divergence_type, ...) or
     ``options``: the DPO hyper-parameters."""
     options = resolve_options(options, dpo_options, hyper)
-    beta, names = options.beta, options.loss_types
+    beta, names, average = options.beta, options.loss_types, options.average_log_prob
     outputs = ("entropy", "mean_logits", "is_top1") if compute_metrics else ()
     if use_weighting:
         if {"aot", "aot_unpaired"} & set(names):
@@ -171,7 +173,7 @@ def fused_linear_dpo_loss(
     placeholder = hidden.new_zeros(n_pairs, dtype=torch.float32)
     ref_chosen, ref_rejected = _reference_pair_logps(
         n_pairs, placeholder, target, mask, ref_chosen_logps, ref_rejected_logps, ref_hidden, ref_weight,
-        ref_bias, reference_free, ref_head, average=False,
+        ref_bias, reference_free, ref_head, average=average,
     )  # fmt: skip
     n_chosen_tokens = counts[:n_pairs].sum().clamp(min=1)
 
@@ -180,11 +182,12 @@ def fused_linear_dpo_loss(
         the batch's mean over pairs."""
         share = (last - first) / max(n_pairs, 1)
         rows_mask = torch.cat([mask[first:last], mask[n_pairs + first : n_pairs + last]])
-        seq = sequence_logps(log_probs, rows_mask)
+        seq = sequence_logps(log_probs, rows_mask, average=average)
         pairs = last - first
         sft_loss = None
         if "sft" in names:  # the mean over every chosen token of the batch, as a share of this group
-            sft_loss = -seq[:pairs].sum() / n_chosen_tokens / share
+            chosen_sums = sequence_logps(log_probs[:pairs], rows_mask[:pairs]) if average else seq[:pairs]
+            sft_loss = -chosen_sums.sum() / n_chosen_tokens / share
         pair_weights = None
         if use_weighting:
             with torch.no_grad():
@@ -213,7 +216,7 @@ def fused_linear_dpo_loss(
     else:
         stats = token_logprobs(hidden, weight, target, bias, head, outputs=outputs)
         loss = loss_of(stats.log_probs, stats.log_sum_sq_probs, 0, n_pairs)
-    logps = sequence_logps(stats.log_probs, mask)
+    logps = sequence_logps(stats.log_probs, mask, average=average)
     chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
     chosen_rewards = beta * (chosen_logps - ref_chosen).detach()
     rejected_rewards = beta * (rejected_logps - ref_rejected).detach()

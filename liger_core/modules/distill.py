@@ -74,6 +74,8 @@ class LigerFusedLinearJSD(nn.Module):
         teacher_hidden: torch.Tensor,
         teacher_weight: torch.Tensor,
         shift_labels: torch.Tensor | None = None,
+        student_bias: torch.Tensor | None = None,
+        teacher_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return fused_linear_jsd(
             student_hidden,
@@ -84,6 +86,8 @@ class LigerFusedLinearJSD(nn.Module):
             beta=self.beta,
             ignore_index=self.ignore_index,
             temperature=self.temperature,
+            student_bias=student_bias,
+            teacher_bias=teacher_bias,
         )
 
     def extra_repr(self) -> str:

@@ -35,6 +35,7 @@ class _CrossEntropyOptionsView:
             f"ignore_index={o.ignore_index}, reduction={o.reduction!r}, "
             f"label_smoothing={o.label_smoothing}, lse_square_scale={o.lse_square_scale}, "
             f"softcap={o.softcap}, return_z_loss={o.return_z_loss}"
+            + "".join(f", {name}=True" for name in _EXTRA_OPTIONS if getattr(o, name))
         )
 
 
@@ -48,7 +49,12 @@ def _option_property(name: str) -> property:
     return property(get, set_, doc=f"``options.{name}``")
 
 
-for _name in ("ignore_index", "reduction", "label_smoothing", "lse_square_scale", "softcap", "return_z_loss"):
+# Liger-Kernel's extra outputs and token scaling (see ``CrossEntropyOptions``): keyword-only in the modules
+_EXTRA_OPTIONS = ("return_token_accuracy", "return_predicted_tokens", "use_token_scaling")
+for _name in (
+    "ignore_index", "reduction", "label_smoothing", "lse_square_scale", "softcap", "return_z_loss",
+    *_EXTRA_OPTIONS,
+):  # fmt: skip
     setattr(_CrossEntropyOptionsView, _name, _option_property(_name))
 del _name
 
@@ -59,7 +65,9 @@ class LigerCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
     The loss is fp32 whatever the logits' dtype (the gradient has the logits' dtype), with torch's semantics
     for a mean over no target (NaN) and non-finite logits (see ``liger_core.ops.cross_entropy``).
     ``inplace_backward=True`` lets the loss overwrite the logits with their gradient (~0 extra memory); only
-    for logits that nothing reads after the loss.
+    for logits that nothing reads after the loss. Liger-Kernel's ``return_token_accuracy``,
+    ``return_predicted_tokens`` (forward then returns a ``CrossEntropyOutput``) and ``use_token_scaling``:
+    see ``liger_core.loss_options.CrossEntropyOptions``.
     """
 
     weight: torch.Tensor | None
@@ -75,11 +83,15 @@ class LigerCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         return_z_loss: bool = False,
         *,
         inplace_backward: bool = False,
+        return_token_accuracy: bool = False,
+        return_predicted_tokens: bool = False,
+        use_token_scaling: bool = False,
     ) -> None:
         super().__init__()
         # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
         options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        self.options = CrossEntropyOptions(None, *options)
+        extras = (return_token_accuracy, return_predicted_tokens, use_token_scaling)
+        self.options = CrossEntropyOptions(None, *options, *extras)
         self.register_buffer("weight", weight)
         self.inplace_backward = inplace_backward
 
@@ -107,7 +119,10 @@ class LigerFusedLinearCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
     gradients (default: the hidden-state gradient's size, at least 64 MiB); a larger bound is faster (fewer
     GEMM launches and fewer passes over the fp32 dh accumulator), and one that holds fp32 copies of the
     gradients plus 512 MiB of logits selects the fastest exact order
-    (``liger_core.ops.fused_linear_cross_entropy``)."""
+    (``liger_core.ops.fused_linear_cross_entropy``). Liger-Kernel's ``return_token_accuracy``,
+    ``return_predicted_tokens`` (forward then returns a ``CrossEntropyOutput``) and ``use_token_scaling``:
+    see ``liger_core.loss_options.CrossEntropyOptions``; ``accum_dtype=torch.float32`` accumulates dW in
+    fp32."""
 
     ce_weight: torch.Tensor | None
 
@@ -123,11 +138,15 @@ class LigerFusedLinearCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         accum_dtype: torch.dtype | None = None,
         *,
         max_chunk_bytes: int | None = None,
+        return_token_accuracy: bool = False,
+        return_predicted_tokens: bool = False,
+        use_token_scaling: bool = False,
     ) -> None:
         super().__init__()
         # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
         options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        self.options = CrossEntropyOptions(None, *options)
+        extras = (return_token_accuracy, return_predicted_tokens, use_token_scaling)
+        self.options = CrossEntropyOptions(None, *options, *extras)
         self.register_buffer("ce_weight", ce_weight)
         self.max_chunk_bytes = max_chunk_bytes
         self.accum_dtype = accum_dtype

@@ -59,6 +59,7 @@ def _cross_entropy_kernel(
     z_loss_ptr,  # (N,) fp64: per-row z-loss, unscaled
     grad_scale_ptr,  # (N,) per-row multiplier of the gradient, read only when HAS_GRAD_SCALE
     stats_ptr,  # (5,) fp64 from _target_stats_kernel: the reduction's denominators, sum of class weights
+    argmax_ptr,  # (N,) int64: per-row argmax of the logits (-1 on ignored rows), written when RETURN_ARGMAX
     n_cols,
     ignore_index,
     smoothing_hi, smoothing_lo,  # label_smoothing, lse_square_scale, softcap: fp64 scalars (see _f64)
@@ -79,6 +80,9 @@ def _cross_entropy_kernel(
     STORE_POLICY: tl.constexpr,
     STORE_CACHE: tl.constexpr,
     PASS1_PREFETCH: tl.constexpr,  # issue the next block's load before this block's reductions
+    RETURN_ARGMAX: tl.constexpr = False,  # track the row's argmax in pass 1 (torch.argmax: first maximum,
+    # a NaN counting as the maximum)
+    TOKEN_SCALING: tl.constexpr = False,  # loss and gradient times p_y = softmax(logits)_y (a constant)
 ):  # fmt: skip
     # int64 row offsets: rows * V passes 2^31 at 16k tokens x 128k vocabulary
     row = tl.program_id(0).to(tl.int64)
@@ -89,6 +93,8 @@ def _cross_entropy_kernel(
     if y == ignore_index:
         tl.store(loss_ptr + row, 0.0)
         tl.store(z_loss_ptr + row, 0.0)
+        if RETURN_ARGMAX:
+            tl.store(argmax_ptr + row, -1)
         if COMPUTE_GRAD:
             for start in range(0, n_cols, BLOCK_SIZE):
                 cols = start + tl.arange(0, BLOCK_SIZE)
@@ -119,11 +125,11 @@ def _cross_entropy_kernel(
     zs = _f64(z_scale_hi, z_scale_lo)
     w_total = tl.load(stats_ptr + 4)
     if COMPUTE_GRAD:
-        p_ce, p_z, coef_c, coef_y = _grad_coefs(
+        p_ce, p_z, coef_c64, coef_y64 = _grad_coefs(
             stats_ptr, grad_scale_ptr, row, w_y, eps, zs, w_total, n_cols, MEAN, HAS_GRAD_SCALE
         )
-        coef_c = coef_c.to(COMPUTE_DTYPE)
-        coef_y = coef_y.to(COMPUTE_DTYPE)
+        coef_c = coef_c64.to(COMPUTE_DTYPE)
+        coef_y = coef_y64.to(COMPUTE_DTYPE)
 
     # pass 1 (see _online_block); with PASS1_PREFETCH the next block's load is issued before this block's
     # two block-wide reductions, so loads stay in flight while they run
@@ -131,6 +137,9 @@ def _cross_entropy_kernel(
     d = tl.cast(0.0, COMPUTE_DTYPE)
     smooth_acc = tl.cast(0.0, COMPUTE_DTYPE)
     offs = tl.arange(0, BLOCK_SIZE)
+    best = tl.full([], -float("inf"), tl.float32)
+    best_col = tl.full([], 0, tl.int64)
+    first_nan = tl.zeros([], tl.int64) + n_cols  # n_cols: no NaN seen (n_cols may be a specialised 1)
     if PASS1_PREFETCH:
         x_next = tl.load(
             logits_row + offs, mask=offs < n_cols, other=-float("inf"), eviction_policy=PASS1_POLICY
@@ -149,10 +158,21 @@ def _cross_entropy_kernel(
             )
         else:
             x_raw = tl.load(logits_row + cols, mask=mask, other=-float("inf"), eviction_policy=PASS1_POLICY)
+        if RETURN_ARGMAX:  # of the raw logits (softcap is increasing), first index of the block maximum
+            x_f = x_raw.to(tl.float32)
+            block_max = tl.max(tl.where(mask, x_f, -float("inf")), axis=0)
+            block_col = tl.min(tl.where(mask & (x_f == block_max), cols, n_cols), axis=0).to(tl.int64)
+            take = block_max > best  # strictly: an earlier block keeps a tie
+            best_col = tl.where(take, block_col, best_col)
+            best = tl.where(take, block_max, best)
+            nan_col = tl.min(tl.where(mask & (x_f != x_f), cols, n_cols), axis=0).to(tl.int64)
+            first_nan = tl.minimum(first_nan, nan_col)
         m, d, smooth_acc = _online_block(
             x_raw, mask, cols, m, d, smooth_acc, shift, weight_ptr, softcap,
             HAS_WEIGHT, HAS_SMOOTHING, HAS_SOFTCAP, COMPUTE_DTYPE,
         )  # fmt: skip
+    if RETURN_ARGMAX:
+        tl.store(argmax_ptr + row, tl.where(first_nan < n_cols, first_nan, best_col))
 
     # Per-row scalars in fp64 (a few flops per row), so that each meets the data with a single rounding.
     # m and log(d) stay apart: rounding lse = m + log(d) first would put ulp(lse) / 2 into every exp(x - lse).
@@ -163,9 +183,19 @@ def _cross_entropy_kernel(
     nll = (m64 - x_y.to(tl.float64)) + log_d
     nll_shift = (m64 - shift.to(tl.float64)) + log_d  # nll itself unless x_y = -inf
     ce = _row_loss(nll, nll_shift, smooth_acc, w_y, eps, w_total, n_cols, HAS_SMOOTHING)
+    z_row = zs * lse * lse
+    if TOKEN_SCALING:  # Liger-Kernel's token scaling: the row's loss and gradient times p_y, held constant
+        p_y = tl.exp(-nll)
+        ce = ce * p_y
+        z_row = z_row * p_y
+        if COMPUTE_GRAD:
+            p_ce = p_ce * p_y
+            p_z = p_z * p_y
+            coef_c = (coef_c64 * p_y).to(COMPUTE_DTYPE)
+            coef_y = (coef_y64 * p_y).to(COMPUTE_DTYPE)
     # unscaled: the reduction kernel divides the sums by the denominators once, as torch does
     tl.store(loss_ptr + row, ce)
-    tl.store(z_loss_ptr + row, zs * lse * lse)
+    tl.store(z_loss_ptr + row, z_row)
 
     if COMPUTE_GRAD:
         coef_p = ((p_ce + p_z * lse) / d64).to(COMPUTE_DTYPE)
@@ -219,16 +249,21 @@ def launch_cross_entropy(
     softcap: float | None,
     grad_scale: torch.Tensor | None = None,
     state: torch.Tensor | None = None,
+    argmax: torch.Tensor | None = None,
+    token_scaling: bool = False,
 ) -> None:
     """Run the kernel on (N, V) logits (unit column stride): unscaled per-row cross-entropy and z-loss into
     ``loss_rows``/``z_rows`` (fp64), and the gradient of the reduced loss (``mean``: terms divided by the
     denominators in ``stats``; rows multiplied by ``grad_scale``) into ``grad`` (may be ``logits``) unless
     None. ``state`` ((N, 4) fp64, only where ``resident_kernel_runs``, with ``grad``): each row's max and
-    gradient coefficients, for the same gradient of logits recomputed later (fused_linear_cross_entropy)."""
+    gradient coefficients, for the same gradient of logits recomputed later (fused_linear_cross_entropy).
+    ``argmax`` ((N,) int64): each row's argmax of the logits, -1 on ignored rows; ``token_scaling``: each
+    row's loss and gradient times its target's probability (detached). Either runs the looped kernel."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
-    if resident_kernel_runs(logits, weight, softcap):
+    extras = argmax is not None or token_scaling
+    if not extras and resident_kernel_runs(logits, weight, softcap):
         slots, reg_cols = resident.resident_layout(n_cols)
         warps = resident.resident_warps(n_cols)
         grad_arg = grad if grad is not None else logits
@@ -259,6 +294,7 @@ def launch_cross_entropy(
         z_rows,
         grad_scale if grad_scale is not None else loss_rows,
         stats,
+        argmax if argmax is not None else target,
         n_cols,
         ignore_index,
         *split_f64(label_smoothing),
@@ -277,5 +313,7 @@ def launch_cross_entropy(
         STORE_POLICY=CE_STORE_POLICY if gpu else "",
         STORE_CACHE=CE_STORE_CACHE if gpu else "",
         PASS1_PREFETCH=CE_PASS1_PREFETCH and not fp64_math,  # fp64 math: registers (not measured)
+        RETURN_ARGMAX=argmax is not None,
+        TOKEN_SCALING=token_scaling,
         num_warps=warps,
     )

@@ -339,6 +339,8 @@ def _chunk_loop(
     logit_scale=1.0,
     on_logits=None,
     denominator=None,
+    argmax_rows=None,
+    token_scaling=False,
 ):
     """Unscaled per-row cross-entropy and z-loss (fp64), the target stats (``cross_entropy.target_stats``),
     and the requested gradients (grad_hidden and grad_weight in the accumulation dtype, grad_bias in fp32).
@@ -346,7 +348,9 @@ def _chunk_loop(
     Hooks for ``fused_linear_logprobs``: ``logit_scale`` multiplies each chunk's logits inside the GEMM
     (``logit_scale * (h @ W.T + b)``, one rounding; the kernel's gradient is then with respect to the scaled
     logits, so the caller folds the factor into ``row_scale``), and ``on_logits(start, end, logits)``
-    sees each chunk's logits before the CE kernel overwrites them."""
+    sees each chunk's logits before the CE kernel overwrites them. ``argmax_rows`` ((tokens,) int64): filled
+    with each token's argmax by the CE kernel's first pass; ``token_scaling``: see
+    ``launch_cross_entropy``."""
     (
         hidden, weight, target, bias, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale,
         softcap, need_hidden, need_weight, need_bias, accum_dtype,
@@ -388,6 +392,8 @@ def _chunk_loop(
             lse_square_scale=lse_square_scale,
             softcap=softcap,
             grad_scale=row_scale[start:end] if row_scale is not None else None,
+            argmax=argmax_rows[start:end] if argmax_rows is not None else None,
+            token_scaling=token_scaling,
         )
         # `logits` now holds dloss/dlogits for the chunk
         _accumulate_grads(logits, hidden_c, weight, start, end, *grads)

@@ -63,7 +63,7 @@ from liger_core.dispatch import (
     launcher,
     use_triton,
 )
-from liger_core.loss_options import CrossEntropyOptions
+from liger_core.loss_options import CrossEntropyOptions, CrossEntropyOutput, finish_outputs
 from liger_core.loss_options import resolve as resolve_options
 from liger_core.ops._ce_kernel import launch_cross_entropy
 from liger_core.ops._ce_math import (
@@ -98,6 +98,7 @@ def _forward_impl(
     check_targets,
     denominator=None,
     grad_scale=None,
+    token_scaling=False,
 ):
     n_cols = logits.shape[1]
     if denominator is not None:  # reduction "sum" divided by it: a "mean" over the given count
@@ -123,6 +124,7 @@ def _forward_impl(
         lse_square_scale=lse_square_scale,
         softcap=softcap,
         grad_scale=grad_scale,
+        token_scaling=token_scaling,
     )
     loss, z = reduce_losses(loss_rows, z_rows, stats, reduction)
     if pending is not None:  # after the launches: the GPU works while the host waits for the stats
@@ -147,8 +149,10 @@ def _cross_entropy_fwd_impl(
     compute_grad: bool,
     check_targets: bool = True,
     denominator: torch.Tensor | None = None,
+    token_scaling: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, z_loss, grad) with the gradient in a new buffer (empty when ``compute_grad`` is False)."""
+    """(loss, z_loss, grad) with the gradient in a new buffer (empty when ``compute_grad`` is False);
+    ``token_scaling``: Liger-Kernel's per-token scaling (``CrossEntropyOptions.use_token_scaling``)."""
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if compute_grad else None
     loss, z = _forward_impl(
         logits,
@@ -162,6 +166,7 @@ def _cross_entropy_fwd_impl(
         softcap,
         check_targets,
         denominator,
+        token_scaling=token_scaling,
     )
     return loss, z, grad if grad is not None else logits.new_empty(0)
 
@@ -184,6 +189,7 @@ def _(
     compute_grad,
     check_targets=True,
     denominator=None,
+    token_scaling=False,
 ):
     grad = (
         torch.empty_like(logits, memory_format=torch.contiguous_format)
@@ -204,6 +210,7 @@ def _cross_entropy_fwd_inplace_impl(
     softcap: float | None,
     check_targets: bool = True,
     denominator: torch.Tensor | None = None,
+    token_scaling: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, z_loss); overwrites ``logits`` with the gradient (declared as a mutation, so autograd's version
     counter flags any other use of the old values in backward)."""
@@ -219,6 +226,7 @@ def _cross_entropy_fwd_inplace_impl(
         softcap,
         check_targets,
         denominator,
+        token_scaling=token_scaling,
     )
 
 
@@ -239,6 +247,7 @@ def _(
     softcap,
     check_targets=True,
     denominator=None,
+    token_scaling=False,
 ):
     return _fake_losses(logits, reduction)
 
@@ -255,6 +264,7 @@ def _grad_in_backward_impl(
     softcap: float | None,
     denominator: torch.Tensor | None,
     grad: torch.Tensor,
+    token_scaling: bool = False,
 ) -> None:
     """The gradient with ``grad_loss`` folded in before its one rounding, written into ``grad`` (may be
     ``logits``): the kernel again, with per-row gradient scales (the losses it computes are discarded)."""
@@ -263,7 +273,7 @@ def _grad_in_backward_impl(
     scale = scale.contiguous()  # the kernel reads one value per row at unit stride
     _forward_impl(
         logits, target, weight, grad, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
-        False, denominator, grad_scale=scale,
+        False, denominator, grad_scale=scale, token_scaling=token_scaling,
     )  # fmt: skip
 
 
@@ -274,7 +284,7 @@ _grad_in_backward = torch.library.custom_op(
 
 @_grad_in_backward.register_fake
 def _(logits, target, weight, grad_loss, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
-      denominator, grad):  # fmt: skip
+      denominator, grad, token_scaling=False):  # fmt: skip
     return None
 
 
@@ -298,9 +308,11 @@ class CrossEntropyFunction(torch.autograd.Function):
         inplace,
         check_targets,
         denominator=None,
+        token_scaling=False,
     ):
         args = (target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap)
         ctx.grad_consumed = False
+        ctx.token_scaling = token_scaling
         if logits.dtype == torch.float16:
             # fp16: most gradient entries of a reduced loss (p / N) are subnormal, and scaling a stored
             # gradient by grad_output in backward would round them twice (a loss scaler's 2^16 then multiplies
@@ -309,7 +321,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             # backward runs the kernel with grad_output folded in: one more read of the logits, eager's single
             # rounding.
             loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
-                logits, *args, False, check_targets, denominator
+                logits, *args, False, check_targets, denominator, token_scaling
             )
             ctx.grad_in_backward = (args, denominator, inplace and not torch.compiler.is_compiling())
             ctx.save_for_backward(logits)
@@ -319,7 +331,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         # under torch.compile the traced graph stays functional (the compiler plans its own buffers)
         if inplace and not torch.compiler.is_compiling():
             loss, z = launcher(_cross_entropy_fwd_inplace, _cross_entropy_fwd_inplace_impl)(
-                logits, *args, check_targets, denominator
+                logits, *args, check_targets, denominator, token_scaling
             )
             # the logits now hold the gradient: autograd refuses any later use of the old values (another
             # node that saved them) with its "modified by an inplace operation" error
@@ -327,7 +339,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             grad = logits
         else:
             loss, z, grad = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
-                logits, *args, True, check_targets, denominator
+                logits, *args, True, check_targets, denominator, token_scaling
             )
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(z)
@@ -348,15 +360,15 @@ class CrossEntropyFunction(torch.autograd.Function):
             grad = logits if inplace else torch.empty_like(logits, memory_format=torch.contiguous_format)
             target, weight, *options = args
             launcher(_grad_in_backward, _grad_in_backward_impl)(
-                logits, target, weight, grad_loss, *options, denominator, grad
+                logits, target, weight, grad_loss, *options, denominator, grad, ctx.token_scaling
             )
             if inplace:  # another node that saved these logits must not read the gradient as logits
                 torch.autograd.graph.increment_version(logits)
-            return grad.detach(), *(None,) * 10
+            return grad.detach(), *(None,) * 11
         ctx.grad_consumed = True
         (grad,) = ctx.saved_tensors
         launcher(_scale_rows, _scale_rows_impl)(grad, grad_loss)
-        return grad.detach(), *(None,) * 10
+        return grad.detach(), *(None,) * 11
 
 
 def cross_entropy(
@@ -374,7 +386,10 @@ def cross_entropy(
     inplace_backward: bool = False,
     check_targets: bool = True,
     denominator: torch.Tensor | float | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+    use_token_scaling: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | CrossEntropyOutput:
     """Cross-entropy of ``logits (..., V)`` (any strides) against class indices ``target (...)``, as
     ``torch.nn.functional.cross_entropy`` (class ``weight``, ``ignore_index``, ``label_smoothing``,
     ``reduction``), plus z-loss ``lse_square_scale * logsumexp(logits)^2`` per non-ignored token and Gemma-2
@@ -416,12 +431,18 @@ def cross_entropy(
     callers whose targets are known to be valid; an out-of-range target then gets a meaningless loss and
     gradient for its row (the kernel clamps the index: never an out-of-bounds access).
 
-    ``options``: the seven loss options (``weight`` to ``return_z_loss``) as one ``CrossEntropyOptions``,
-    instead of the keywords (which then keep their defaults).
+    ``options``: the loss options as one ``CrossEntropyOptions``, instead of the keywords (which then keep
+    their defaults).
+
+    Liger-Kernel's ``use_token_scaling`` (inside the kernel: each row's loss and gradient times its target's
+    probability, a constant), ``return_token_accuracy`` and ``return_predicted_tokens`` (``argmax`` of the
+    given logits, read once more before the kernel; the result is then a ``CrossEntropyOutput``): see
+    ``CrossEntropyOptions``.
     """
     options = resolve_options(
-        options, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
-    )
+        options, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss,
+        return_token_accuracy, return_predicted_tokens, use_token_scaling,
+    )  # fmt: skip
     weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
     check_tensor("logits", logits, min_ndim=1)
     check_tensor("target", target, dtypes=INDEX_DTYPES)
@@ -453,14 +474,19 @@ def cross_entropy(
         # logits, so it goes to a buffer of its own
         inplace_backward = False
     check_targets = bool(check_targets)
+    argmax = None
+    if options.wants_argmax:  # before the kernel, which may overwrite the logits with their gradient
+        argmax = torch.where(target1d != ignore_index, logits2d.detach().argmax(-1), -1)
+    scaling = options.use_token_scaling
     if torch.is_grad_enabled() and logits.requires_grad:
         loss, z = CrossEntropyFunction.apply(
-            logits2d, target1d, weight, *options.row_options(), inplace_backward, check_targets, denominator
-        )
+            logits2d, target1d, weight, *options.row_options(), inplace_backward, check_targets, denominator,
+            scaling,
+        )  # fmt: skip
     else:  # no gradient wanted: one read of the logits, nothing written
         loss, z, _ = launcher(_cross_entropy_fwd, _cross_entropy_fwd_impl)(
-            logits2d, target1d, weight, *options.row_options(), False, check_targets, denominator
+            logits2d, target1d, weight, *options.row_options(), False, check_targets, denominator, scaling
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)
-    return (loss, z) if options.return_z_loss else loss
+    return finish_outputs(options, loss, z, argmax, target)

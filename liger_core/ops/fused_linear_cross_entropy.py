@@ -65,7 +65,7 @@ from liger_core.dispatch import (
     launcher,
     use_triton,
 )
-from liger_core.loss_options import CrossEntropyOptions
+from liger_core.loss_options import CrossEntropyOptions, CrossEntropyOutput, finish_outputs
 from liger_core.loss_options import resolve as resolve_options
 from liger_core.ops._ce_math import (
     _scale_rows,
@@ -106,7 +106,11 @@ def _run_loop(args: LinearLossArgs, chunk_size: int | None, max_chunk_bytes: int
     - otherwise, where the headroom holds fp32 dW and dh accumulators, their rounded copies and a large
       chunk, or ``max_chunk_bytes`` the fp32 accumulators and a HEADROOM_CHUNK_BYTES chunk: the token-major
       loop with fp32 accumulation, rounded once at the end (exact, faster than the two-pass loop);
-    - otherwise the two-pass loop (exact; ``max_chunk_bytes`` bounds its vocabulary slice)."""
+    - otherwise the two-pass loop (exact; ``max_chunk_bytes`` bounds its vocabulary slice).
+
+    Argmax rows or token scaling (``kwargs``) come from the looped row kernel of the token-major loop: with
+    ``chunk_size`` as above, otherwise with fp32 accumulators (exact)."""
+    extras = kwargs.get("argmax_rows") is not None or kwargs.get("token_scaling", False)
     if chunk_size is not None:
         tuning.LOOP_COUNTS["token-major"] += 1
         return _chunk_loop(args, chunk_size, **kwargs)
@@ -116,7 +120,9 @@ def _run_loop(args: LinearLossArgs, chunk_size: int | None, max_chunk_bytes: int
     elements = _gradient_elements(hidden, weight, need_hidden, need_weight)
     all_logits = n_tokens * vocab * hidden.element_size()
     fp32_loop, fp32_chunk = False, None  # fp32_chunk None: the headroom chunk (choose_chunk_tokens)
-    if hidden.dtype == torch.float32 or not (need_hidden or need_weight):
+    if extras:
+        fp32_loop = True
+    elif hidden.dtype == torch.float32 or not (need_hidden or need_weight):
         pass  # the two-pass loop: fp64 products for fp32 inputs; one pass for losses alone
     elif max_chunk_bytes is None:
         headroom = _headroom(hidden.device)  # one query: host time on every call
@@ -170,10 +176,14 @@ def _flce_fwd_impl(
     check_targets: bool = True,
     max_chunk_bytes: int | None = None,
     denominator: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, z_loss, grad_hidden and grad_weight [accumulation dtype], grad_bias [fp32]); gradients not
-    requested are empty. ``denominator`` (0-dim fp64, with reduction "sum"): the sum divided by it, computed
-    as a "mean" whose denominator it is, so the gradients carry the division before their one rounding."""
+    return_argmax: bool = False,
+    token_scaling: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, z_loss, grad_hidden and grad_weight [accumulation dtype], grad_bias [fp32], argmax [int64,
+    per token, -1 on ignored tokens]); gradients not requested and the argmax without ``return_argmax`` are
+    empty. ``denominator`` (0-dim fp64, with reduction "sum"): the sum divided by it, computed as a "mean"
+    whose denominator it is, so the gradients carry the division before their one rounding.
+    ``token_scaling``: Liger-Kernel's per-token scaling (``CrossEntropyOptions.use_token_scaling``)."""
     if denominator is not None:
         reduction = "mean"
     with torch.autocast(hidden.device.type, enabled=False):
@@ -193,8 +203,15 @@ def _flce_fwd_impl(
             need_bias,
             accum_dtype,
         )
+        argmax = None
+        extras: dict = {}
+        if return_argmax:
+            argmax = torch.empty(hidden.shape[0], dtype=torch.int64, device=hidden.device)
+            extras["argmax_rows"] = argmax
+        if token_scaling:
+            extras["token_scaling"] = True
         loss_rows, z_rows, stats, gh, gw, gb = _run_loop(
-            args, chunk_size, max_chunk_bytes, check_targets=check_targets, denominator=denominator
+            args, chunk_size, max_chunk_bytes, check_targets=check_targets, denominator=denominator, **extras
         )
         loss, z = reduce_losses(loss_rows, z_rows, stats, reduction)
     return (
@@ -203,6 +220,7 @@ def _flce_fwd_impl(
         gh if gh is not None else _empty(hidden),
         gw if gw is not None else _empty(weight),
         gb if gb is not None else _empty(hidden).float(),
+        argmax if argmax is not None else target.new_empty(0, dtype=torch.int64),
     )
 
 
@@ -232,6 +250,8 @@ def _(
     check_targets=True,
     max_chunk_bytes=None,
     denominator=None,
+    return_argmax=False,
+    token_scaling=False,
 ):
     shape = (hidden.shape[0],) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -244,6 +264,7 @@ def _(
         else _empty(hidden),
         weight.new_empty(weight.shape, dtype=accum) if need_weight else _empty(weight),
         hidden.new_empty(weight.shape[0], **f32) if need_bias else _empty(hidden).float(),
+        target.new_empty(hidden.shape[0] if return_argmax else 0, dtype=torch.int64),
     )
 
 
@@ -264,6 +285,7 @@ def _flce_bwd_rows_impl(
     accum_dtype: torch.dtype | None,
     chunk_size: int | None,
     max_chunk_bytes: int | None = None,
+    token_scaling: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reduction="none" backward: the loop again with one grad_output per token inside the kernel;
     gradients in the dtypes of hidden, weight and bias (empty where not requested)."""
@@ -284,7 +306,10 @@ def _flce_bwd_rows_impl(
             need_bias,
             accum_dtype,
         )
-        *_, gh, gw, gb = _run_loop(args, chunk_size, max_chunk_bytes, row_scale=grad_rows.contiguous())
+        extras = {"token_scaling": True} if token_scaling else {}
+        *_, gh, gw, gb = _run_loop(
+            args, chunk_size, max_chunk_bytes, row_scale=grad_rows.contiguous(), **extras
+        )
     return _grads_in_dtypes((gh, gw, gb), hidden, weight, bias)
 
 
@@ -311,6 +336,7 @@ def _(
     accum_dtype,
     chunk_size,
     max_chunk_bytes=None,
+    token_scaling=False,
 ):
     return _fake_grads(hidden, weight, bias, need_hidden, need_weight, need_bias)
 
@@ -334,12 +360,14 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         check_targets,
         max_chunk_bytes,
         denominator=None,
+        return_argmax=False,
+        token_scaling=False,
     ):
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
         need_bias = need_bias and bias is not None
         ctx.needs = (need_hidden, need_weight, need_bias)
         ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
-        ctx.accum = (accum_dtype, chunk_size, max_chunk_bytes)
+        ctx.accum = (accum_dtype, chunk_size, max_chunk_bytes, token_scaling)
         ctx.reduction = reduction
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.grad_consumed = False
@@ -356,12 +384,13 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             softcap,
         )
         if reduction == "none":
-            loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
-                *args, False, False, False, accum_dtype, chunk_size, check_targets, max_chunk_bytes
-            )
+            loss, z, _, _, _, argmax = launcher(_flce_fwd, _flce_fwd_impl)(
+                *args, False, False, False, accum_dtype, chunk_size, check_targets, max_chunk_bytes,
+                None, return_argmax, token_scaling,
+            )  # fmt: skip
             ctx.save_for_backward(hidden, weight, target, bias, ce_weight)
         else:
-            loss, z, gh, gw, gb = launcher(_flce_fwd, _flce_fwd_impl)(
+            loss, z, gh, gw, gb, argmax = launcher(_flce_fwd, _flce_fwd_impl)(
                 *args,
                 need_hidden,
                 need_weight,
@@ -371,13 +400,15 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 check_targets,
                 max_chunk_bytes,
                 denominator,
+                return_argmax,
+                token_scaling,
             )
             ctx.save_for_backward(gh, gw, gb)
-        ctx.mark_non_differentiable(z)
-        return loss, z
+        ctx.mark_non_differentiable(z, argmax)
+        return loss, z, argmax
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_z):
+    def backward(ctx, grad_loss, _grad_z, _grad_argmax):
         need_hidden, need_weight, need_bias = ctx.needs
         if ctx.reduction == "none":
             hidden, weight, target, bias, ce_weight = ctx.saved_tensors
@@ -415,7 +446,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             gw if need_weight else None,
             None,
             gb if need_bias else None,
-            *(None,) * 11,  # ce_weight, the options, denominator
+            *(None,) * 13,  # ce_weight, the options, denominator, return_argmax, token_scaling
         )
 
 
@@ -438,7 +469,10 @@ def fused_linear_cross_entropy(
     max_chunk_bytes: int | None = None,
     check_targets: bool = True,
     denominator: torch.Tensor | float | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+    use_token_scaling: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | CrossEntropyOutput:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the (tokens, V) logits.
 
     hidden ``(..., H)``, weight ``(V, H)`` (lm_head layout), bias ``(V,)``, target ``(...)``, all of any
@@ -464,12 +498,17 @@ def fused_linear_cross_entropy(
     ``cross_entropy``. Tied weights work (autograd adds this gradient to the embedding's). Under autocast,
     hidden/weight/bias are cast to the autocast dtype first, as ``F.linear`` would be.
 
-    ``options``: the seven loss options as one ``CrossEntropyOptions`` (its ``weight`` is ``ce_weight``),
+    ``options``: the loss options as one ``CrossEntropyOptions`` (its ``weight`` is ``ce_weight``),
     instead of the keywords (which then keep their defaults).
+
+    Liger-Kernel's ``return_token_accuracy``, ``return_predicted_tokens`` (from the row kernel's first pass:
+    no logits kept) and ``use_token_scaling`` (see ``CrossEntropyOptions``): computed by the token-major loop
+    (``chunk_size``, else fp32 accumulators); with either output the result is a ``CrossEntropyOutput``.
     """
     options = resolve_options(
-        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
-    )
+        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+        return_z_loss, return_token_accuracy, return_predicted_tokens, use_token_scaling,
+    )  # fmt: skip
     ce_weight, ignore_index, reduction = options.weight, options.ignore_index, options.reduction
     if any_dtensor(hidden, weight, bias, target):
         inputs = {"hidden": hidden, "target": target}
@@ -492,11 +531,12 @@ def fused_linear_cross_entropy(
         )
 
     out_shape = target.shape
+    extras = (options.wants_argmax, options.use_token_scaling)
     # max_chunk_bytes stays a byte budget: it bounds the two-pass loop's vocabulary slice
     hidden2d, target1d, chunk_size = flatten_for_chunks(hidden, weight, target, chunk_size, None)
     ce_weight = ce_weight.contiguous() if ce_weight is not None else None
     if wants_grad(hidden, weight, bias):
-        loss, z = FusedLinearCrossEntropyFunction.apply(
+        loss, z, argmax = FusedLinearCrossEntropyFunction.apply(
             hidden2d,
             weight,
             target1d,
@@ -508,9 +548,10 @@ def fused_linear_cross_entropy(
             bool(check_targets),
             max_chunk_bytes,
             denominator,
+            *extras,
         )
     else:  # evaluation: losses only, no gradient GEMMs
-        loss, z, *_ = launcher(_flce_fwd, _flce_fwd_impl)(
+        loss, z, *_, argmax = launcher(_flce_fwd, _flce_fwd_impl)(
             hidden2d,
             weight,
             target1d,
@@ -525,7 +566,8 @@ def fused_linear_cross_entropy(
             bool(check_targets),
             max_chunk_bytes,
             denominator,
+            *extras,
         )
     if reduction == "none":
         loss, z = loss.view(out_shape), z.view(out_shape)
-    return (loss, z) if options.return_z_loss else loss
+    return finish_outputs(options, loss, z, argmax if options.wants_argmax else None, target)

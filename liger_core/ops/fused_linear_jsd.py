@@ -3,11 +3,13 @@ in full.
 
 Math (``jsd`` is liger_core.ops.jsd's generalised JSD, beta weighting the teacher)::
 
-    z_s = h_s @ W_s^T,  z_t = h_t @ W_t^T                        (per token chunk, in the models' dtypes)
+    z_s = h_s @ W_s^T + b_s,  z_t = h_t @ W_t^T + b_t            (per token chunk, in the models' dtypes;
+                                                                 the lm_head biases b are optional)
     x   = log_softmax(z_s / T),  y = log_softmax(z_t / T)        (inside the kernel, fp32 or float64 math)
     loss = sum over kept rows of JSD_beta(x, y) / n_kept         (float64 sums; no T^2 factor)
     dz_s = (dx - Q * sum_j dx_j) / T,  Q = e^x                   (softmax backward, dx = dJSD/dx / n_kept)
     dh_s = dz_s @ W_s,   dW_s = sum over chunks of dz_s^T @ h_s  (dW_s accumulated in fp32)
+    db_s = sum over rows of dz_s                                 (fp32)
 
 Tokens are processed in chunks of ``chunk_size`` rows: two matmuls give the chunk's student and teacher
 logits, one kernel turns them into the chunk's loss rows and writes dz_s over the student logits (three
@@ -198,13 +200,19 @@ def _fused_linear_jsd_fwd(
     chunk_size: int,
     grad_hidden: bool,
     grad_weight: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(fp32 0-dim loss, fp32 d loss/d student_hidden, fp32 d loss/d student_weight); the gradients are
-    empty when not asked for. They stay fp32 until backward folds grad_output in and rounds them once."""
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    grad_bias: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(fp32 0-dim loss, fp32 d loss/d student_hidden, fp32 d loss/d student_weight, fp32 d loss/d
+    student_bias); the gradients are empty when not asked for. They stay fp32 until backward folds
+    grad_output in and rounds them once. The biases (V,) are added to the chunk's logits by the GEMM
+    (``addmm``, as ``F.linear``: one rounding of the biased logits)."""
     n_rows = student_hidden.shape[0]
     vocab = student_weight.shape[0]
     device = student_hidden.device
-    compute_grad = grad_hidden or grad_weight
+    grad_bias = grad_bias and student_bias is not None
+    compute_grad = grad_hidden or grad_weight or grad_bias
     row_loss = torch.empty(n_rows, dtype=torch.float64, device=device)
     n_kept = kept_count(labels, ignore_index, n_rows, device).double()
     # float64 [T, beta, 1 / (n_kept * T)]: exact for float64 math, each rounded once for fp32 math (eager
@@ -215,6 +223,7 @@ def _fused_linear_jsd_fwd(
     # zero-filled: the chunk matmuls accumulate into them (one cuBLAS pattern for both, fp32 output in place)
     dh = torch.zeros(student_hidden.shape, dtype=torch.float32, device=device) if grad_hidden else None
     dw = torch.zeros(student_weight.shape, dtype=torch.float32, device=device) if grad_weight else None
+    db = torch.zeros((vocab,), dtype=torch.float32, device=device) if grad_bias else None
 
     chunk_size = max(1, min(chunk_size, n_rows))
     zs_buffer = torch.empty((chunk_size, vocab), dtype=student_hidden.dtype, device=device)
@@ -229,8 +238,14 @@ def _fused_linear_jsd_fwd(
         hs = student_hidden[start:end]
         zs = zs_buffer[: end - start]
         zt = zt_buffer[: end - start]
-        torch.mm(hs, student_weight.t(), out=zs)
-        torch.mm(teacher_hidden[start:end], teacher_weight.t(), out=zt)
+        if student_bias is None:
+            torch.mm(hs, student_weight.t(), out=zs)
+        else:
+            torch.addmm(student_bias, hs, student_weight.t(), out=zs)
+        if teacher_bias is None:
+            torch.mm(teacher_hidden[start:end], teacher_weight.t(), out=zt)
+        else:
+            torch.addmm(teacher_bias, teacher_hidden[start:end], teacher_weight.t(), out=zt)
         _fused_jsd_logits_kernel[tiles.grid(end - start)](
             zs,
             zs.stride(0),
@@ -254,11 +269,14 @@ def _fused_linear_jsd_fwd(
             _add_mm_fp32_(dh[start:end], zs, student_weight)
         if dw is not None:
             _add_mm_fp32_(dw, zs.t(), hs)
+        if db is not None:  # ignored rows hold dz = 0
+            db.add_(zs.sum(0, dtype=torch.float32))
     del zs_buffer, zt_buffer
     # outputs of a custom op may not alias each other: a fresh empty tensor per gradient not asked for
     dh = dh if dh is not None else student_hidden.new_empty(0, dtype=torch.float32)
     dw = dw if dw is not None else student_hidden.new_empty(0, dtype=torch.float32)
-    return (row_loss.sum() / n_kept).to(torch.float32), dh, dw
+    db = db if db is not None else student_hidden.new_empty(0, dtype=torch.float32)
+    return (row_loss.sum() / n_kept).to(torch.float32), dh, dw, db
 
 
 @_fused_linear_jsd_fwd.register_fake
@@ -274,12 +292,17 @@ def _(
     chunk_size,
     grad_hidden,
     grad_weight,
+    student_bias=None,
+    teacher_bias=None,
+    grad_bias=False,
 ):
     loss = student_hidden.new_empty((), dtype=torch.float32)
     empty = (0,)
     dh = student_hidden.new_empty(student_hidden.shape if grad_hidden else empty, dtype=torch.float32)
     dw = student_hidden.new_empty(student_weight.shape if grad_weight else empty, dtype=torch.float32)
-    return loss, dh, dw
+    grad_bias = grad_bias and student_bias is not None
+    db = student_hidden.new_empty(student_weight.shape[:1] if grad_bias else empty, dtype=torch.float32)
+    return loss, dh, dw, db
 
 
 @torch.library.custom_op("liger_core::fused_linear_jsd_scale_", mutates_args=("grad",))
@@ -331,11 +354,14 @@ class FusedLinearJSDFunction(torch.autograd.Function):
         ignore_index,
         temperature,
         chunk_size,
+        student_bias,
+        teacher_bias,
     ):
         hs = as_rows(student_hidden)
         ht = as_rows(teacher_hidden.detach())
         grad_hidden, grad_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        loss, dh, dw = _fused_linear_jsd_fwd(
+        grad_bias = ctx.needs_input_grad[9]
+        loss, dh, dw, db = _fused_linear_jsd_fwd(
             hs,
             student_weight,
             ht,
@@ -347,18 +373,25 @@ class FusedLinearJSDFunction(torch.autograd.Function):
             chunk_size,
             grad_hidden,
             grad_weight,
+            student_bias,
+            teacher_bias.detach() if teacher_bias is not None else None,
+            grad_bias,
         )
-        ctx.save_for_backward(dh if grad_hidden else None, dw if grad_weight else None)
+        ctx.save_for_backward(
+            dh if grad_hidden else None, dw if grad_weight else None, db if grad_bias else None
+        )
         ctx.hidden_shape, ctx.hidden_dtype = student_hidden.shape, student_hidden.dtype
         ctx.weight_dtype = student_weight.dtype
+        ctx.bias_dtype = student_bias.dtype if student_bias is not None else None
         return loss
 
     @staticmethod
     def backward(ctx, grad_output):
-        dh, dw = ctx.saved_tensors
+        dh, dw, db = ctx.saved_tensors
         scale = grad_output.detach().to(torch.float32)
         dh = _finish_grad(dh, scale, ctx.hidden_dtype)
         dw = _finish_grad(dw, scale, ctx.weight_dtype)
+        db = _finish_grad(db, scale, ctx.bias_dtype)
         return (
             dh.view(ctx.hidden_shape) if dh is not None else None,
             dw,
@@ -368,6 +401,8 @@ class FusedLinearJSDFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
+            db,
             None,
         )
 
@@ -383,24 +418,38 @@ def fused_linear_jsd(
     temperature: float = 1.0,
     *,
     chunk_size: int | None = None,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Generalised JSD between ``softmax(student_hidden @ student_weight^T / T)`` and the teacher's
-    distribution, averaged over rows whose ``shift_labels`` is not ``ignore_index``, computed in token chunks
-    so that neither model's (tokens x vocab) logits are ever materialised.
+    """Generalised JSD between ``softmax((student_hidden @ student_weight^T + student_bias) / T)`` and the
+    teacher's distribution, averaged over rows whose ``shift_labels`` is not ``ignore_index``, computed in
+    token chunks so that neither model's (tokens x vocab) logits are ever materialised.
 
     student_hidden (..., Hs), student_weight (V, Hs), teacher_hidden (..., Ht), teacher_weight (V, Ht): the
-    hidden sizes may differ, the vocabularies may not. Returns an fp32 0-dim loss; gradients flow to
-    student_hidden and student_weight only (student_weight's is accumulated in fp32). ``chunk_size`` (rows per
-    chunk) defaults to a size whose logits buffers fit in 512 MiB. Inputs of any strides. As ``jsd``: with no
-    rows, or every row ignored, the loss is 0 with zero gradients; a -inf logit (a masked vocabulary entry)
+    hidden sizes may differ, the vocabularies may not; student_bias, teacher_bias (V,): the lm_heads' optional
+    biases (dtypes of their weights). Returns an fp32 0-dim loss; gradients flow to student_hidden,
+    student_weight and student_bias only (student_weight's and student_bias's accumulated in fp32).
+    ``chunk_size`` (rows per chunk) defaults to a size whose logits buffers fit in 512 MiB. Inputs of any
+    strides. As ``jsd``: with no rows, or every row ignored, the loss is 0 with zero gradients; a -inf logit
+    (a masked vocabulary entry)
     has probability 0 and contributes 0; NaN or +inf logits make the loss NaN.
     """
-    if any_dtensor(student_hidden, student_weight, teacher_hidden, teacher_weight, shift_labels):
+    if any_dtensor(
+        student_hidden,
+        student_weight,
+        teacher_hidden,
+        teacher_weight,
+        shift_labels,
+        student_bias,
+        teacher_bias,
+    ):
         inputs = {"student_hidden": student_hidden, "teacher_hidden": teacher_hidden}
         inputs["shift_labels"] = shift_labels
         weights = {"student_weight": student_weight, "teacher_weight": teacher_weight}
+        weights.update(student_bias=student_bias, teacher_bias=teacher_bias)
         gathered = gather_weights("fused_linear_jsd", inputs, weights)
         student_weight, teacher_weight = gathered["student_weight"], gathered["teacher_weight"]
+        student_bias, teacher_bias = gathered["student_bias"], gathered["teacher_bias"]
     check_not_zero3_partitioned(student_weight=student_weight, teacher_weight=teacher_weight)
     check_tensor("student_hidden", student_hidden, min_ndim=1)
     check_tensor("student_weight", student_weight, ndim=2)
@@ -439,12 +488,28 @@ def fused_linear_jsd(
             raise TypeError(
                 f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; they must match"
             )
+    for name, b, weight in (
+        ("student_bias", student_bias, student_weight),
+        ("teacher_bias", teacher_bias, teacher_weight),
+    ):
+        if b is None:
+            continue
+        check_tensor(name, b, ndim=1)
+        check_shape(name, b, (vocab,), "one bias per vocabulary entry")
+        if b.dtype != weight.dtype:
+            raise TypeError(
+                f"{name} has dtype {b.dtype} but its weight has dtype {weight.dtype}; they must match"
+            )
+    biases = {
+        k: v for k, v in (("student_bias", student_bias), ("teacher_bias", teacher_bias)) if v is not None
+    }
     check_same_device(
         "student_hidden",
         student_hidden,
         student_weight=student_weight,
         teacher_hidden=teacher_hidden,
         teacher_weight=teacher_weight,
+        **biases,
     )
     beta = check_beta(beta)
     ignore_index = check_ignore_index(ignore_index)
@@ -475,6 +540,8 @@ def fused_linear_jsd(
             beta,
             ignore_index,
             temperature,
+            student_bias=student_bias,
+            teacher_bias=teacher_bias,
         )
     return FusedLinearJSDFunction.apply(
         student_hidden,
@@ -486,6 +553,8 @@ def fused_linear_jsd(
         ignore_index,
         temperature,
         chunk_size,
+        student_bias,
+        teacher_bias,
     )
 
 

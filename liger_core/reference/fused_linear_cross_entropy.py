@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from liger_core.loss_options import CrossEntropyOptions
+from liger_core.loss_options import CrossEntropyOptions, CrossEntropyOutput
 from liger_core.loss_options import resolve as resolve_options
 from liger_core.reference.cross_entropy import cross_entropy
 
@@ -32,12 +32,16 @@ def fused_linear_cross_entropy(
     options: CrossEntropyOptions | None = None,
     chunk_size: int | None = None,  # signature parity: the reference does not chunk
     denominator: torch.Tensor | float | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+    use_token_scaling: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | CrossEntropyOutput:
     """``options``: the loss options as one object (its ``weight`` is ``ce_weight``), instead of the
     keywords."""
     options = resolve_options(
-        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
-    )
+        options, ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+        return_z_loss, return_token_accuracy, return_predicted_tokens, use_token_scaling,
+    )  # fmt: skip
     logits = F.linear(hidden, weight, bias)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return cross_entropy(logits, target, options=options, denominator=denominator)

@@ -1,7 +1,8 @@
 """Reference fused linear + JSD: the eager composition it replaces, which materialises both models' logits.
 
-    student_logp = log_softmax(float(student_hidden @ student_weight^T) / temperature)
-    teacher_logp = log_softmax(float(teacher_hidden @ teacher_weight^T) / temperature)   (no gradient)
+    student_logp = log_softmax(float(student_hidden @ student_weight^T + student_bias) / temperature)
+    teacher_logp = log_softmax(float(teacher_hidden @ teacher_weight^T + teacher_bias) / temperature)
+                                                                          (no gradient; biases optional)
     loss         = jsd(student_logp, teacher_logp, beta, ignore_index, shift_labels)     (fp32)
 
 Logits are produced in the models' dtype (as an lm_head does), then upcast: the softmax and the loss are fp32
@@ -11,6 +12,7 @@ Logits are produced in the models' dtype (as an lm_head does), then upcast: the 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from liger_core.reference.jsd import jsd
 
@@ -28,10 +30,15 @@ def fused_linear_jsd(
     beta: float = 0.5,
     ignore_index: int = -100,
     temperature: float = 1.0,
+    *,
+    chunk_size: int | None = None,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    student_logits = student_hidden @ student_weight.t()
+    del chunk_size  # the composition holds every row's logits at once
+    student_logits = F.linear(student_hidden, student_weight, student_bias)
     with torch.no_grad():
-        teacher_logits = teacher_hidden @ teacher_weight.t()
+        teacher_logits = F.linear(teacher_hidden, teacher_weight, teacher_bias)
     student_logp = torch.log_softmax(_upcast(student_logits) / temperature, dim=-1)
     teacher_logp = torch.log_softmax(_upcast(teacher_logits) / temperature, dim=-1)
     return jsd(student_logp, teacher_logp, beta=beta, ignore_index=ignore_index, shift_labels=shift_labels)

@@ -143,3 +143,45 @@ def test_distill_module_and_errors():
         fused_linear_distill_loss(sh, sw, th, tw, num_items_in_batch=torch.ones(2))
     with pytest.raises(ValueError, match="teacher_weight"):
         fused_linear_distill_loss(sh, sw, th, tw[:-1])
+
+
+def biased_reference_loss(sh, sw, sb, th, tw, tb, target, loss, beta, temperature, dtype, num_items):
+    """reference_loss with lm_head biases (the logits ``h W^T + b`` in the inputs' dtype, as F.linear):
+    (loss, dh, dw, db)."""
+    h, w, b = leaf(sh, dtype), leaf(sw, dtype), leaf(sb, dtype)
+    math_dtype = torch.promote_types(dtype, torch.float32)
+    zs = torch.nn.functional.linear(h, w, b).to(math_dtype)
+    with torch.no_grad():
+        zt = torch.nn.functional.linear(th.to(dtype), tw.to(dtype), tb.to(dtype)).to(math_dtype)
+    rows = divergence_rows(zs, zt, loss, beta, temperature).reshape(-1)
+    keep = target.reshape(-1) != -100
+    value = rows[keep].sum() / num_items
+    return (value, *torch.autograd.grad(value, (h, w, b)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("loss,beta", [("jsd", 0.3), ("forward_kl", None), ("reverse_kl", None)])
+def test_distill_with_lm_head_bias_matches_float64(loss, beta, dtype):
+    """Student and teacher lm_head biases: loss and the gradients to hidden, weight and bias no worse than
+    eager against float64 (the divergences from their definitions); with num_items_in_batch; the module
+    takes the biases too."""
+    sh, sw, sb = dyadic_linear_inputs((2, 11), HS, V, dtype, bias=True)
+    th, tw, tb = dyadic_linear_inputs((2, 11), HT, V, dtype, bias=True)
+    target = torch.randint(0, V, (2, 11))
+    target[torch.rand(2, 11) < 0.3] = -100
+    h, w, b = leaf(sh), leaf(sw), leaf(sb)
+    kwargs = dict(loss=loss, beta=beta, temperature=0.7, chunk_size=8, num_items_in_batch=30)
+    got = fused_linear_distill_loss(h, w, th, tw, target, student_bias=b, teacher_bias=tb, **kwargs)
+    grads = torch.autograd.grad(got, (h, w, b))
+    assert grads[2].dtype == dtype and grads[2].shape == (V,)
+    jsd_beta = 0.3 if loss == "jsd" else None
+    args = (sh, sw, sb, th, tw, tb, target, loss, jsd_beta if jsd_beta is not None else 0.5, 0.7)
+    eager = biased_reference_loss(*args, dtype, 30)
+    ref = biased_reference_loss(*args, torch.float64, 30)
+    e_loss, e_eager = rel_err(got, ref[0]), rel_err(eager[0], ref[0])
+    assert e_loss <= SLACK * e_eager + 4 * 2.0**-23, f"loss: rel. error {e_loss:.3e} vs eager's {e_eager:.3e}"
+    for name, a, e, r in zip(("dhidden", "dweight", "dbias"), grads, eager[1:], ref[1:]):
+        assert_no_worse_than_eager(name, a, e, r)
+    module = LigerFusedLinearDistillLoss(loss=loss, beta=beta, temperature=0.7, chunk_size=8)
+    via_module = module(sh, sw, th, tw, target, num_items_in_batch=30, student_bias=sb, teacher_bias=tb)
+    torch.testing.assert_close(via_module, got.detach(), rtol=0, atol=0)

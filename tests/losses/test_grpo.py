@@ -131,6 +131,10 @@ def reference_grpo(logps, old, ref, adv, mask, cfg):
         metrics["clip_ratio/region_mean"] = batch_mean(((low + high) > 0).to(logps.dtype))
         metrics["clip_ratio/low_min"] = nan_pick(seq_mean(low), torch.min)
         metrics["clip_ratio/high_max"] = nan_pick(seq_mean(high), torch.max)
+        # Liger-Kernel's clip_ratio: the clipped region per token (a completion's sequence-level clipping
+        # broadcast over its tokens), weighted by the mask
+        region_tokens = ((low + high) > 0).to(logps.dtype).expand_as(mask)
+        metrics["clip_ratio"] = (region_tokens * mask).sum() / mask.sum().clamp(min=1.0)
     elif loss_type == "cispo":
         metrics["cispo_clip_ratio"] = batch_mean(((w > eps_high) & (adv > 0)).to(logps.dtype))
     elif loss_type == "vespo":
@@ -353,6 +357,29 @@ def test_on_policy_gradient_is_advantage_weighted_log_prob_gradient():
     assert metrics["clip_ratio/region_mean"].item() == 0.0
 
 
+def test_sequence_level_clip_ratio_is_token_weighted():
+    """Sequence-level importance sampling: ``clip_ratio`` (Liger-Kernel's metric) counts a clipped
+    completion once per completion token, clip_ratio/region_mean (TRL's) once per completion."""
+    n_tokens = (5, 1, 3)
+    mask = torch.zeros(3, 6, dtype=torch.long)
+    for i, n in enumerate(n_tokens):
+        mask[i, :n] = 1
+    logps = torch.where(mask.bool(), -torch.rand(3, 6, dtype=torch.float64) - 0.5, 0.0)
+    # sequence log-ratios +0.5 (A > 0: clipped above), 0 (not clipped), -0.5 (A > 0: not clipped)
+    old = logps - torch.tensor([0.5, 0.0, -0.5], dtype=torch.float64)[:, None] * mask
+    adv = torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64)
+    for loss_type in CLIPPED_LOSS_TYPES:
+        _, metrics = grpo_loss_from_logps(
+            logps, old, None, adv, mask, loss_type=loss_type, importance_sampling_level="sequence",
+            max_completion_length=6,
+        )  # fmt: skip
+        assert metrics["clip_ratio"].item() == pytest.approx(5 / 9, rel=1e-6)
+        assert metrics["clip_ratio/region_mean"].item() == pytest.approx(1 / 3, rel=1e-6)
+        _, token_metrics = grpo_loss_from_logps(logps, old, None, adv, mask, loss_type=loss_type,
+                                                max_completion_length=6)  # fmt: skip
+        assert token_metrics["clip_ratio"].item() == token_metrics["clip_ratio/region_mean"].item()
+
+
 def test_normalisation_matches_trl_semantics():
     """dapo over a generation batch split into micro-batches: the sum of the micro-batch losses equals the
     loss of the whole batch (TRL's num_items_in_batch), unlike bnpo's per-micro-batch normalisation."""
@@ -436,6 +463,8 @@ def test_against_trl_grpo_trainer(trl_results):
         assert rel_err(grad, trl["grad"]) <= 1e-12, case_id(case)
         if case.get("num_processes", 1) == 1:
             trl_metrics = {k: v for k, v in trl["metrics"].items() if k in metrics or k != "entropy"}
+            # clip_ratio is Liger-Kernel's metric (TRL logs it on its liger-kernel path only): its own test
+            metrics = {k: v for k, v in metrics.items() if k != "clip_ratio"}
             # TRL takes the clip ratios' means in fp32 (`.float()` of the boolean masks): one fp32 rounding
             assert_metrics_equal(metrics, trl_metrics, tol=2**-23)
 

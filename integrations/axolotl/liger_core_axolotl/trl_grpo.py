@@ -109,6 +109,8 @@ def _log(trainer: Any, mode: str, metrics: dict[str, torch.Tensor], mask: torch.
     sequences = torch.tensor(float(mask.shape[0]), device=mask.device)
     sequence_level = trainer.importance_sampling_level == "sequence"
     for name, value in metrics.items():
+        if name == "clip_ratio":  # Liger-Kernel's token-weighted ratio: TRL's unfused path logs clip_ratio/*
+            continue
         value = value.detach().float()
         if name in _EXTREMES:
             gathered = trainer.accelerator.gather(value.reshape(1))
