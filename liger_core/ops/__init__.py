@@ -9,6 +9,7 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 # Each op lives in the submodule of its own name; these imports bind the function over the submodule,
 # so `from liger_core.ops import swiglu` gives the function.
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
+from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  # noqa: E402
@@ -20,11 +21,13 @@ from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
+from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
 from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
 
 __all__ = [
     "cross_entropy",
+    "fused_add_rms_norm",
     "fused_linear_cross_entropy",
     "FusedLogProbs",
     "fused_linear_jsd",
@@ -37,6 +40,7 @@ __all__ = [
     "layer_norm",
     "rms_norm",
     "rms_norm_gated",
+    "rms_norm_no_weight",
     "rope",
     "swiglu",
     "swiglu_packed",

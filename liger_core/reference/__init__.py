@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
 from liger_core.reference.cross_entropy import cross_entropy
+from liger_core.reference.fused_add_rms_norm import fused_add_rms_norm
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd
 from liger_core.reference.fused_linear_logprobs import fused_linear_logprobs
@@ -16,11 +17,13 @@ from liger_core.reference.kl_div import kl_div
 from liger_core.reference.layer_norm import layer_norm
 from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
+from liger_core.reference.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.reference.rope import rope
 from liger_core.reference.swiglu import swiglu
 
 __all__ = [
     "cross_entropy",
+    "fused_add_rms_norm",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
     "fused_linear_logprobs",
@@ -30,6 +33,7 @@ __all__ = [
     "layer_norm",
     "rms_norm",
     "rms_norm_gated",
+    "rms_norm_no_weight",
     "rope",
     "swiglu",
 ]

@@ -1,0 +1,65 @@
+"""More norm modules: residual add + RMSNorm, RMSNorm without a weight, PolyNorm, Dynamic Tanh and GroupNorm
+(parameter names as in the HF / reference modules they replace, so ``state_dict()`` keys carry over)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from liger_core.dispatch import check_choice
+from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm
+from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
+from liger_core.reference.fused_add_rms_norm import CASTING_MODES
+
+
+class LigerFusedAddRMSNorm(nn.Module):
+    """``forward(hidden_states, residual) -> (rms_norm(hidden_states + residual), hidden_states + residual)``
+    (``liger_core.ops.fused_add_rms_norm``); defaults match ``LlamaRMSNorm`` applied to the residual sum."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        offset: float = 0.0,
+        casting_mode: str = "llama",
+        init_fn: str = "ones",
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_choice("casting_mode", casting_mode, CASTING_MODES)
+        check_choice("init_fn", init_fn, ("ones", "zeros"))
+        init = torch.ones if init_fn == "ones" else torch.zeros
+        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+        self.offset = offset
+        self.casting_mode = casting_mode
+
+    def forward(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return fused_add_rms_norm(
+            hidden_states, residual, self.weight, self.variance_epsilon, self.offset, self.casting_mode
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
+            f"casting_mode={self.casting_mode!r}"
+        )
+
+
+class LigerRMSNormNoWeight(nn.Module):
+    """RMSNorm without a weight (``liger_core.ops.rms_norm_no_weight``): Gemma4's ``with_scale=False``."""
+
+    def __init__(self, dim: int | None = None, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm_no_weight(hidden_states, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
