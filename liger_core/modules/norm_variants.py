@@ -8,6 +8,7 @@ from torch import nn
 
 from liger_core.dispatch import check_choice
 from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm
+from liger_core.ops.poly_norm import poly_norm
 from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.reference.fused_add_rms_norm import CASTING_MODES
 
@@ -63,3 +64,29 @@ class LigerRMSNormNoWeight(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
+
+
+class LigerPolyNorm(nn.Module):
+    """PolyNorm (``liger_core.ops.poly_norm``): ``w0 norm(x^3) + w1 norm(x^2) + w2 norm(x) + b``; weights
+    initialised to 1/3 and a 0-dim bias to 1.0, as liger-kernel's module (``bias_shape=(1,)`` for PolyCom's
+    ``torch.zeros(1)``-shaped bias)."""
+
+    def __init__(
+        self,
+        eps: float = 1e-6,
+        bias_shape: tuple[int, ...] = (),
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_choice("bias_shape", tuple(bias_shape), ((), (1,)))
+        self.weight = nn.Parameter(torch.full((3,), 1.0 / 3.0, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.ones(bias_shape, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return poly_norm(hidden_states, self.weight, self.bias, self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.variance_epsilon}, bias_shape={tuple(self.bias.shape)}"

@@ -19,6 +19,7 @@ from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
+from liger_core.ops.poly_norm import poly_norm  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
 from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight  # noqa: E402
@@ -38,6 +39,7 @@ __all__ = [
     "jsd",
     "kl_div",
     "layer_norm",
+    "poly_norm",
     "rms_norm",
     "rms_norm_gated",
     "rms_norm_no_weight",

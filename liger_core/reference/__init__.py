@@ -15,6 +15,7 @@ from liger_core.reference.geglu import geglu
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
 from liger_core.reference.layer_norm import layer_norm
+from liger_core.reference.poly_norm import poly_norm
 from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
 from liger_core.reference.rms_norm_no_weight import rms_norm_no_weight
@@ -31,6 +32,7 @@ __all__ = [
     "jsd",
     "kl_div",
     "layer_norm",
+    "poly_norm",
     "rms_norm",
     "rms_norm_gated",
     "rms_norm_no_weight",
