@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from liger_core.dispatch import check_choice
+from liger_core.ops.dyt import dyt
 from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm
 from liger_core.ops.poly_norm import poly_norm
 from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
@@ -90,3 +91,33 @@ class LigerPolyNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"eps={self.variance_epsilon}, bias_shape={tuple(self.bias.shape)}"
+
+
+class LigerDyT(nn.Module):
+    """Dynamic Tanh ``gamma * tanh(alpha * x) + beta`` (``liger_core.ops.dyt``), a LayerNorm replacement;
+    parameters and initial values as the DyT paper's module (and liger-kernel's)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        beta: bool = True,
+        init_alpha: float = 0.5,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.init_alpha = init_alpha
+        self.alpha = nn.Parameter(torch.full((1,), init_alpha, device=device, dtype=dtype))
+        self.gamma = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        if beta:
+            self.beta = nn.Parameter(torch.zeros(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("beta", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dyt(x, self.alpha, self.gamma, self.beta)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, init_alpha={self.init_alpha}, beta={self.beta is not None}"

@@ -9,6 +9,7 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 # Each op lives in the submodule of its own name; these imports bind the function over the submodule,
 # so `from liger_core.ops import swiglu` gives the function.
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
+from liger_core.ops.dyt import dyt  # noqa: E402
 from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd  # noqa: E402
@@ -28,6 +29,7 @@ from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
 
 __all__ = [
     "cross_entropy",
+    "dyt",
     "fused_add_rms_norm",
     "fused_linear_cross_entropy",
     "FusedLogProbs",

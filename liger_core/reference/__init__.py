@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
 from liger_core.reference.cross_entropy import cross_entropy
+from liger_core.reference.dyt import dyt
 from liger_core.reference.fused_add_rms_norm import fused_add_rms_norm
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd
@@ -24,6 +25,7 @@ from liger_core.reference.swiglu import swiglu
 
 __all__ = [
     "cross_entropy",
+    "dyt",
     "fused_add_rms_norm",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
