@@ -9,6 +9,7 @@ from torch import nn
 from liger_core.dispatch import check_choice
 from liger_core.ops.dyt import dyt
 from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm
+from liger_core.ops.group_norm import group_norm
 from liger_core.ops.poly_norm import poly_norm
 from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.reference.fused_add_rms_norm import CASTING_MODES
@@ -121,3 +122,40 @@ class LigerDyT(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, init_alpha={self.init_alpha}, beta={self.beta is not None}"
+
+
+class LigerGroupNorm(nn.Module):
+    """``nn.GroupNorm(num_groups, num_channels, eps, affine)`` (``liger_core.ops.group_norm``): same
+    arguments, attributes and parameter names."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ValueError(
+                f"num_groups={num_groups} must be a positive divisor of num_channels={num_channels}"
+            )
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if affine:
+            self.weight = nn.Parameter(torch.ones(num_channels, device=device, dtype=dtype))
+            self.bias = nn.Parameter(torch.zeros(num_channels, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -17,6 +17,7 @@ from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  
 from liger_core.ops.fused_linear_logprobs import FusedLogProbs, fused_linear_logprobs  # noqa: E402
 from liger_core.ops.geglu import geglu  # noqa: E402
 from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
+from liger_core.ops.group_norm import group_norm  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
@@ -38,6 +39,7 @@ __all__ = [
     "fused_linear_logprobs",
     "geglu",
     "glu_down_proj",
+    "group_norm",
     "jsd",
     "kl_div",
     "layer_norm",

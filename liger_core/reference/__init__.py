@@ -13,6 +13,7 @@ from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_e
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd
 from liger_core.reference.fused_linear_logprobs import fused_linear_logprobs
 from liger_core.reference.geglu import geglu
+from liger_core.reference.group_norm import group_norm
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
 from liger_core.reference.layer_norm import layer_norm
@@ -31,6 +32,7 @@ __all__ = [
     "fused_linear_jsd",
     "fused_linear_logprobs",
     "geglu",
+    "group_norm",
     "jsd",
     "kl_div",
     "layer_norm",
