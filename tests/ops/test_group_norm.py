@@ -10,7 +10,7 @@ from liger_core.ops import group_norm
 
 EPS = 1e-5
 # (shape, groups): images, (N, C) rows, 1-D sequences; one group, one channel per group
-CASES = [((3, 12, 5, 7), 4), ((23, 6), 3), ((2, 8, 37), 2), ((2, 5, 9), 1), ((4, 6, 11), 6)]
+CASES = [((2, 6, 4, 5), 3), ((9, 6), 3), ((2, 4, 37), 2), ((2, 3, 9), 1), ((2, 6, 11), 6)]
 NAMES = ("dx", "dw", "db")
 
 
@@ -131,11 +131,11 @@ def test_group_norm_module_matches_nn_group_norm():
 
 def test_group_norm_custom_ops_pass_opcheck():
     mod = importlib.import_module("liger_core.ops.group_norm")
-    x, w, b = _inputs((3, 6, 5), torch.float32)
+    x, w, b = _inputs((2, 4, 3), torch.float32)
     for ww, bb in ((w, b), (None, None)):
-        torch.library.opcheck(mod._group_norm_fwd, (x, ww, bb, 3, EPS))
-        _, mean, rstd = mod._group_norm_fwd(x, ww, bb, 3, EPS)
-        torch.library.opcheck(mod._group_norm_bwd, (torch.randn(3, 6, 5), x, ww, mean, rstd, 3))
+        torch.library.opcheck(mod._group_norm_fwd, (x, ww, bb, 2, EPS))
+        _, mean, rstd = mod._group_norm_fwd(x, ww, bb, 2, EPS)
+        torch.library.opcheck(mod._group_norm_bwd, (torch.randn(2, 4, 3), x, ww, mean, rstd, 2))
 
 
 def test_group_norm_bad_input():
