@@ -3,17 +3,29 @@
 from liger_core.modules.distill import LigerFusedLinearJSD, LigerJSD, LigerKLDIVLoss
 from liger_core.modules.losses import LigerCrossEntropyLoss, LigerFusedLinearCrossEntropyLoss
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
+from liger_core.modules.norm_variants import (
+    LigerDyT,
+    LigerFusedAddRMSNorm,
+    LigerGroupNorm,
+    LigerPolyNorm,
+    LigerRMSNormNoWeight,
+)
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
 
 __all__ = [
     "LigerCrossEntropyLoss",
+    "LigerDyT",
+    "LigerFusedAddRMSNorm",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
     "LigerGEGLUMLP",
+    "LigerGroupNorm",
     "LigerJSD",
     "LigerKLDIVLoss",
     "LigerLayerNorm",
+    "LigerPolyNorm",
     "LigerRMSNorm",
     "LigerRMSNormForGemma",
+    "LigerRMSNormNoWeight",
     "LigerSwiGLUMLP",
 ]

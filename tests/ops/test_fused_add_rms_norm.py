@@ -182,3 +182,23 @@ def test_fused_add_rms_norm_bad_input():
         fused_add_rms_norm(x, r, w, casting_mode="float")
     with pytest.raises(ValueError, match="x"):
         fused_add_rms_norm(torch.randn(4, 0), torch.randn(4, 0), torch.randn(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_add_rms_norm_module_reproduces_llama_norm_of_the_sum(dtype):
+    """LigerFusedAddRMSNorm(h, residual) = (LlamaRMSNorm(h + residual), h + residual), against float64."""
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from liger_core.modules import LigerFusedAddRMSNorm
+
+    hf, ours = llama.LlamaRMSNorm(40, eps=EPS), LigerFusedAddRMSNorm(40, eps=EPS)
+    with torch.no_grad():
+        hf.weight.normal_(1.0, 0.2)
+    ours.load_state_dict(hf.state_dict())
+    hf, ours = hf.to(dtype), ours.to(dtype)
+    x, r, _ = _inputs((6, 5, 40), dtype)
+    y, s = ours(x, r)
+    s_e = x + r
+    y_e = hf(s_e)
+    y_r = reference.fused_add_rms_norm(x.double(), r.double(), hf.weight.double(), EPS)[0]
+    assert y.dtype == y_e.dtype and torch.equal(s, s_e)
+    assert_no_worse_than_eager("y", y, y_e, y_r)
