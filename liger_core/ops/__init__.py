@@ -21,6 +21,7 @@ from liger_core.ops.group_norm import group_norm  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
+from liger_core.ops.modulated_rms_norm import modulated_rms_norm  # noqa: E402
 from liger_core.ops.poly_norm import poly_norm  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
@@ -43,6 +44,7 @@ __all__ = [
     "jsd",
     "kl_div",
     "layer_norm",
+    "modulated_rms_norm",
     "poly_norm",
     "rms_norm",
     "rms_norm_gated",

@@ -17,6 +17,7 @@ from liger_core.reference.group_norm import group_norm
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
 from liger_core.reference.layer_norm import layer_norm
+from liger_core.reference.modulated_rms_norm import modulated_rms_norm
 from liger_core.reference.poly_norm import poly_norm
 from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
@@ -36,6 +37,7 @@ __all__ = [
     "jsd",
     "kl_div",
     "layer_norm",
+    "modulated_rms_norm",
     "poly_norm",
     "rms_norm",
     "rms_norm_gated",
