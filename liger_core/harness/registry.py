@@ -41,7 +41,7 @@ DEFAULT_OPS = (
 )
 ALL_OPS = DEFAULT_OPS + (
     "kl_div", "jsd", "fused_linear_jsd", "fused_add_rms_norm", "rms_norm_no_weight", "poly_norm", "dyt",
-    "group_norm",
+    "group_norm", "modulated_rms_norm",
 )  # fmt: skip
 
 
@@ -131,6 +131,17 @@ def build_group_norm(shape: dict, dtype, device) -> Case:
     w = random_tensor(n, dtype=dtype, device=device, scale=0.1, shift=1.0)
     b = random_tensor(n, dtype=dtype, device=device, scale=0.1)
     return Case((x, 32, w, b, 1e-5), (0, 2, 3))
+
+
+def build_modulated_norm(shape: dict, dtype, device) -> Case:
+    """Rows of N with a weight, and AdaLN scale and shift per block of 256 rows (one sample of a DiT)."""
+    m, n = shape["M"], shape["N"]
+    blocks = m // 256 if m >= 256 and m % 256 == 0 else 1
+    x = random_tensor(m, n, dtype=dtype, device=device)
+    w = random_tensor(n, dtype=dtype, device=device, scale=0.1, shift=1.0)
+    scale = random_tensor(blocks, n, dtype=dtype, device=device, scale=0.1)
+    shift = random_tensor(blocks, n, dtype=dtype, device=device, scale=0.1)
+    return Case((x, w, scale, shift, 1e-6), (0, 1, 2, 3))
 
 
 def build_glu(shape: dict, dtype, device) -> Case:
@@ -386,6 +397,14 @@ OPS: dict[str, OpSpec] = {
             {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 128, "N": 96},)},
             lambda s: 8 * s["M"] * s["N"],
             liger_kernel=liger_kernel_group_norm,
+        ),
+        OpSpec(
+            "modulated_rms_norm", "ModulatedRMSNorm", build_modulated_norm, _mn,
+            lambda s, b, m: floor_norm(s, b, m, 1),
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 10 * s["M"] * s["N"],
+            # in_place=True by default: dx written over dy
+            liger_kernel=liger_kernel_fn("liger_modulated_rms_norm"),
         ),
     )
 }  # fmt: skip

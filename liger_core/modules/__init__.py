@@ -7,6 +7,7 @@ from liger_core.modules.norm_variants import (
     LigerDyT,
     LigerFusedAddRMSNorm,
     LigerGroupNorm,
+    LigerModulatedRMSNorm,
     LigerPolyNorm,
     LigerRMSNormNoWeight,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "LigerJSD",
     "LigerKLDIVLoss",
     "LigerLayerNorm",
+    "LigerModulatedRMSNorm",
     "LigerPolyNorm",
     "LigerRMSNorm",
     "LigerRMSNormForGemma",

@@ -10,6 +10,7 @@ from liger_core.dispatch import check_choice
 from liger_core.ops.dyt import dyt
 from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm
 from liger_core.ops.group_norm import group_norm
+from liger_core.ops.modulated_rms_norm import modulated_rms_norm
 from liger_core.ops.poly_norm import poly_norm
 from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.reference.fused_add_rms_norm import CASTING_MODES
@@ -159,3 +160,47 @@ class LigerGroupNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class LigerModulatedRMSNorm(nn.Module):
+    """``forward(hidden_states, scale, shift=None) = rms_norm(hidden_states) * (1 + scale) + shift``
+    (``liger_core.ops.modulated_rms_norm``): the AdaLN norm of Diffusion Transformers; arguments as
+    liger-kernel's module (``elementwise_affine=False``: no weight)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        offset: float = 0.0,
+        casting_mode: str = "llama",
+        init_fn: str = "ones",
+        elementwise_affine: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_choice("casting_mode", casting_mode, CASTING_MODES)
+        check_choice("init_fn", init_fn, ("ones", "zeros"))
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            init = torch.ones if init_fn == "ones" else torch.zeros
+            self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.variance_epsilon = eps
+        self.offset = offset
+        self.casting_mode = casting_mode
+
+    def forward(
+        self, hidden_states: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return modulated_rms_norm(
+            hidden_states, self.weight, scale, shift, self.variance_epsilon, self.offset, self.casting_mode
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}, "
+            f"elementwise_affine={self.elementwise_affine}"
+        )
