@@ -1,10 +1,18 @@
 """torch.compile(fullgraph=True) through the custom ops of fused_add_rms_norm, rms_norm_no_weight, poly_norm,
-dyt and group_norm: no graph break, and the compiled forward and backward give the eager kernels' values."""
+dyt, group_norm and modulated_rms_norm: no graph break, and the compiled forward and backward give the eager
+kernels' values."""
 
 import pytest
 import torch
 
-from liger_core.ops import dyt, fused_add_rms_norm, group_norm, poly_norm, rms_norm_no_weight
+from liger_core.ops import (
+    dyt,
+    fused_add_rms_norm,
+    group_norm,
+    modulated_rms_norm,
+    poly_norm,
+    rms_norm_no_weight,
+)
 
 
 def _cases():
@@ -17,6 +25,10 @@ def _cases():
         "rms_norm_no_weight": (lambda x: rms_norm_no_weight(x, 1e-6), (x,)),
         "poly_norm": (lambda x, w, b: poly_norm(x, w, b), (x, torch.rand(3), torch.tensor(0.5))),
         "dyt": (dyt, (x, torch.tensor([0.7]), torch.rand(32), torch.randn(32))),
+        "modulated_rms_norm": (
+            lambda x, w, sc, sh: modulated_rms_norm(x, w, sc, sh),
+            (x, torch.rand(32), torch.randn(6, 32), torch.randn(6, 32)),
+        ),
         "group_norm": (
             lambda x, w, b: group_norm(x, 5, w, b),
             (x.transpose(1, 2).contiguous().transpose(1, 2)[:, :5], torch.rand(5), torch.randn(5)),
