@@ -203,7 +203,8 @@ def backward(
     target = num_sms(s.device) * tuning.NORM_BWD_PROGRAMS_PER_SM
     tiles_per_program = cdiv(n_tiles, min(target, n_tiles))
     programs = cdiv(n_tiles, tiles_per_program)
-    precise = s.dtype == torch.float32
+    # fp64 sums also for an fp32 weight with 16-bit data: dw is then an fp32 result of a long sum over rows
+    precise = s.dtype == torch.float32 or (w is not None and w.dtype == torch.float32)
     partials = None
     if w is not None:
         # partial rows in fp64 only where the data is fp32 (bf16/fp16: fp32 partials, summed in fp32)

@@ -188,8 +188,8 @@ def _dyt_bwd_impl(
     target = max(1, num_sms(x.device) * tuning.NORM_BWD_PROGRAMS_PER_SM // col_blocks)
     tiles_per_program = cdiv(n_tiles, min(target, n_tiles))
     programs = cdiv(n_tiles, tiles_per_program)
-    # fp64 where any of the tensors is fp32 (an fp32 alpha or gamma: eager computes in fp32)
-    precise = torch.float32 in (x.dtype, alpha.dtype, gamma.dtype)
+    # fp64 where any of the tensors is fp32 (an fp32 alpha, gamma or beta: eager computes in fp32)
+    precise = torch.float32 in (x.dtype, dy.dtype, alpha.dtype, gamma.dtype)
     partial_dtype = torch.float64 if precise else torch.float32
     dparams = torch.empty((2, programs, n_cols), dtype=partial_dtype, device=x.device)
     dalpha = torch.empty((programs, col_blocks), dtype=partial_dtype, device=x.device)

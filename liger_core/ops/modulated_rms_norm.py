@@ -196,7 +196,12 @@ def _output_dtype(x, w, scale, shift, casting_mode: str) -> torch.dtype:
     return dtype if shift is None else torch.promote_types(dtype, shift.dtype)
 
 
+def _dtype(t: torch.Tensor | None) -> torch.dtype | None:
+    return None if t is None else t.dtype
+
+
 def _precise(x, w, scale, shift, casting_mode: str) -> bool:
+    """fp64 in the kernels: for fp32 data or an fp32 output (backward: also an fp32 weight or gradient)."""
     return _output_dtype(x, w, scale, shift, casting_mode) == torch.float32 or x.dtype == torch.float32
 
 
@@ -240,7 +245,7 @@ def _modulated_rms_norm_bwd_impl(
     """(dx, dw, dscale, dshift) with dscale and dshift as (n_rows, n) rows (summed per modulation row by
     the caller) and dw zero-sized without a weight."""
     n_rows, n_cols = x.shape
-    precise = _precise(x, w, scale, None, casting_mode) or dy.dtype == torch.float32
+    precise = _precise(x, w, scale, None, casting_mode) or torch.float32 in (dy.dtype, _dtype(w))
     wide = torch.float64 if precise else torch.float32
     per_row = scale.shape[0] == n_rows
     mod_dtype = scale.dtype if per_row else wide  # shared rows are summed afterwards, in the wide dtype
@@ -282,7 +287,7 @@ def _(x, w, scale, shift, eps, offset, casting_mode):
 
 @_modulated_rms_norm_bwd.register_fake
 def _(dy, x, w, scale, has_shift, rstd, offset, casting_mode):
-    precise = _precise(x, w, scale, None, casting_mode) or dy.dtype == torch.float32
+    precise = _precise(x, w, scale, None, casting_mode) or torch.float32 in (dy.dtype, _dtype(w))
     wide = torch.float64 if precise else torch.float32
     mod_dtype = scale.dtype if scale.shape[0] == x.shape[0] else wide
     n_rows, n_cols = x.shape

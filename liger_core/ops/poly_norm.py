@@ -177,7 +177,7 @@ def _poly_norm_fwd_impl(
     block_m, block_n, warps = _tile(n_cols)
     _poly_norm_fwd_kernel[(cdiv(n_rows, block_m),)](
         x, w, b, y, r, n_rows, n_cols, x.stride(0), y.stride(0), eps,
-        BLOCK_M=block_m, BLOCK_N=block_n, PRECISE=x.dtype == torch.float32, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, PRECISE=torch.float32 in (x.dtype, y.dtype), num_warps=warps,
     )  # fmt: skip
     return y, r
 
@@ -194,7 +194,8 @@ def _poly_norm_bwd_impl(
     target = num_sms(x.device) * tuning.NORM_BWD_PROGRAMS_PER_SM
     tiles_per_program = cdiv(n_tiles, min(target, n_tiles))
     programs = cdiv(n_tiles, tiles_per_program)
-    precise = x.dtype == torch.float32
+    # fp64 wherever a result is fp32: dx, or dw / db of fp32 parameters (long sums over all elements)
+    precise = torch.float32 in (x.dtype, dy.dtype, w.dtype, b.dtype)
     partials = torch.empty((programs, 4), dtype=torch.float64 if precise else torch.float32, device=x.device)
     _poly_norm_bwd_kernel[(programs,)](
         dy, x, w, r, dx, partials, n_rows, n_cols, dy.stride(0), x.stride(0), dx.stride(0), tiles_per_program,
