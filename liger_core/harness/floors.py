@@ -121,3 +121,22 @@ def floor_fljsd(shape: dict, s: int, mode: str) -> Floor:
     return _max_floor(
         n_bytes + (bt * hs + v * hs) * s, 2 * bt * v * (3 * hs + ht), "2 BT V (3Hs + Ht) / 800 TFLOP/s"
     )
+
+
+def floor_fused_add_norm(shape: dict, s: int, mode: str) -> Floor:
+    """Residual add + RMSNorm over rows of N, M rows (w: N).
+    fwd: read x, residual, w; write y, s                -> (4*M*N + N) * s
+    bwd: read dy, ds, s, w; write dx (one tensor), dw    -> (4*M*N + 2*N) * s"""
+    m, n = shape["M"], shape["N"]
+    fwd = (4 * m * n + n) * s
+    if mode == "fwd":
+        return _hbm(fwd, "(4MN + N) s")
+    return _hbm(fwd + (4 * m * n + 2 * n) * s, "(8MN + 3N) s")
+
+
+def floor_rowwise(shape: dict, s: int, mode: str) -> Floor:
+    """An elementwise-sized op over M x N with O(N) or O(1) parameters (RMSNorm without weight, PolyNorm,
+    DyT, GroupNorm over (M, N) as (N, C)): fwd reads x, writes y -> 2MN s; bwd reads dy, x, writes dx -> 3MN s
+    (parameters and their gradients not counted)."""
+    mn = shape["M"] * shape["N"]
+    return _hbm(2 * mn * s, "2MN s") if mode == "fwd" else _hbm(5 * mn * s, "5MN s")

@@ -32,6 +32,14 @@ def liger_kernel_scaled_cross_entropy(hidden, weight, target):
     return LigerFusedLinearScaledCrossEntropyFunction.apply(hidden, weight, target)  # temperature 1, -100
 
 
+def liger_kernel_group_norm(x, num_groups, weight, bias, eps):
+    """liger-kernel's group norm in ``liger_core.ops.group_norm``'s argument order (it takes the channel
+    count and the groups after the parameters)."""
+    from liger_kernel.transformers import functional
+
+    return functional.liger_group_norm(x, weight, bias, x.shape[1], num_groups, eps)
+
+
 def cce_linear_cross_entropy(hidden, weight, target):
     from cut_cross_entropy import linear_cross_entropy
 

@@ -14,10 +14,12 @@ from liger_core.harness.floors import (
     floor_ce,
     floor_flce,
     floor_fljsd,
+    floor_fused_add_norm,
     floor_glu,
     floor_norm,
     floor_pair_loss,
     floor_rope,
+    floor_rowwise,
     floor_softmax,
     floor_sparsemax,
     floor_unary,
@@ -27,6 +29,7 @@ from liger_core.harness.peers import (
     hf_cross_entropy,
     hf_linear_cross_entropy,
     liger_kernel_fn,
+    liger_kernel_group_norm,
     liger_kernel_scaled_cross_entropy,
 )
 
@@ -49,6 +52,12 @@ ALL_OPS = DEFAULT_OPS + (
     "softmax",
     "sparsemax",
     "fused_linear_scaled_cross_entropy",
+    "fused_add_rms_norm",
+    "rms_norm_no_weight",
+    "poly_norm",
+    "dyt",
+    "group_norm",
+    "modulated_rms_norm",
 )
 
 
@@ -100,6 +109,55 @@ def build_norm(shape: dict, dtype, device, bias: bool) -> Case:
         b = random_tensor(n, dtype=dtype, device=device, scale=0.1)
         return Case((x, w, b, 1e-5), (0, 1, 2))
     return Case((x, w, 1e-6), (0, 1))
+
+
+def build_fused_add_norm(shape: dict, dtype, device) -> Case:
+    m, n = shape["M"], shape["N"]
+    x = random_tensor(m, n, dtype=dtype, device=device)
+    residual = random_tensor(m, n, dtype=dtype, device=device, scale=4.0)
+    w = random_tensor(n, dtype=dtype, device=device, scale=0.1, shift=1.0)
+    return Case((x, residual, w, 1e-6), (0, 1, 2))
+
+
+def build_rows(shape: dict, dtype, device) -> Case:
+    return Case((random_tensor(shape["M"], shape["N"], dtype=dtype, device=device), 1e-6), (0,))
+
+
+def build_poly_norm(shape: dict, dtype, device) -> Case:
+    x = random_tensor(shape["M"], shape["N"], dtype=dtype, device=device)
+    w = random_tensor(3, dtype=dtype, device=device, scale=0.1, shift=1.0 / 3.0)
+    # a 0-dim bias, as liger-kernel's module
+    b = random_tensor(1, dtype=dtype, device=device, scale=0.1, shift=1.0).reshape(())
+    return Case((x, w, b, 1e-6), (0, 1, 2))
+
+
+def build_dyt(shape: dict, dtype, device) -> Case:
+    n = shape["N"]
+    x = random_tensor(shape["M"], n, dtype=dtype, device=device)
+    alpha = random_tensor(1, dtype=dtype, device=device, scale=0.05, shift=0.5)
+    gamma = random_tensor(n, dtype=dtype, device=device, scale=0.1, shift=1.0)
+    beta = random_tensor(n, dtype=dtype, device=device, scale=0.1)
+    return Case((x, alpha, gamma, beta), (0, 1, 2, 3))
+
+
+def build_group_norm(shape: dict, dtype, device) -> Case:
+    """(M, N) rows as (batch, channels, positions) = (M // 64, N, 64): images / sequences with N channels."""
+    m, n = shape["M"], shape["N"]
+    x = random_tensor(max(1, m // 64), n, 64, dtype=dtype, device=device)
+    w = random_tensor(n, dtype=dtype, device=device, scale=0.1, shift=1.0)
+    b = random_tensor(n, dtype=dtype, device=device, scale=0.1)
+    return Case((x, 32, w, b, 1e-5), (0, 2, 3))
+
+
+def build_modulated_norm(shape: dict, dtype, device) -> Case:
+    """Rows of N with a weight, and AdaLN scale and shift per block of 256 rows (one sample of a DiT)."""
+    m, n = shape["M"], shape["N"]
+    blocks = m // 256 if m >= 256 and m % 256 == 0 else 1
+    x = random_tensor(m, n, dtype=dtype, device=device)
+    w = random_tensor(n, dtype=dtype, device=device, scale=0.1, shift=1.0)
+    scale = random_tensor(blocks, n, dtype=dtype, device=device, scale=0.1)
+    shift = random_tensor(blocks, n, dtype=dtype, device=device, scale=0.1)
+    return Case((x, w, scale, shift, 1e-6), (0, 1, 2, 3))
 
 
 def build_glu(shape: dict, dtype, device) -> Case:
@@ -375,6 +433,45 @@ OPS: dict[str, OpSpec] = {
             },
             lambda s: 3 * s["BT"] * s["V"] + 2 * s["V"] * s["H"] + 2 * s["BT"] * s["H"],
             liger_kernel=liger_kernel_scaled_cross_entropy,  # per-token nll, temperature 1
+        ),
+        OpSpec(
+            "fused_add_rms_norm", "FusedAddRMSNorm", build_fused_add_norm, _mn, floor_fused_add_norm,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 12 * s["M"] * s["N"],
+            # in_place=True by default: dx written over dy
+            liger_kernel=liger_kernel_fn("liger_fused_add_rms_norm"),
+        ),
+        OpSpec(
+            "rms_norm_no_weight", "RMSNorm (no weight)", build_rows, _mn, floor_rowwise,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 6 * s["M"] * s["N"],
+        ),
+        OpSpec(
+            "poly_norm", "PolyNorm", build_poly_norm, _mn, floor_rowwise,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 16 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_poly_norm"),  # in_place=True by default: dx written over dy
+        ),
+        OpSpec(
+            "dyt", "DyT", build_dyt, _mn, floor_rowwise,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 8 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_fn("liger_dyt"),
+        ),
+        OpSpec(
+            "group_norm", "GroupNorm", build_group_norm, lambda s: f"{max(1, s['M'] // 64)}x{s['N']}x64",
+            floor_rowwise,
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 128, "N": 96},)},
+            lambda s: 8 * s["M"] * s["N"],
+            liger_kernel=liger_kernel_group_norm,
+        ),
+        OpSpec(
+            "modulated_rms_norm", "ModulatedRMSNorm", build_modulated_norm, _mn,
+            lambda s, b, m: floor_norm(s, b, m, 1),
+            {"default": ({"M": 16384, "N": 4096},), "sweep": _rows_sweep(), "cpu": ({"M": 37, "N": 123},)},
+            lambda s: 10 * s["M"] * s["N"],
+            # in_place=True by default: dx written over dy
+            liger_kernel=liger_kernel_fn("liger_modulated_rms_norm"),
         ),
     )
 }  # fmt: skip

@@ -14,21 +14,35 @@ from liger_core.modules.losses import (
     LigerFusedLinearScaledCrossEntropy,
 )
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
+from liger_core.modules.norm_variants import (
+    LigerDyT,
+    LigerFusedAddRMSNorm,
+    LigerGroupNorm,
+    LigerModulatedRMSNorm,
+    LigerPolyNorm,
+    LigerRMSNormNoWeight,
+)
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
 
 __all__ = [
     "LigerCrossEntropyLoss",
+    "LigerDyT",
+    "LigerFusedAddRMSNorm",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
     "LigerFusedLinearKLDiv",
     "LigerFusedLinearScaledCrossEntropy",
     "LigerGEGLUMLP",
+    "LigerGroupNorm",
     "LigerJSD",
     "LigerKLDIVLoss",
     "LigerLayerNorm",
-    "LigerReLUSquared",
+    "LigerModulatedRMSNorm",
+    "LigerPolyNorm",
     "LigerRMSNorm",
     "LigerRMSNormForGemma",
+    "LigerRMSNormNoWeight",
+    "LigerReLUSquared",
     "LigerSoftmax",
     "LigerSparsemax",
     "LigerSwiGLUMLP",

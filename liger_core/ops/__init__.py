@@ -9,6 +9,8 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 # Each op lives in the submodule of its own name; these imports bind the function over the submodule,
 # so `from liger_core.ops import swiglu` gives the function.
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
+from liger_core.ops.dyt import dyt  # noqa: E402
+from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div  # noqa: E402
 from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  # noqa: E402
@@ -19,12 +21,16 @@ from liger_core.ops.fused_linear_logprobs import (  # noqa: E402
 )
 from liger_core.ops.geglu import geglu  # noqa: E402
 from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
+from liger_core.ops.group_norm import group_norm  # noqa: E402
 from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
+from liger_core.ops.modulated_rms_norm import modulated_rms_norm  # noqa: E402
+from liger_core.ops.poly_norm import poly_norm  # noqa: E402
 from liger_core.ops.relu_squared import relu_squared  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
 from liger_core.ops.rms_norm_gated import rms_norm_gated  # noqa: E402
+from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight  # noqa: E402
 from liger_core.ops.rope import rope  # noqa: E402
 from liger_core.ops.softmax import softmax  # noqa: E402
 from liger_core.ops.sparsemax import sparsemax  # noqa: E402
@@ -33,6 +39,8 @@ from liger_core.ops.tvd import tvd  # noqa: E402
 
 __all__ = [
     "cross_entropy",
+    "dyt",
+    "fused_add_rms_norm",
     "fused_linear_cross_entropy",
     "FusedLogProbs",
     "fused_linear_jsd",
@@ -42,12 +50,16 @@ __all__ = [
     "fused_linear_scaled_cross_entropy",
     "geglu",
     "glu_down_proj",
+    "group_norm",
     "jsd",
     "kl_div",
     "layer_norm",
     "relu_squared",
+    "modulated_rms_norm",
+    "poly_norm",
     "rms_norm",
     "rms_norm_gated",
+    "rms_norm_no_weight",
     "rope",
     "softmax",
     "sparsemax",

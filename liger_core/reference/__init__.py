@@ -7,6 +7,8 @@ from __future__ import annotations
 
 # Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
 from liger_core.reference.cross_entropy import cross_entropy
+from liger_core.reference.dyt import dyt
+from liger_core.reference.fused_add_rms_norm import fused_add_rms_norm
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
 from liger_core.reference.fused_linear_logprobs import (
@@ -14,12 +16,16 @@ from liger_core.reference.fused_linear_logprobs import (
     fused_linear_scaled_cross_entropy,
 )
 from liger_core.reference.geglu import geglu
+from liger_core.reference.group_norm import group_norm
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
 from liger_core.reference.layer_norm import layer_norm
+from liger_core.reference.modulated_rms_norm import modulated_rms_norm
+from liger_core.reference.poly_norm import poly_norm
 from liger_core.reference.relu_squared import relu_squared
 from liger_core.reference.rms_norm import rms_norm
 from liger_core.reference.rms_norm_gated import rms_norm_gated
+from liger_core.reference.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.reference.rope import rope
 from liger_core.reference.softmax import softmax
 from liger_core.reference.sparsemax import sparsemax
@@ -28,18 +34,24 @@ from liger_core.reference.tvd import tvd
 
 __all__ = [
     "cross_entropy",
+    "dyt",
+    "fused_add_rms_norm",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
     "fused_linear_kl_div",
     "fused_linear_logprobs",
     "fused_linear_scaled_cross_entropy",
     "geglu",
+    "group_norm",
     "jsd",
     "kl_div",
     "layer_norm",
     "relu_squared",
+    "modulated_rms_norm",
+    "poly_norm",
     "rms_norm",
     "rms_norm_gated",
+    "rms_norm_no_weight",
     "rope",
     "softmax",
     "sparsemax",
