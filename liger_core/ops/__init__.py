@@ -19,6 +19,7 @@ from liger_core.ops.fused_linear_logprobs import (  # noqa: E402
     fused_linear_logprobs,
     fused_linear_scaled_cross_entropy,
 )
+from liger_core.ops.fused_neighborhood_attention import fused_neighborhood_attention  # noqa: E402
 from liger_core.ops.geglu import geglu  # noqa: E402
 from liger_core.ops.glu_down_proj import glu_down_proj  # noqa: E402
 from liger_core.ops.group_norm import group_norm  # noqa: E402
@@ -26,6 +27,7 @@ from liger_core.ops.jsd import jsd  # noqa: E402
 from liger_core.ops.kl_div import kl_div  # noqa: E402
 from liger_core.ops.layer_norm import layer_norm  # noqa: E402
 from liger_core.ops.modulated_rms_norm import modulated_rms_norm  # noqa: E402
+from liger_core.ops.multi_token_attention import multi_token_attention  # noqa: E402
 from liger_core.ops.poly_norm import poly_norm  # noqa: E402
 from liger_core.ops.relu_squared import relu_squared  # noqa: E402
 from liger_core.ops.rms_norm import rms_norm  # noqa: E402
@@ -48,6 +50,7 @@ __all__ = [
     "fused_linear_logprob_loss",
     "fused_linear_logprobs",
     "fused_linear_scaled_cross_entropy",
+    "fused_neighborhood_attention",
     "geglu",
     "glu_down_proj",
     "group_norm",
@@ -56,6 +59,7 @@ __all__ = [
     "layer_norm",
     "relu_squared",
     "modulated_rms_norm",
+    "multi_token_attention",
     "poly_norm",
     "rms_norm",
     "rms_norm_gated",

@@ -15,12 +15,14 @@ from liger_core.reference.fused_linear_logprobs import (
     fused_linear_logprobs,
     fused_linear_scaled_cross_entropy,
 )
+from liger_core.reference.fused_neighborhood_attention import fused_neighborhood_attention
 from liger_core.reference.geglu import geglu
 from liger_core.reference.group_norm import group_norm
 from liger_core.reference.jsd import jsd
 from liger_core.reference.kl_div import kl_div
 from liger_core.reference.layer_norm import layer_norm
 from liger_core.reference.modulated_rms_norm import modulated_rms_norm
+from liger_core.reference.multi_token_attention import multi_token_attention
 from liger_core.reference.poly_norm import poly_norm
 from liger_core.reference.relu_squared import relu_squared
 from liger_core.reference.rms_norm import rms_norm
@@ -41,6 +43,7 @@ __all__ = [
     "fused_linear_kl_div",
     "fused_linear_logprobs",
     "fused_linear_scaled_cross_entropy",
+    "fused_neighborhood_attention",
     "geglu",
     "group_norm",
     "jsd",
@@ -48,6 +51,7 @@ __all__ = [
     "layer_norm",
     "relu_squared",
     "modulated_rms_norm",
+    "multi_token_attention",
     "poly_norm",
     "rms_norm",
     "rms_norm_gated",
