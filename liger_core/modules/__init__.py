@@ -1,6 +1,7 @@
 """nn.Module wrappers around liger_core.ops (drop-ins for the Hugging Face modules they replace)."""
 
 from liger_core.modules.activations import LigerReLUSquared, LigerSoftmax, LigerSparsemax
+from liger_core.modules.attention import LigerFusedNeighborhoodAttention, LigerMultiTokenAttention
 from liger_core.modules.distill import (
     LigerFusedLinearJSD,
     LigerFusedLinearKLDiv,
@@ -32,12 +33,14 @@ __all__ = [
     "LigerFusedLinearJSD",
     "LigerFusedLinearKLDiv",
     "LigerFusedLinearScaledCrossEntropy",
+    "LigerFusedNeighborhoodAttention",
     "LigerGEGLUMLP",
     "LigerGroupNorm",
     "LigerJSD",
     "LigerKLDIVLoss",
     "LigerLayerNorm",
     "LigerModulatedRMSNorm",
+    "LigerMultiTokenAttention",
     "LigerPolyNorm",
     "LigerRMSNorm",
     "LigerRMSNormForGemma",

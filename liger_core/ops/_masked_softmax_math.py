@@ -120,7 +120,9 @@ def _masked_softmax_bwd_kernel(
         y = tl.load(y_ptr + rows[:, None] * n_cols + offsets[None, :], mask=vis, other=0.0)
         dx = y.to(COMPUTE) * (dy.to(COMPUTE) - dot[:, None]) * scale
         dx = tl.where(vis, dx, 0.0)
-        tl.store(dx_ptr + rows[:, None] * n_cols + offsets[None, :], dx.to(dx_ptr.dtype.element_ty), mask=inside)
+        tl.store(
+            dx_ptr + rows[:, None] * n_cols + offsets[None, :], dx.to(dx_ptr.dtype.element_ty), mask=inside
+        )
 
 
 @triton.jit

@@ -114,7 +114,9 @@ def check_mta_args(scores, weight, bias, stride, padding, dilation, groups, spar
     """The argument checks of ``multi_token_attention`` (shared with its reference path)."""
     check_tensor("scores", scores, ndim=4)
     if scores.shape[-1] != scores.shape[-2]:
-        raise ValueError(f"scores must be (B, C_in, L, L) with square score matrices, got {tuple(scores.shape)}")
+        raise ValueError(
+            f"scores must be (B, C_in, L, L) with square score matrices, got {tuple(scores.shape)}"
+        )
     check_tensor("weight", weight, ndim=4)
     if weight.dtype != scores.dtype:
         raise TypeError(f"weight has dtype {weight.dtype}; expected scores' dtype {scores.dtype}")
@@ -155,7 +157,9 @@ def multi_token_attention(
     the diagonal zeroed. Result (B, C_out, L_out, L_out') in scores' dtype."""
     check_mta_args(scores, weight, bias, stride, padding, dilation, groups, sparse)
     if not use_triton(scores):
-        return reference.multi_token_attention(scores, weight, bias, stride, padding, dilation, groups, sparse)
+        return reference.multi_token_attention(
+            scores, weight, bias, stride, padding, dilation, groups, sparse
+        )
     if sparse:
         masked = CausalFillFunction.apply(scores, float("-inf"))
         # a row with no finite visible score: sparsemax would give NaN; it is given a finite row here and
