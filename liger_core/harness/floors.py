@@ -140,3 +140,24 @@ def floor_rowwise(shape: dict, s: int, mode: str) -> Floor:
     (parameters and their gradients not counted)."""
     mn = shape["M"] * shape["N"]
     return _hbm(2 * mn * s, "2MN s") if mode == "fwd" else _hbm(5 * mn * s, "5MN s")
+
+
+def floor_mta(shape: dict, s: int, mode: str) -> Floor:
+    """Multi-token attention on scores (B, C, L, L), N = B C L^2 elements, a C x C x K x K convolution.
+    fwd: read scores, write out -> 2N s; conv 2 N C K^2 FLOPs.  fwd+bwd: + read dout, write dscores (the
+    probabilities re-read once) -> 5N s; conv and its two gradients 6 N C K^2 FLOPs."""
+    n = shape["B"] * shape["C"] * shape["L"] ** 2
+    flops = 2 * n * shape["C"] * shape["K"] ** 2
+    if mode == "fwd":
+        return _max_floor(2 * n * s, flops, "max(2N s, 2 N C K^2 FLOPs)")
+    return _max_floor(5 * n * s, 3 * flops, "max(5N s, 6 N C K^2 FLOPs)")
+
+
+def floor_fna(shape: dict, s: int, mode: str) -> Floor:
+    """Neighborhood attention on q, k, v (B, H, L, D), Q = B H L D elements, a window of K keys per query.
+    fwd: read q, k, v, write o -> 4Q s; 4 Q K FLOPs (scores and P V inside the window only).
+    fwd+bwd: + read do, o; write dq, dk, dv -> 9Q s; 10 Q K FLOPs."""
+    q = shape["B"] * shape["H"] * shape["L"] * shape["D"]
+    if mode == "fwd":
+        return _max_floor(4 * q * s, 4 * q * shape["K"], "max(4Q s, 4 Q K FLOPs)")
+    return _max_floor(9 * q * s, 10 * q * shape["K"], "max(9Q s, 10 Q K FLOPs)")

@@ -14,8 +14,10 @@ from liger_core.harness.floors import (
     floor_ce,
     floor_flce,
     floor_fljsd,
+    floor_fna,
     floor_fused_add_norm,
     floor_glu,
+    floor_mta,
     floor_norm,
     floor_pair_loss,
     floor_rope,
@@ -58,6 +60,8 @@ ALL_OPS = DEFAULT_OPS + (
     "dyt",
     "group_norm",
     "modulated_rms_norm",
+    "multi_token_attention",
+    "fused_neighborhood_attention",
 )
 
 
@@ -223,6 +227,21 @@ def build_tvd(shape: dict, dtype, device) -> Case:
     p = torch.softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     q = torch.softmax(random_tensor(n, v, dtype=torch.float32, device=device), -1).to(dtype)
     return Case((p, q), (0,))  # the gradient liger-kernel gives (p only)
+
+
+def build_mta(shape: dict, dtype, device) -> Case:
+    """Scores (B, C, L, L) of C heads, a C -> C mixing convolution of K x K with "same" padding."""
+    b, c, n, k = shape["B"], shape["C"], shape["L"], shape["K"]
+    scores = random_tensor(b, c, n, n, dtype=dtype, device=device, scale=2.0)
+    weight = random_tensor(c, c, k, k, dtype=dtype, device=device, scale=(c * k * k) ** -0.5)
+    bias = random_tensor(c, dtype=dtype, device=device, scale=0.1)
+    return Case((scores, weight, bias, 1, k // 2), (0, 1, 2))
+
+
+def build_fna(shape: dict, dtype, device) -> Case:
+    b, h, n, d = shape["B"], shape["H"], shape["L"], shape["D"]
+    q, k, v = (random_tensor(b, h, n, d, dtype=dtype, device=device) for _ in range(3))
+    return Case((q, k, v, shape["K"], 1), (0, 1, 2))
 
 
 def build_fljsd(shape: dict, dtype, device) -> Case:
@@ -472,6 +491,30 @@ OPS: dict[str, OpSpec] = {
             lambda s: 10 * s["M"] * s["N"],
             # in_place=True by default: dx written over dy
             liger_kernel=liger_kernel_fn("liger_modulated_rms_norm"),
+        ),
+        OpSpec(
+            "multi_token_attention", "MultiTokenAttention", build_mta,
+            lambda s: f"{s['B']}x{s['C']}x{s['L']}^2 k{s['K']}", floor_mta,
+            {
+                "default": ({"B": 2, "C": 16, "L": 2048, "K": 5},),
+                "sweep": tuple({"B": 1, "C": 16, "L": n, "K": 5} for n in (1024, 2047, 4096)),
+                "cpu": ({"B": 2, "C": 3, "L": 13, "K": 3},),
+            },
+            lambda s: 8 * s["B"] * s["C"] * s["L"] ** 2,
+            # (scores, weight, bias, stride, padding): the same positional order
+            liger_kernel=liger_kernel_fn("liger_multi_token_attention"),
+        ),
+        OpSpec(
+            "fused_neighborhood_attention", "NeighborhoodAttention", build_fna,
+            lambda s: f"{s['B']}x{s['H']}x{s['L']}x{s['D']} k{s['K']}", floor_fna,
+            {
+                "default": ({"B": 2, "H": 16, "L": 2048, "D": 64, "K": 7},),
+                "sweep": tuple({"B": 1, "H": 16, "L": n, "D": 64, "K": 7} for n in (1024, 2047, 4096)),
+                "cpu": ({"B": 2, "H": 3, "L": 37, "D": 16, "K": 7},),
+            },
+            lambda s: 6 * s["B"] * s["H"] * s["L"] ** 2 + 8 * s["B"] * s["H"] * s["L"] * s["D"],
+            # (query, key, value, kernel_size, dilation): the same positional order
+            liger_kernel=liger_kernel_fn("liger_fused_neighborhood_attention"),
         ),
     )
 }  # fmt: skip

@@ -4,7 +4,7 @@ dtype; the module; argument errors."""
 
 import pytest
 import torch
-from helpers import INF, NAN, assert_no_worse_than_eager, devices, leaf, strided
+from helpers import INF, NAN, SLACK, assert_no_worse_than_eager, devices, leaf, strided
 
 from liger_core import reference
 from liger_core.modules import LigerMultiTokenAttention
@@ -14,9 +14,9 @@ from liger_core.ops import multi_token_attention
 CONFIGS = {
     "cpu": [
         (2, 3, 7, 4, 3, dict(padding=1)),
-        (1, 4, 9, 2, (3, 5), dict(padding=(1, 2), groups=2)),
+        (2, 4, 9, 2, (3, 5), dict(padding=(1, 2), groups=2)),
         (2, 2, 11, 3, 3, dict(stride=2, dilation=2)),
-        (1, 3, 5, 3, 1, dict(groups=3)),
+        (2, 6, 12, 3, 1, dict(groups=3)),
     ],
     "cuda": [(2, 16, 512, 16, 5, dict(padding=2))],
 }
@@ -53,7 +53,10 @@ def check(scores, weight, bias, dout_layout=None, **kw):
     g_r = torch.autograd.grad(y_r, ref[:n], dout.double())
     for name, a, e, r in zip(("d_scores", "d_weight", "d_bias"), g, g_e, g_r):
         assert a.dtype == e.dtype and a.shape == e.shape
-        assert_no_worse_than_eager(name, a, e, r)
+        # d_weight is torch's conv weight gradient on both sides, fed probabilities that differ by an ulp
+        # (ours correctly rounded): its error is the same conv's rounding drawn twice, whose ratio runs past
+        # 1.25 in a few percent of draws (median 0.85)
+        assert_no_worse_than_eager(name, a, e, r, slack=2 * SLACK if name == "d_weight" else SLACK)
     return g
 
 
