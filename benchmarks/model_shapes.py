@@ -111,6 +111,10 @@ def model_shapes(op: str, m: dict, batch: int, seq: int, models: Sequence[dict])
     if op == "fused_linear_jsd":
         teacher = max(o["hidden"] for o in models if o["vocab"] == m["vocab"])
         return [{"BT": tokens, "Hs": m["hidden"], "Ht": teacher, "V": m["vocab"]}]
+    if op == "multi_token_attention":  # every head's score matrix, mixed over heads by a 5 x 5 convolution
+        return [{"B": batch, "C": m["heads"], "L": seq, "K": 5}]
+    if op == "fused_neighborhood_attention":
+        return [{"B": batch, "H": m["heads"], "L": seq, "D": m["head_dim"], "K": 7}]
     raise ValueError(f"op {op!r} has no shape rule in model_shapes.py")
 
 

@@ -318,6 +318,20 @@ def test_functional_matches_liger_core_ops():
     lp, lq = torch.randn(3, 9).log_softmax(-1), torch.randn(3, 9).log_softmax(-1)
     torch.testing.assert_close(F.liger_jsd(lp, lq, beta=0.2), ops.jsd(lp, lq, beta=0.2))
     torch.testing.assert_close(F.liger_kl_div(lp, lq, log_target=True), ops.kl_div(lp, lq, "mean", True))
+    scores, conv_w, conv_b = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(4)
+    torch.testing.assert_close(
+        F.liger_multi_token_attention(scores, conv_w, conv_b, 1, 1, 1, 1, True),
+        ops.multi_token_attention(scores, conv_w, conv_b, padding=1, sparse=True),
+    )
+    module = T.LigerMultiTokenAttention(3, 4, 3, padding=1)
+    torch.testing.assert_close(
+        module(scores), ops.multi_token_attention(scores, module.weight, module.bias, 1, 1)
+    )
+    qkv = torch.randn(3, 2, 3, 9, 4)
+    torch.testing.assert_close(
+        F.liger_fused_neighborhood_attention(*qkv, 3, 2, 0.4),
+        ops.fused_neighborhood_attention(*qkv, kernel_size=3, dilation=2, scale=0.4),
+    )
 
 
 @pytest.mark.parametrize(
@@ -331,6 +345,8 @@ def test_functional_matches_liger_core_ops():
         ("liger_tvd", "tvd"),
         ("liger_softmax", "softmax"),
         ("liger_sparsemax", "sparsemax"),
+        ("liger_multi_token_attention", "multi_token_attention"),
+        ("liger_fused_neighborhood_attention", "fused_neighborhood_attention"),
     ],
 )
 def test_ops_liger_core_may_add_are_looked_up_when_called(name, op, monkeypatch):

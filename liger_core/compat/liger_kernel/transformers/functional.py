@@ -2,7 +2,8 @@
 backed by ``liger_core.ops``.
 
 Ops liger_core may gain later (``fused_add_rms_norm``, ``poly_norm``, ``dyt``, ``group_norm``,
-``relu_squared``, ``tvd``, ``softmax``, ``sparsemax``) are looked up in ``liger_core.ops`` at call time;
+``relu_squared``, ``tvd``, ``softmax``, ``sparsemax``, ``multi_token_attention``,
+``fused_neighborhood_attention``) are looked up in ``liger_core.ops`` at call time;
 until then they, and the functions liger_core has no op for, raise ``NotImplementedError`` naming them.
 """
 
@@ -321,6 +322,34 @@ def liger_tvd(
     return op(input, target, shift_labels=shift_labels, reduction=reduction, ignore_index=ignore_index)
 
 
+def liger_multi_token_attention(
+    scores: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: int = 1,
+    padding: int = 0,
+    dilation: int = 1,
+    groups: int = 1,
+    sparse: bool = False,
+) -> torch.Tensor:
+    """``liger_core.ops.multi_token_attention``."""
+    op = liger_core_name("ops", "multi_token_attention", "liger_multi_token_attention")
+    return op(scores, weight, bias, stride, padding, dilation, groups, sparse)
+
+
+def liger_fused_neighborhood_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kernel_size: int = 7,
+    dilation: int = 1,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``liger_core.ops.fused_neighborhood_attention``."""
+    op = liger_core_name("ops", "fused_neighborhood_attention", "liger_fused_neighborhood_attention")
+    return op(query, key, value, kernel_size, dilation, scale)
+
+
 def _not_in_liger_core(name: str):
     def function(*args: Any, **kwargs: Any) -> Any:
         raise missing(name)
@@ -337,14 +366,12 @@ NOT_IN_LIGER_CORE = (
     "liger_attn_res",
     "liger_fused_linear_kl_div",
     "liger_fused_linear_scaled_cross_entropy_tp",
-    "liger_fused_neighborhood_attention",
     "liger_mhc_apply",
     "liger_mhc_coeffs",
     "liger_mhc_forward",
     "liger_mhc_post_res",
     "liger_mhc_pre",
     "liger_modulated_rms_norm",
-    "liger_multi_token_attention",
     "liger_qwen2vl_mrope",
 )
 for _name in NOT_IN_LIGER_CORE:
@@ -358,11 +385,13 @@ __all__ = [
     "liger_fused_add_rms_norm",
     "liger_fused_linear_cross_entropy",
     "liger_fused_linear_jsd",
+    "liger_fused_neighborhood_attention",
     "liger_geglu",
     "liger_group_norm",
     "liger_jsd",
     "liger_kl_div",
     "liger_layer_norm",
+    "liger_multi_token_attention",
     "liger_poly_norm",
     "liger_relu_squared",
     "liger_rms_norm",
