@@ -145,7 +145,10 @@ def _causal_fill_kernel(
         inside = row_mask[:, None] & (offsets < n_cols)[None, :]
         keep = inside & (offsets[None, :] <= q[:, None])
         x = tl.load(x_ptr + rows[:, None] * x_row_stride + offsets[None, :], mask=keep, other=0.0)
-        out = tl.where(keep, x, float("-inf") if NEG_INF else 0.0).to(x.dtype)
+        if NEG_INF:
+            out = tl.where(keep, x, float("-inf")).to(x.dtype)
+        else:
+            out = tl.where(keep, x, 0.0).to(x.dtype)
         tl.store(out_ptr + rows[:, None] * n_cols + offsets[None, :], out, mask=inside)
 
 

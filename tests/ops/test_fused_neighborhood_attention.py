@@ -138,3 +138,18 @@ def test_fna_bad_arguments():
         kw = dict(query=q, key=k, value=v) | change
         with pytest.raises(error, match=name):
             fused_neighborhood_attention(**kw)
+
+
+def test_fna_custom_ops_and_compile(tune):
+    """The torch.library custom ops (schemas, fake kernels) in eager mode, and torch.compile without graph
+    breaks; both equal to the plain launch."""
+    q, k, v = make((1, 2, 9, 4))
+    want = fused_neighborhood_attention(q, k, v, 3, 2)
+    tune(eager_via_custom_ops=True)
+    assert torch.equal(fused_neighborhood_attention(q, k, v, 3, 2), want)
+    q = leaf(q)
+    compiled = torch.compile(lambda q: fused_neighborhood_attention(q, k, v, 3, 2), fullgraph=True)
+    y = compiled(q)
+    torch.testing.assert_close(y, want)
+    y.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -148,3 +148,18 @@ def test_mta_bad_arguments():
         kw = dict(scores=scores, weight=weight, bias=bias) | change
         with pytest.raises(error, match=name):
             multi_token_attention(**kw)
+
+
+def test_mta_custom_ops_and_compile(tune):
+    """The torch.library custom ops (schemas, fake kernels) in eager mode, and torch.compile without graph
+    breaks; both equal to the plain launch."""
+    scores, weight, bias = make(2, 3, 7, 3, 3)
+    want = multi_token_attention(scores, weight, bias, 1, 1)
+    tune(eager_via_custom_ops=True)
+    assert torch.equal(multi_token_attention(scores, weight, bias, 1, 1), want)
+    s = leaf(scores)
+    compiled = torch.compile(lambda s: multi_token_attention(s, weight, bias, 1, 1), fullgraph=True)
+    y = compiled(s)
+    torch.testing.assert_close(y, want)
+    y.sum().backward()
+    assert s.grad is not None and torch.isfinite(s.grad).all()
