@@ -290,7 +290,8 @@ def liger_modulated_rms_norm(
 def liger_poly_norm(
     X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e-6, in_place: bool = True
 ) -> torch.Tensor:
-    """``liger_core.ops.poly_norm``. ``in_place`` is accepted and unused (as in ``liger_fused_add_rms_norm``)."""
+    """``liger_core.ops.poly_norm``. ``in_place`` is accepted and unused (as in
+    ``liger_fused_add_rms_norm``)."""
     return _ops().poly_norm(X, W, B, eps=eps)
 
 
@@ -311,7 +312,9 @@ def liger_group_norm(
 ) -> torch.Tensor:
     """``liger_core.ops.group_norm`` over ``X`` of shape ``(batch, num_channels, *)``."""
     if X.dim() < 2 or X.shape[1] != num_channels:
-        raise ValueError(f"X must have num_channels={num_channels} channels in dim 1, got shape {tuple(X.shape)}")
+        raise ValueError(
+            f"X must have num_channels={num_channels} channels in dim 1, got shape {tuple(X.shape)}"
+        )
     return _ops().group_norm(X, num_groups, affine_scaling_weight, affine_shifting_bias, eps)
 
 
@@ -338,7 +341,9 @@ def liger_tvd(
     ignore_index: int = -100,
 ) -> torch.Tensor:
     """``liger_core.ops.tvd`` (total variation distance)."""
-    return _ops().tvd(input, target, shift_labels=shift_labels, reduction=reduction, ignore_index=ignore_index)
+    return _ops().tvd(
+        input, target, shift_labels=shift_labels, reduction=reduction, ignore_index=ignore_index
+    )
 
 
 def _not_in_liger_core(name: str):

@@ -21,13 +21,12 @@ from liger_core.modules import LigerFusedAddRMSNorm as _CoreFusedAddRMSNorm
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss as _CoreFLCE
 from liger_core.modules import LigerFusedLinearJSD as _CoreFLJSD
 from liger_core.modules import LigerGEGLUMLP as _CoreGEGLUMLP
-from liger_core.modules import LigerJSD
-from liger_core.modules import LigerKLDIVLoss as _CoreKL
 from liger_core.modules import LigerGroupNorm as _CoreGroupNorm
+from liger_core.modules import LigerJSD, LigerReLUSquared, LigerSparsemax, LigerTVDLoss
+from liger_core.modules import LigerKLDIVLoss as _CoreKL
 from liger_core.modules import LigerLayerNorm as _CoreLayerNorm
 from liger_core.modules import LigerModulatedRMSNorm as _CoreModulatedRMSNorm
 from liger_core.modules import LigerPolyNorm as _CorePolyNorm
-from liger_core.modules import LigerReLUSquared, LigerSparsemax, LigerTVDLoss
 from liger_core.modules import LigerRMSNorm as _CoreRMSNorm
 from liger_core.modules import LigerSoftmax as _CoreSoftmax
 from liger_core.modules import LigerSwiGLUMLP as _CoreSwiGLUMLP
@@ -375,7 +374,8 @@ class LigerGroupNorm(_CoreGroupNorm):
             raise ValueError(f"hidden_states must have at least 3 dimensions, got {hidden_states.dim()}")
         if hidden_states.shape[1] != self.num_channels:
             raise ValueError(
-                f"hidden_states must have num_channels={self.num_channels} channels, got {hidden_states.shape[1]}"
+                f"hidden_states must have num_channels={self.num_channels} channels, "
+                f"got {hidden_states.shape[1]}"
             )
         return super().forward(hidden_states)
 
