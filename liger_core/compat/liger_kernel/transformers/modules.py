@@ -22,11 +22,12 @@ from liger_core.modules import LigerFusedLinearCrossEntropyLoss as _CoreFLCE
 from liger_core.modules import LigerFusedLinearJSD as _CoreFLJSD
 from liger_core.modules import LigerGEGLUMLP as _CoreGEGLUMLP
 from liger_core.modules import LigerGroupNorm as _CoreGroupNorm
-from liger_core.modules import LigerJSD, LigerReLUSquared, LigerSparsemax, LigerTVDLoss
+from liger_core.modules import LigerJSD, LigerSparsemax, LigerTVDLoss
 from liger_core.modules import LigerKLDIVLoss as _CoreKL
 from liger_core.modules import LigerLayerNorm as _CoreLayerNorm
 from liger_core.modules import LigerModulatedRMSNorm as _CoreModulatedRMSNorm
 from liger_core.modules import LigerPolyNorm as _CorePolyNorm
+from liger_core.modules import LigerReLUSquared as _CoreReLUSquared
 from liger_core.modules import LigerRMSNorm as _CoreRMSNorm
 from liger_core.modules import LigerSoftmax as _CoreSoftmax
 from liger_core.modules import LigerSwiGLUMLP as _CoreSwiGLUMLP
@@ -378,6 +379,13 @@ class LigerGroupNorm(_CoreGroupNorm):
                 f"got {hidden_states.shape[1]}"
             )
         return super().forward(hidden_states)
+
+
+class LigerReLUSquared(_CoreReLUSquared):
+    """``liger_core.modules.LigerReLUSquared``: ``relu(x) ** 2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
 
 
 class LigerSoftmax(_CoreSoftmax):
