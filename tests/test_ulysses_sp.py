@@ -29,7 +29,8 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 @pytest.mark.skipif(not HAS_GLOO, reason="needs torch.distributed with the gloo backend")
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (see the module doc)")
 def test_ulysses_two_ranks_match_single_process():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd.append(str(SCRIPT))
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr

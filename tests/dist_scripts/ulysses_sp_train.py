@@ -6,19 +6,20 @@ any world size that divides the heads). This is the path accelerate takes for
 
 - `UlyssesSPAttentionHF.register_with_transformers` replaces the model's attention function (`sdpa`) with
   all-to-all (sequence shard -> head shard), attention over the whole sequence, all-to-all back;
-- `UlyssesSPDataLoaderAdapter` turns one batch per rank into one micro-step per batch in which every rank holds
-  a contiguous sequence shard of `input_ids` / `position_ids` and of the pre-shifted `shift_labels`;
+- `UlyssesSPDataLoaderAdapter` turns one batch per rank into one micro-step per batch in which every rank
+  holds a contiguous sequence shard of `input_ids` / `position_ids` and of the pre-shifted `shift_labels`;
 - transformers' `deepspeed_sp_compute_loss` runs the model on the shard (liger_core's fused linear
-  cross-entropy over the shard's tokens, mean over its targets) and combines the ranks' means weighted by their
-  target counts: the global mean.
+  cross-entropy over the shard's tokens, mean over its targets) and combines the ranks' means weighted by
+  their target counts: the global mean.
 
-Every rank builds the same model from one seed. Before Ulysses is registered (it replaces `sdpa` process-wide),
-each batch's loss and gradients are computed on the whole sequence by the unpatched model and by the patched
-one; then the patched model (with `tiled_mlp` and, under gradient checkpointing, `offload_checkpoints`, tiles
-and offload threshold made small enough to act on this tiny model) trains on the shards. Loss and the
-gradients averaged over the ranks (what data-parallel reduction over the sequence-parallel ranks computes) must
-equal both references. One batch leaves a whole shard without targets (a prompt masked in SFT). The exit status
-is non-zero on a mismatch, if the fused loss fell back to materialised logits, or if tiles / offload did not run.
+Every rank builds the same model from one seed. Before Ulysses is registered (it replaces `sdpa`
+process-wide), each batch's loss and gradients are computed on the whole sequence by the unpatched model and
+by the patched one; then the patched model (with `tiled_mlp` and, under gradient checkpointing,
+`offload_checkpoints`, tiles and offload threshold made small enough to act on this tiny model) trains on the
+shards. Loss and the gradients averaged over the ranks (what data-parallel reduction over the
+sequence-parallel ranks computes) must equal both references. One batch leaves a whole shard without targets
+(a prompt masked in SFT). The exit status is non-zero on a mismatch, if the fused loss fell back to
+materialised logits, or if tiles / offload did not run.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ def main() -> int:
         if out.logits is not None or any("not a plain nn.Linear" in str(w.message) for w in caught):
             failures.append(f"micro-step {i}: fused loss not used")
         if OFFLOAD_COUNTS["offloaded"] != LAYERS:
-            failures.append(f"micro-step {i}: {OFFLOAD_COUNTS['offloaded']} layer inputs offloaded, not {LAYERS}")
+            n = OFFLOAD_COUNTS["offloaded"]
+            failures.append(f"micro-step {i}: {n} layer inputs offloaded, not {LAYERS}")
         grads = {}
         for name, p in sp_model.named_parameters():
             g = p.grad.detach().clone()
