@@ -139,11 +139,15 @@ def main() -> int:
         sp_world_size=mpu.get_sequence_parallel_world_size(),
         device=torch.device("cpu"),
     )
+    down_calls = [0]  # down_proj runs once per tile: more calls than layers means the MLPs were tiled
+    for layer in sp_model.model.layers:
+        layer.mlp.down_proj.register_forward_hook(lambda *_: down_calls.__setitem__(0, down_calls[0] + 1))
     pc = types.SimpleNamespace(sp_backend="deepspeed", sp_size=world, sp_enabled=True)
     for i in range(world):
         shard = next(loader)  # micro-step i: batch i, this rank's sequence shard
         sp_model.zero_grad(set_to_none=True)
         OFFLOAD_COUNTS.clear()
+        down_calls[0] = 0
         with tuning.override(**small), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loss, out = deepspeed_sp_compute_loss(None, sp_model, shard, True, pc)
@@ -153,6 +157,8 @@ def main() -> int:
         if OFFLOAD_COUNTS["offloaded"] != LAYERS:
             n = OFFLOAD_COUNTS["offloaded"]
             failures.append(f"micro-step {i}: {n} layer inputs offloaded, not {LAYERS}")
+        if down_calls[0] < 3 * LAYERS:  # ceil(8 / 3) tiles per layer in the forward alone
+            failures.append(f"micro-step {i}: down_proj ran {down_calls[0]} times: MLPs not tiled")
         grads = {}
         for name, p in sp_model.named_parameters():
             g = p.grad.detach().clone()
