@@ -18,8 +18,10 @@ by the patched one; then the patched model (with `tiled_mlp` and, under gradient
 `offload_checkpoints`, tiles and offload threshold made small enough to act on this tiny model) trains on the
 shards. Loss and the gradients averaged over the ranks (what data-parallel reduction over the
 sequence-parallel ranks computes) must equal both references. One batch leaves a whole shard without targets
-(a prompt masked in SFT). The exit status is non-zero on a mismatch, if the fused loss fell back to
-materialised logits, or if tiles / offload did not run.
+(a prompt masked in SFT). The same shards are also run the way a loop of one's own can reduce them:
+`num_items_in_batch` = the global target count, losses and gradients summed over the ranks. The exit status
+is non-zero on a mismatch, if the fused loss fell back to materialised logits, or if tiles / offload did not
+run.
 """
 
 from __future__ import annotations
@@ -165,6 +167,22 @@ def main() -> int:
             dist.all_reduce(g)
             grads[name] = g / world
         compare(f"micro-step {i} Ulysses x{world}", (loss.detach(), grads), want[i], failures)
+
+        # a loop of one's own: num_items_in_batch = the targets of all shards, so each rank's loss is its
+        # shard's sum over that count; the sums over the ranks are the global mean and its gradients
+        count = (shard["shift_labels"] != -100).sum()
+        dist.all_reduce(count)
+        sp_model.zero_grad(set_to_none=True)
+        with tuning.override(**small):
+            own = sp_model(**shard, num_items_in_batch=count).loss
+            own.backward()
+        own = own.detach().clone()
+        dist.all_reduce(own)
+        own_grads = {}
+        for name, p in sp_model.named_parameters():
+            own_grads[name] = p.grad.detach().clone()
+            dist.all_reduce(own_grads[name])
+        compare(f"micro-step {i} Ulysses x{world}, num_items_in_batch", (own, own_grads), want[i], failures)
         if rank == 0:
             print(f"micro-step {i}: loss {loss.item():.6f} reference {want[i][0].item():.6f}", flush=True)
 
