@@ -10,7 +10,8 @@ any world size that divides the heads). This is the path accelerate takes for
   holds a contiguous sequence shard of `input_ids` / `position_ids` and of the pre-shifted `shift_labels`;
 - transformers' `deepspeed_sp_compute_loss` runs the model on the shard (liger_core's fused linear
   cross-entropy over the shard's tokens, mean over its targets) and combines the ranks' means weighted by
-  their target counts: the global mean.
+  their target counts: the global mean (transformers 5.0 has no such function: the same reduction, as
+  accelerate documents it, is done here).
 
 Every rank builds the same model from one seed. Before Ulysses is registered (it replaces `sdpa`
 process-wide), each batch's loss and gradients are computed on the whole sequence by the unpatched model and
@@ -39,13 +40,31 @@ import torch.distributed as dist
 from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
 from deepspeed.utils import groups
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
 import liger_core
 from liger_core import tuning
 from liger_core.modules.long_context import OFFLOAD_COUNTS
 
+try:
+    from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
+except ImportError:  # transformers before its Trainer drove Ulysses (5.0): the reduction accelerate documents
+    deepspeed_sp_compute_loss = None
+
 VOCAB, LAYERS = 128, 2
+
+
+def sp_loss(model, shard: dict, pc) -> tuple[torch.Tensor, object]:
+    """The Trainer's loss under Ulysses: the ranks' mean losses weighted by their target counts."""
+    if deepspeed_sp_compute_loss is not None:
+        return deepspeed_sp_compute_loss(None, model, shard, True, pc)
+    out = model(**shard)
+    group = groups._get_sequence_parallel_group()
+    losses = torch.stack(torch.distributed.nn.functional.all_gather(out.loss, group=group))
+    counts = torch.stack(
+        torch.distributed.nn.functional.all_gather((shard["shift_labels"] != -100).sum(), group=group)
+    )
+    losses = torch.where(counts > 0, losses, torch.zeros_like(losses))
+    return (losses * counts).sum() / counts.sum().clamp(min=1), out
 
 
 def build_model() -> LlamaForCausalLM:
@@ -152,7 +171,7 @@ def main() -> int:
         down_calls[0] = 0
         with tuning.override(**small), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            loss, out = deepspeed_sp_compute_loss(None, sp_model, shard, True, pc)
+            loss, out = sp_loss(sp_model, shard, pc)
             loss.backward()
         if out.logits is not None or any("not a plain nn.Linear" in str(w.message) for w in caught):
             failures.append(f"micro-step {i}: fused loss not used")
