@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
 from liger_core.reference.cross_entropy import cross_entropy
+from liger_core.reference.fused_linear_cosine_similarity import fused_linear_cosine_similarity
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
 from liger_core.reference.fused_linear_logprobs import (
@@ -28,6 +29,7 @@ from liger_core.reference.tvd import tvd
 
 __all__ = [
     "cross_entropy",
+    "fused_linear_cosine_similarity",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
     "fused_linear_kl_div",
