@@ -12,6 +12,7 @@ from liger_core.modules.losses import (
     LigerCrossEntropyLoss,
     LigerFusedLinearCrossEntropyLoss,
     LigerFusedLinearScaledCrossEntropy,
+    LigerVocabParallelCrossEntropy,
 )
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormForGemma
@@ -33,4 +34,5 @@ __all__ = [
     "LigerSparsemax",
     "LigerSwiGLUMLP",
     "LigerTVDLoss",
+    "LigerVocabParallelCrossEntropy",
 ]

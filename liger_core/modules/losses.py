@@ -17,6 +17,7 @@ from liger_core.loss_options import CrossEntropyOptions
 from liger_core.ops.cross_entropy import cross_entropy
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.ops.fused_linear_logprobs import fused_linear_scaled_cross_entropy
+from liger_core.ops.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy
 
 
 class _CrossEntropyOptionsView:
@@ -185,3 +186,35 @@ class LigerFusedLinearScaledCrossEntropy(nn.Module):
             f"temperature={self.temperature}, ignore_index={self.ignore_index}, "
             f"return_entropy={self.return_entropy}"
         )
+
+
+class LigerVocabParallelCrossEntropy(nn.Module):
+    """Per-token cross-entropy of logits sharded along the vocabulary across ``tp_group``'s ranks
+    (``liger_core.ops.vocab_parallel_cross_entropy``); ``forward(vocab_parallel_logits, target, tp_group=None,
+    vocab_start=None)`` returns the unreduced fp32 loss. Only ``reduction="none"`` and no label smoothing."""
+
+    def __init__(
+        self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "none"
+    ) -> None:
+        super().__init__()
+        if reduction != "none":
+            raise ValueError(
+                f"reduction={reduction!r}: vocab-parallel cross-entropy returns per-token losses"
+            )
+        if label_smoothing != 0.0:
+            raise ValueError(f"label_smoothing={label_smoothing!r} is not supported (only 0)")
+        self.ignore_index, self.label_smoothing, self.reduction = ignore_index, 0.0, reduction
+
+    def forward(
+        self,
+        vocab_parallel_logits: torch.Tensor,
+        target: torch.Tensor,
+        tp_group: torch.distributed.ProcessGroup | None = None,
+        vocab_start: int | None = None,
+    ) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(
+            vocab_parallel_logits, target, vocab_start, tp_group, self.ignore_index
+        )
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"

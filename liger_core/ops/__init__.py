@@ -31,6 +31,7 @@ from liger_core.ops.softmax import softmax  # noqa: E402
 from liger_core.ops.sparsemax import sparsemax  # noqa: E402
 from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
 from liger_core.ops.tvd import tvd  # noqa: E402
+from liger_core.ops.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy  # noqa: E402
 
 __all__ = [
     "cross_entropy",
@@ -56,4 +57,5 @@ __all__ = [
     "swiglu",
     "swiglu_packed",
     "tvd",
+    "vocab_parallel_cross_entropy",
 ]

@@ -26,6 +26,7 @@ from liger_core.reference.softmax import softmax
 from liger_core.reference.sparsemax import sparsemax
 from liger_core.reference.swiglu import swiglu
 from liger_core.reference.tvd import tvd
+from liger_core.reference.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy
 
 __all__ = [
     "cross_entropy",
@@ -47,4 +48,5 @@ __all__ = [
     "sparsemax",
     "swiglu",
     "tvd",
+    "vocab_parallel_cross_entropy",
 ]
