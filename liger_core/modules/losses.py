@@ -191,19 +191,16 @@ class LigerFusedLinearScaledCrossEntropy(nn.Module):
 class LigerVocabParallelCrossEntropy(nn.Module):
     """Per-token cross-entropy of logits sharded along the vocabulary across ``tp_group``'s ranks
     (``liger_core.ops.vocab_parallel_cross_entropy``); ``forward(vocab_parallel_logits, target, tp_group=None,
-    vocab_start=None)`` returns the unreduced fp32 loss. Only ``reduction="none"`` and no label smoothing."""
+    vocab_start=None)`` returns the unreduced fp32 loss (``reduction="none"``, the only one: the caller owns
+    the divisor). No label smoothing."""
 
-    def __init__(
-        self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "none"
-    ) -> None:
+    def __init__(self, ignore_index: int = -100, reduction: str = "none") -> None:
         super().__init__()
         if reduction != "none":
             raise ValueError(
                 f"reduction={reduction!r}: vocab-parallel cross-entropy returns per-token losses"
             )
-        if label_smoothing != 0.0:
-            raise ValueError(f"label_smoothing={label_smoothing!r} is not supported (only 0)")
-        self.ignore_index, self.label_smoothing, self.reduction = ignore_index, 0.0, reduction
+        self.ignore_index, self.reduction = ignore_index, reduction
 
     def forward(
         self,

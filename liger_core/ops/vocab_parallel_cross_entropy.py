@@ -10,7 +10,8 @@ token (float64 math for fp32 logits, fp32 for bf16/fp16; the loss is fp32)::
     loss = log(S) + (m - x_y)                              (0 where target == ignore_index)
     dx_j = grad_loss * (exp(x_j - m) / S - [j == y])       (local: no communication in backward)
 
-Three all-reduces of one value per token in forward, none in backward. Nothing of the vocabulary's size is
+Two all-reduces in forward (the max; then S, x_y and the count of ranks holding y, which must be 1: a
+ValueError otherwise), none in backward. Nothing of the vocabulary's size is
 saved: backward reads the logits shard again (they are kept by reference). ``process_group=None`` (or a group
 of one rank) is the plain, unsharded cross-entropy.
 """
@@ -110,6 +111,22 @@ def _vp_ce_bwd_kernel(
         )
 
 
+def _check_held(held: torch.Tensor, keep: torch.Tensor, labels: torch.Tensor) -> None:
+    """ValueError unless every kept target lies in exactly one rank's shard (a host sync, as the other
+    cross-entropy ops' target check): a target past the vocabulary, or shards that leave a gap or overlap,
+    would otherwise give a wrong loss silently."""
+    if torch.compiler.is_compiling():
+        return
+    bad = keep & (held != 1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"target {int(labels[row])} (row {row}) lies in {int(held[row])} ranks' vocabulary shards, not "
+            "one: targets must be global class indices below the full vocabulary size, and the shards "
+            "[vocab_start, vocab_start + V_local) must tile the vocabulary"
+        )
+
+
 def _group_size(process_group: object) -> int:
     return 1 if process_group is None else dist.get_world_size(process_group)
 
@@ -135,11 +152,14 @@ class VocabParallelCrossEntropyFunction(torch.autograd.Function):
                 STATS=compute_dtype(x.dtype), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                 num_warps=tiles.num_warps,
             )  # fmt: skip
-        if distributed:
-            stats = torch.stack([sums, picked])
-            dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=process_group)
-            sums, picked = stats[0], stats[1]
         keep = labels != ignore_index
+        local = labels - vocab_start
+        held = (keep & (local >= 0) & (local < n_cols)).to(torch.float64)  # 1 on the rank that holds target
+        if distributed:
+            stats = torch.stack([sums, picked, held])
+            dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=process_group)
+            sums, picked, held = stats[0], stats[1], stats[2]
+        _check_held(held, keep, labels)
         loss = torch.where(keep, torch.log(sums) + (row_max.double() - picked), 0.0)
         ctx.save_for_backward(x, labels, row_max, sums)
         ctx.vocab_start, ctx.ignore_index, ctx.shape = vocab_start, ignore_index, logits.shape

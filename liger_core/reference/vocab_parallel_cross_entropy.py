@@ -35,6 +35,17 @@ def vocab_parallel_cross_entropy(
     picked = torch.where(
         here, shifted.gather(-1, local.clamp(0, x.shape[-1] - 1).unsqueeze(-1)).squeeze(-1), 0.0
     )
+    held = here.to(x.dtype)
+    if distributed:
+        held = held.clone()
+        dist.all_reduce(held, op=dist.ReduceOp.SUM, group=process_group)
+    bad = (target != ignore_index) & (held != 1)
+    if not torch.compiler.is_compiling() and bool(bad.any()):
+        raise ValueError(
+            f"target {int(target[bad][0])} lies in {int(held[bad][0])} ranks' vocabulary shards, not one: "
+            "targets must be global class indices below the full vocabulary size, and the shards must tile "
+            "the vocabulary"
+        )
     if distributed:
         # the sums' gradients are local (d log S / d x_j = exp(x_j - m) / S on every rank): the all-reduce
         # only supplies the other ranks' values

@@ -12,6 +12,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from liger_core import reference
 from liger_core.modules import LigerVocabParallelCrossEntropy
 from liger_core.ops import vocab_parallel_cross_entropy
 
@@ -32,12 +33,14 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
     ref_in = full.double().requires_grad_()
     want = torch.nn.functional.cross_entropy(ref_in.transpose(1, 2), target, reduction="none")
     (want_grad,) = torch.autograd.grad(want, ref_in, go)
-    for how in ("function", "module"):
+    for how in ("function", "module", "reference"):
         shard = full[..., start : start + split[rank]].clone().requires_grad_()
         if how == "function":
             got = vocab_parallel_cross_entropy(shard, target, start, group)
-        else:
+        elif how == "module":
             got = LigerVocabParallelCrossEntropy()(shard, target, group, start)
+        else:
+            got = reference.vocab_parallel_cross_entropy(shard, target, start, group)
         (grad,) = torch.autograd.grad(got, shard, go.to(got.dtype))
         scale = want.abs().max().item()
         if got.dtype != torch.float32 or not torch.allclose(got.double(), want, rtol=tol, atol=tol * scale):
@@ -56,6 +59,14 @@ got = vocab_parallel_cross_entropy(full[:, 8 * rank : 8 * rank + 8].float(), tar
 want = torch.nn.functional.cross_entropy(full, target, reduction="none")
 if not torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6):
     failures.append(f"rank {rank}: default vocab_start differs")
+# a target past the vocabulary, and shards that overlap, raise on every rank
+for name, bad_target, bad_start in (("past the vocabulary", 16, 8 * rank), ("overlap", 3, 0)):
+    try:
+        vocab_parallel_cross_entropy(full[:, :8].float(), torch.full((4,), bad_target), bad_start, group)
+        failures.append(f"rank {rank}: no error for {name}")
+    except ValueError as e:
+        if "target" not in str(e):
+            failures.append(f"rank {rank}: {name}: {e}")
 
 all_failures: list[list[str]] = [[] for _ in range(world)]
 dist.all_gather_object(all_failures, failures)

@@ -49,17 +49,12 @@ def test_single_process_matches_float64(dtype):
 
 
 def test_shard_of_one_rank_and_module(monkeypatch):
-    """A shard without a group is the cross-entropy of those columns' terms only: with vocab_start the
-    target outside the shard contributes no target logit (what the other ranks' all-reduce would add)."""
+    """Without a group, a shard with vocab_start is the cross-entropy over its columns (global targets)."""
     logits = torch.randn(6, 20)
-    target = torch.tensor([0, 5, 10, 19, -100, 12])
+    target = torch.tensor([10, 15, 11, 19, -100, 12])
     shard = logits[:, 10:]
     got = vocab_parallel_cross_entropy(shard, target, vocab_start=10)
-    lse = torch.logsumexp(shard.double(), -1)
-    picked = torch.where(
-        (target >= 10), shard.double().gather(-1, (target - 10).clamp(0).unsqueeze(-1))[:, 0], 0.0
-    )
-    want = torch.where(target != -100, lse - picked, 0.0)
+    want = torch.nn.functional.cross_entropy(shard.double(), target - 10, ignore_index=-110, reduction="none")
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
     module = LigerVocabParallelCrossEntropy()
     torch.testing.assert_close(module(logits, target), vocab_parallel_cross_entropy(logits, target))
@@ -70,8 +65,12 @@ def test_shard_of_one_rank_and_module(monkeypatch):
     )
     with pytest.raises(ValueError, match="reduction"):
         LigerVocabParallelCrossEntropy(reduction="mean")
-    with pytest.raises(ValueError, match="label_smoothing"):
-        LigerVocabParallelCrossEntropy(label_smoothing=0.1)
+    with pytest.raises(ValueError, match="target"):
+        vocab_parallel_cross_entropy(logits, torch.full((6,), 20))
+    with pytest.raises(ValueError, match="target"):
+        vocab_parallel_cross_entropy(shard, target, vocab_start=9)  # target 19 lies past this shard
+    with pytest.raises(ValueError, match="target"):
+        reference.vocab_parallel_cross_entropy(shard, target, 9)
     with pytest.raises(ValueError, match="target"):
         vocab_parallel_cross_entropy(logits, target[:3])
     with pytest.raises(ValueError, match="vocab_start"):
