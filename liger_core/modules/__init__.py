@@ -10,6 +10,7 @@ from liger_core.modules.distill import (
 )
 from liger_core.modules.losses import (
     LigerCrossEntropyLoss,
+    LigerFusedCETVDLoss,
     LigerFusedLinearCrossEntropyLoss,
     LigerFusedLinearScaledCrossEntropy,
     LigerVocabParallelCrossEntropy,
@@ -19,6 +20,7 @@ from liger_core.modules.norms import LigerLayerNorm, LigerRMSNorm, LigerRMSNormF
 
 __all__ = [
     "LigerCrossEntropyLoss",
+    "LigerFusedCETVDLoss",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
     "LigerFusedLinearKLDiv",

@@ -15,6 +15,7 @@ from torch import nn
 
 from liger_core.loss_options import CrossEntropyOptions
 from liger_core.ops.cross_entropy import cross_entropy
+from liger_core.ops.cross_entropy_tvd import cross_entropy_tvd
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.ops.fused_linear_logprobs import fused_linear_scaled_cross_entropy
 from liger_core.ops.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy
@@ -215,3 +216,22 @@ class LigerVocabParallelCrossEntropy(nn.Module):
 
     def extra_repr(self) -> str:
         return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+class LigerFusedCETVDLoss(nn.Module):
+    """Per-token cross-entropy and total variation distance to a teacher
+    (``liger_core.ops.cross_entropy_tvd``): ``forward(student_logits, teacher_logits, target)`` returns
+    ``(ce, tvd)``, unreduced fp32, 0 in rows whose target is ``ignore_index``; the caller
+    weights and divides them."""
+
+    def __init__(self, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+
+    def forward(
+        self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, target: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return cross_entropy_tvd(student_logits, teacher_logits, target, self.ignore_index)
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}"

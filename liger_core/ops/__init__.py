@@ -9,6 +9,7 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 # Each op lives in the submodule of its own name; these imports bind the function over the submodule,
 # so `from liger_core.ops import swiglu` gives the function.
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
+from liger_core.ops.cross_entropy_tvd import cross_entropy_tvd  # noqa: E402
 from liger_core.ops.fused_linear_cosine_similarity import fused_linear_cosine_similarity  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div  # noqa: E402
@@ -35,6 +36,7 @@ from liger_core.ops.vocab_parallel_cross_entropy import vocab_parallel_cross_ent
 
 __all__ = [
     "cross_entropy",
+    "cross_entropy_tvd",
     "fused_linear_cosine_similarity",
     "fused_linear_cross_entropy",
     "FusedLogProbs",

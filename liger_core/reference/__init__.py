@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
 from liger_core.reference.cross_entropy import cross_entropy
+from liger_core.reference.cross_entropy_tvd import cross_entropy_tvd
 from liger_core.reference.fused_linear_cosine_similarity import fused_linear_cosine_similarity
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
@@ -30,6 +31,7 @@ from liger_core.reference.vocab_parallel_cross_entropy import vocab_parallel_cro
 
 __all__ = [
     "cross_entropy",
+    "cross_entropy_tvd",
     "fused_linear_cosine_similarity",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
