@@ -78,3 +78,10 @@ def test_module_reference_path_and_bad_input(monkeypatch):
         cross_entropy_tvd(zs, zt.double(), target)
     with pytest.raises(ValueError, match="target"):
         cross_entropy_tvd(zs, zt, target[:3])
+
+
+def test_empty_rows():
+    x = leaf(torch.randn(0, 5))
+    ce, tvd = cross_entropy_tvd(x, torch.randn(0, 5), torch.zeros(0, dtype=torch.long))
+    (ce.sum() + tvd.sum()).backward()
+    assert ce.shape == tvd.shape == (0,) and x.grad.shape == (0, 5)

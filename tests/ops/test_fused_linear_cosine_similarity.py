@@ -236,3 +236,23 @@ def test_bad_input():
         fused_linear_cosine_similarity(sh, sw, th, tw, labels, chunk_size=0)
     with pytest.raises(ValueError, match="beta"):
         fused_linear_cosine_similarity(sh, sw, th, tw, labels, beta=float("nan"))
+
+
+def test_compile_and_empty():
+    """torch.compile traces the custom op (fullgraph) to the eager result; no tokens: loss 0, zero grads."""
+    sh, sw, _, th, tw, _, labels = make_inputs((7,), 8, 6, 11, 11, torch.float32)
+    h, w = leaf(sh), leaf(sw)
+
+    def loss_fn(a, b):
+        return fused_linear_cosine_similarity(a, b, th, tw, labels, weight_hard_loss=0.3, chunk_size=4) * 0.5
+
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)(h, w)
+    eager = loss_fn(h, w)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    for a, b in zip(torch.autograd.grad(compiled, (h, w)), torch.autograd.grad(eager, (h, w))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    h, w = leaf(sh[:0]), leaf(sw)
+    loss = fused_linear_cosine_similarity(h, w, th[:0], tw, labels[:0])
+    loss.backward()
+    assert loss.item() == 0.0 and h.grad.shape == (0, 8) and (w.grad == 0).all()

@@ -94,3 +94,10 @@ def test_two_ranks_match_unsharded():
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "OK: vocab parallel CE" in proc.stdout, output[-6000:]
+
+
+def test_empty_rows():
+    x = leaf(torch.randn(2, 0, 5))
+    loss = vocab_parallel_cross_entropy(x, torch.zeros(2, 0, dtype=torch.long))
+    loss.sum().backward()
+    assert loss.shape == (2, 0) and x.grad.shape == (2, 0, 5)
