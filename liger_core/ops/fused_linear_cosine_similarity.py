@@ -181,16 +181,18 @@ def _fused_linear_cosine_fwd(
     beta: float,
     ignore_index: int,
     chunk_size: int,
+    compute_hard: bool,
     grad_hidden: bool,
     grad_weight: bool,
     grad_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, soft, hard) as float64 0-dim tensors, then d loss / d (student_hidden, student_weight,
+    """(loss, soft, hard) as float64 0-dim tensors (hard 0 unless ``compute_hard``: with weight_hard_loss 0
+    the cross-entropy is computed only when it is returned), then d loss / d (student_hidden, student_weight,
     student_bias) unscaled by grad_output (fp64 or fp32; empty when not asked for)."""
     n_rows = student_hidden.shape[0]
     vocab_s, vocab_t = student_weight.shape[0], teacher_weight.shape[0]
     device = student_hidden.device
-    has_hard = weight_hard_loss != 0.0
+    has_hard = compute_hard or weight_hard_loss != 0.0
     pending = start_target_check(target_stats(labels, None, ignore_index, vocab_s)) if has_hard else None
     n_kept = (labels != ignore_index).sum().clamp_min(1).to(torch.float64)
     params = torch.stack(
@@ -241,7 +243,11 @@ def _fused_linear_cosine_fwd(
         finish_target_check(pending, ignore_index, vocab_s)
     soft = soft_rows.sum() / n_kept
     hard = hard_rows.sum() / n_kept
-    loss = weight_soft_loss * soft + weight_hard_loss * hard if has_hard else weight_soft_loss * soft
+    loss = (
+        weight_soft_loss * soft + weight_hard_loss * hard
+        if weight_hard_loss != 0.0
+        else weight_soft_loss * soft
+    )
 
     def _or_empty(g: torch.Tensor | None) -> torch.Tensor:
         # outputs of a custom op may not alias each other: a fresh empty tensor per gradient not asked for
@@ -253,7 +259,8 @@ def _fused_linear_cosine_fwd(
 @_fused_linear_cosine_fwd.register_fake
 def _(
     student_hidden, student_weight, teacher_hidden, teacher_weight, labels, student_bias, teacher_bias,
-    weight_hard_loss, weight_soft_loss, beta, ignore_index, chunk_size, grad_hidden, grad_weight, grad_bias,
+    weight_hard_loss, weight_soft_loss, beta, ignore_index, chunk_size, compute_hard, grad_hidden,
+    grad_weight, grad_bias,
 ):  # fmt: skip
     exact = student_hidden.dtype == torch.float32
     wide = torch.float64 if exact else torch.float32
@@ -285,6 +292,7 @@ class FusedLinearCosineSimilarityFunction(torch.autograd.Function):
         beta,
         ignore_index,
         chunk_size,
+        compute_hard,
     ):
         hs = as_rows(student_hidden)
         ht = as_rows(teacher_hidden.detach())
@@ -304,6 +312,7 @@ class FusedLinearCosineSimilarityFunction(torch.autograd.Function):
             beta,
             ignore_index,
             chunk_size,
+            compute_hard,
             grad_hidden,
             grad_weight,
             grad_bias,
@@ -334,6 +343,7 @@ class FusedLinearCosineSimilarityFunction(torch.autograd.Function):
             None,
             None,
             scaled(db, ctx.bias_dtype),
+            None,
             None,
             None,
             None,
@@ -459,7 +469,7 @@ def fused_linear_cosine_similarity(
     elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size!r} must be a positive int")
     if not use_triton(student_hidden):
-        if weight_hard_loss != 0:
+        if weight_hard_loss != 0 or return_soft_hard_loss:
             check_targets_host(target.reshape(-1), ignore_index, vocab_s)  # the kernel path's ValueError
         return reference.fused_linear_cosine_similarity(
             student_hidden,
@@ -490,5 +500,6 @@ def fused_linear_cosine_similarity(
         beta,
         ignore_index,
         chunk_size,
+        return_soft_hard_loss,
     )
     return (loss, soft, hard) if return_soft_hard_loss else loss

@@ -52,9 +52,12 @@ def fused_linear_cosine_similarity(
     keep = labels != ignore_index
     n_kept = keep.sum().clamp_min(1).to(zs.dtype)
 
-    log_probs = torch.log_softmax(zs, dim=-1)
-    picked = log_probs.gather(-1, torch.where(keep, labels, 0).unsqueeze(-1)).squeeze(-1)
-    hard = torch.where(keep, -picked, 0.0).sum() / n_kept
+    if weight_hard_loss != 0 or return_soft_hard_loss:  # Liger-Kernel's: no cross-entropy otherwise
+        log_probs = torch.log_softmax(zs, dim=-1)
+        picked = log_probs.gather(-1, torch.where(keep, labels, 0).unsqueeze(-1)).squeeze(-1)
+        hard = torch.where(keep, -picked, 0.0).sum() / n_kept
+    else:
+        hard = zs.new_zeros(())
 
     s, t = zs / temperature, zt / temperature
     t_head = t[:, : s.shape[-1]]  # the student's zero padding adds nothing to the dot product

@@ -206,11 +206,11 @@ def test_custom_op_opcheck():
     sh, sw, sb, th, tw, tb, labels = make_inputs((5,), 7, 6, 33, 35, torch.float32, bias=True)
     torch.library.opcheck(
         op_module._fused_linear_cosine_fwd,
-        (sh, sw, th, tw, labels, sb, tb, 0.5, 0.5, 0.5, -100, 2, True, True, True),
+        (sh, sw, th, tw, labels, sb, tb, 0.5, 0.5, 0.5, -100, 2, False, True, True, True),
     )
     torch.library.opcheck(
         op_module._fused_linear_cosine_fwd,
-        (sh, sw, th, tw, labels, None, None, 0.0, 1.0, 1.0, -100, 8, False, True, False),
+        (sh, sw, th, tw, labels, None, None, 0.0, 1.0, 1.0, -100, 8, False, False, True, False),
     )
 
 
@@ -256,3 +256,27 @@ def test_compile_and_empty():
     loss = fused_linear_cosine_similarity(h, w, th[:0], tw, labels[:0])
     loss.backward()
     assert loss.item() == 0.0 and h.grad.shape == (0, 8) and (w.grad == 0).all()
+
+
+def test_hard_loss_without_weight():
+    """weight_hard_loss 0: the loss is the soft term alone; the cross-entropy is still reported (and its
+    targets checked) when returned, and not computed (targets unchecked) otherwise, as Liger-Kernel does."""
+    sh, sw, _, th, tw, _, labels = make_inputs((9,), 8, 6, 11, 11, torch.float32)
+    loss, soft, hard = fused_linear_cosine_similarity(
+        sh, sw, th, tw, labels, weight_hard_loss=0.0, return_soft_hard_loss=True, chunk_size=4
+    )
+    with_hard = fused_linear_cosine_similarity(
+        sh, sw, th, tw, labels, weight_hard_loss=1.0, weight_soft_loss=0.0
+    )
+    torch.testing.assert_close(hard, with_hard, rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, 0.5 * soft, rtol=1e-6, atol=0)
+    out_of_range = torch.full((9,), 11)
+    soft_only = fused_linear_cosine_similarity(sh, sw, th, tw, out_of_range, weight_hard_loss=0.0)
+    every_row = fused_linear_cosine_similarity(
+        sh, sw, th, tw, torch.zeros(9, dtype=torch.long), weight_hard_loss=0.0
+    )
+    torch.testing.assert_close(soft_only, every_row, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="target"):
+        fused_linear_cosine_similarity(
+            sh, sw, th, tw, out_of_range, weight_hard_loss=0.0, return_soft_hard_loss=True
+        )
