@@ -54,18 +54,8 @@ from liger_core.ops._divergence_math import (
     row_tiles,
     tile_rows,
 )
+from liger_core.ops.fused_linear_jsd import default_chunk_rows  # the same two-buffer budget
 from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
-
-# Budget for the two per-chunk logits buffers (student + teacher), as fused_linear_jsd's.
-CHUNK_LOGITS_BYTES = 512 * 2**20
-MIN_CHUNK_ROWS = 16
-
-
-def default_chunk_rows(n_rows: int, vocab: int, bytes_per_logit_pair: int) -> int:
-    """Rows per chunk: a power of two whose two logits buffers fit CHUNK_LOGITS_BYTES (at most n_rows)."""
-    fit = max(1, CHUNK_LOGITS_BYTES // max(1, vocab * bytes_per_logit_pair))
-    rows = max(MIN_CHUNK_ROWS, 2 ** int(math.log2(fit)))
-    return max(1, min(n_rows, rows))
 
 
 @triton.jit
