@@ -10,8 +10,10 @@ from liger_core.modules.distill import (
 )
 from liger_core.modules.losses import (
     LigerCrossEntropyLoss,
+    LigerFusedCETVDLoss,
     LigerFusedLinearCrossEntropyLoss,
     LigerFusedLinearScaledCrossEntropy,
+    LigerVocabParallelCrossEntropy,
 )
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norm_variants import (
@@ -28,6 +30,7 @@ __all__ = [
     "LigerCrossEntropyLoss",
     "LigerDyT",
     "LigerFusedAddRMSNorm",
+    "LigerFusedCETVDLoss",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
     "LigerFusedLinearKLDiv",
@@ -47,4 +50,5 @@ __all__ = [
     "LigerSparsemax",
     "LigerSwiGLUMLP",
     "LigerTVDLoss",
+    "LigerVocabParallelCrossEntropy",
 ]

@@ -482,3 +482,36 @@ def test_liger_core_is_used_not_reimplemented():
     model = tiny_model("llama")
     report = T.apply_liger_kernel_to_llama(model=model)
     assert type(report).__name__ == "PatchReport" and report.model_type == "llama"
+
+
+def test_cosine_similarity_loss_is_liger_cores():
+    from liger_core.losses import LigerFusedLinearCosineSimilarityLoss as Core
+
+    torch.manual_seed(0)
+    student, weight = torch.randn(2, 5, 8), torch.randn(24, 8)
+    teacher, teacher_w = torch.randn(2, 5, 6), torch.randn(30, 6)
+    labels = torch.randint(0, 24, (2, 5))
+    labels[0, 0] = -100
+    kwargs = dict(weight_hard_loss=0.4, weight_soft_loss=0.6, beta=0.3, temperature=2.0)
+    compat = C.LigerFusedLinearCosineSimilarityLoss(
+        compiled=False, chunk_size=4, return_soft_hard_loss=True, **kwargs
+    )
+    loss, soft, hard = compat(student, weight, teacher, teacher_w, labels)
+    want = Core(return_soft_hard_loss=True, **kwargs)(student, weight, teacher, teacher_w, labels)
+    for a, b in zip((loss, soft, hard), want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(loss, 0.4 * hard + 0.6 * soft, rtol=1e-6, atol=0)
+
+
+def test_vocab_parallel_cross_entropy_single_rank():
+    torch.manual_seed(0)
+    logits, target = torch.randn(4, 3, 20), torch.randint(0, 20, (4, 3))
+    target[0, 0] = -100
+    got = T.LigerVocabParallelCrossEntropy()(logits, target)
+    want = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    assert got.shape == (4, 3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="label_smoothing"):
+        T.LigerVocabParallelCrossEntropy(label_smoothing=0.1)
+    with pytest.raises(ValueError, match="3-D"):
+        T.LigerVocabParallelCrossEntropy()(logits[0], target[0])

@@ -68,11 +68,10 @@ def _check_names():
     # Functions liger_core has no op for take anything and raise NotImplementedError naming themselves.
     _compare(lk_functional, ours_functional, functional, skip=set(ours_functional.NOT_IN_LIGER_CORE))
     chunked = [n for n in dir(lk_chunked) if n.startswith("LigerFusedLinear")]
-    _compare(lk_chunked, ours_chunked, chunked, skip={"LigerFusedLinearCosineSimilarityLoss"})
+    _compare(lk_chunked, ours_chunked, chunked, skip=set())
     for name in chunked:
         theirs, mine = getattr(lk_chunked, name), getattr(ours_chunked, name)
-        if name != "LigerFusedLinearCosineSimilarityLoss":
-            assert _params(theirs.forward)[1:] == _params(mine.forward)[1:], name
+        assert _params(theirs.forward)[1:] == _params(mine.forward)[1:], name
 
 
 def _run(loss_module, args, grad_args):
@@ -166,12 +165,26 @@ def _check_chunked_losses():
             jsd_bias_args,
             (0, 1, 5),
         ),
+        (
+            "LigerFusedLinearCosineSimilarityLoss",
+            dict(beta=0.7, temperature=2.0, weight_hard_loss=0.3, return_soft_hard_loss=True),
+            jsd_args,
+            (0, 1),
+        ),
+        (
+            "LigerFusedLinearCosineSimilarityLoss",
+            dict(beta=0.4),
+            (student, w, teacher, torch.randn(vocab + 8, 12), true_labels, torch.randn(vocab)),
+            (0, 1, 5),
+        ),
     ]
     for name, kwargs, args, grad_args in cases:
         loss, rest, grads = _run(getattr(ours, name)(**kwargs), args, grad_args)
         assert loss.dim() == 0 and all(g is not None for g in grads), name
         if not HAS_LIGER_KERNEL:
-            assert len(rest) == (2 if name == "LigerFusedLinearJSDLoss" else 1), name
+            soft_hard = name in ("LigerFusedLinearJSDLoss", "LigerFusedLinearCosineSimilarityLoss")
+            want_rest = (2 if kwargs.get("return_soft_hard_loss") else 0) if soft_hard else 1
+            assert len(rest) == want_rest, name
             continue
         import liger_kernel.chunked_loss as lk
 

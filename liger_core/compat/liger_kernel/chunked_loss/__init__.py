@@ -557,12 +557,55 @@ class LigerFusedLinearJSDLoss(nn.Module):
 
 
 class LigerFusedLinearCosineSimilarityLoss(nn.Module):
-    """Liger-Kernel's cosine-similarity distillation loss: builds
-    ``liger_core.losses.LigerFusedLinearCosineSimilarityLoss`` (NotImplementedError until it exists)."""
+    """Distillation: ``weight_hard_loss * CE(student, true_labels) + weight_soft_loss * beta * mean(1 -
+    cos(student logits, teacher logits))`` over the tokens whose label is not ``ignore_index``
+    (``liger_core.losses.LigerFusedLinearCosineSimilarityLoss``); ``return_soft_hard_loss``: ``(loss,
+    soft_loss, hard_loss)``. Where a logit vector is all zeros its gradient is 0 (Liger-Kernel's clamped
+    normalisation gives one of order 1e20 there)."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> nn.Module:
-        name = "LigerFusedLinearCosineSimilarityLoss"
-        return liger_core_name("losses", name, name)(*args, **kwargs)
+    def __init__(
+        self,
+        weight_hard_loss: float = 0.5,
+        weight_soft_loss: float = 0.5,
+        beta: float = 0.5,
+        ignore_index: int = -100,
+        temperature: float = 1.0,
+        compiled: bool = True,
+        chunk_size: int = 1024,
+        return_soft_hard_loss: bool = False,
+    ) -> None:
+        super().__init__()
+        core = liger_core_name(
+            "losses", "LigerFusedLinearCosineSimilarityLoss", "LigerFusedLinearCosineSimilarityLoss"
+        )
+        self.core = core(
+            weight_hard_loss=weight_hard_loss,
+            weight_soft_loss=weight_soft_loss,
+            beta=beta,
+            ignore_index=ignore_index,
+            temperature=temperature,
+            return_soft_hard_loss=return_soft_hard_loss,
+        )
+
+    def forward(
+        self,
+        student_input: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_input: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        true_labels: torch.Tensor,
+        student_bias: torch.Tensor | None = None,
+        teacher_bias: torch.Tensor | None = None,
+    ) -> Any:
+        return self.core(
+            student_input,
+            student_weight,
+            teacher_input,
+            teacher_weight,
+            true_labels,
+            student_bias,
+            teacher_bias,
+        )
 
 
 __all__ = [

@@ -437,6 +437,40 @@ class LigerTiledGEGLUMLP(_CoreGEGLUMLP):
         return tiled_mlp(super().forward, x, params, _tile_tokens(x, self.num_shards))
 
 
+class LigerVocabParallelCrossEntropy(nn.Module):
+    """Vocab-parallel cross-entropy (``liger_core.modules.LigerVocabParallelCrossEntropy``): per-token loss
+    ``[S, B]`` of ``vocab_parallel_logits [S, B, V_local]``, this rank's equal share of the vocabulary, with
+    global ``target`` indices. Label smoothing is not available (0 only)."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "none",
+        label_smoothing_formula: str = "pytorch",
+        label_smoothing_mode: str = "global",
+    ) -> None:
+        super().__init__()
+        if label_smoothing != 0.0:
+            raise missing("LigerVocabParallelCrossEntropy(label_smoothing != 0)")
+        if label_smoothing_formula not in ("pytorch", "megatron"):
+            raise ValueError(f"label_smoothing_formula={label_smoothing_formula!r}: 'pytorch' or 'megatron'")
+        if label_smoothing_mode not in ("global", "partition"):
+            raise ValueError(f"label_smoothing_mode={label_smoothing_mode!r}: 'global' or 'partition'")
+        core = liger_core_name("modules", "LigerVocabParallelCrossEntropy", "LigerVocabParallelCrossEntropy")
+        self.core = core(ignore_index=ignore_index, reduction=reduction)
+
+    def forward(
+        self, vocab_parallel_logits: torch.Tensor, target: torch.Tensor, tp_group: Any = None
+    ) -> torch.Tensor:
+        if vocab_parallel_logits.dim() != 3:
+            raise ValueError(
+                "vocab_parallel_logits must be 3-D ([seq, batch, vocab]); got shape "
+                f"{tuple(vocab_parallel_logits.shape)}"
+            )
+        return self.core(vocab_parallel_logits, target, tp_group)
+
+
 def _deferred(name: str) -> type:
     """A class whose construction builds ``liger_core.modules.<name>`` (``NotImplementedError`` while
     liger_core has none)."""
@@ -460,7 +494,6 @@ DEFERRED = (
     "LigerMultiTokenAttention",
     "LigerRMSNormForMuseGlimmer",
     "LigerSwiGLUMLPForMuseGlimmer",
-    "LigerVocabParallelCrossEntropy",
 )
 for _name in DEFERRED:
     globals()[_name] = _deferred(_name)
@@ -491,5 +524,6 @@ __all__ = [
     "LigerTVDLoss",
     "LigerTiledGEGLUMLP",
     "LigerTiledSwiGLUMLP",
+    "LigerVocabParallelCrossEntropy",
     *DEFERRED,
 ]
