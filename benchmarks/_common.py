@@ -1,6 +1,6 @@
 """Pieces the end-to-end benchmark scripts share: a model from a shape dict, the providers' patches, the
-worker process each (model, provider) runs in, the timed training loop with its peak memory, the environment of a
-run and the writing of its results.
+worker process each (model, provider) runs in, the timed training loop with its peak memory, the environment
+of a run and the writing of its results.
 
 The scripts import it as ``_common`` (``benchmarks/`` is on ``sys.path`` when a script runs, and each script
 puts it there when loaded by path, as the tests do).
