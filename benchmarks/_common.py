@@ -148,10 +148,16 @@ def stderr_tail(proc: subprocess.CompletedProcess, lines: int = 12) -> str:
     return "\n".join(proc.stderr.strip().splitlines()[-lines:])
 
 
-def no_result(proc: subprocess.CompletedProcess, lines: int = 15) -> tuple[str, str]:
+def output_tail(proc: subprocess.CompletedProcess, lines: int = 15) -> str:
+    return "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-lines:])
+
+
+def no_result(proc: subprocess.CompletedProcess) -> tuple[str, str]:
     """(status, error) of a worker that printed no result: "oom" when its output says so, else "failed"."""
-    tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-lines:])
+    tail = output_tail(proc)
     status = "oom" if "OutOfMemoryError" in tail or "out of memory" in tail else "failed"
+    if proc.returncode == -9:  # SIGKILL without a result: the kernel's OOM killer (host memory)
+        status, tail = "oom", f"killed (host memory?)\n{tail}"
     return status, f"exit code {proc.returncode}: {tail}"
 
 

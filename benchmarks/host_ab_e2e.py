@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode:<16}timeout after {args.timeout:.0f} s", flush=True)
             continue
         if r is None:
-            tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-8:])
+            tail = bc.output_tail(proc, 8)
             print(f"  {mode:<16}failed (exit {proc.returncode}): {tail}", flush=True)
             continue
         if r["status"] != "ok":

@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(dict(mode=mode, status="timeout", error=f"no result within {args.timeout:.0f} s"))
             continue
         if result is None:
-            tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-15:])
+            tail = bc.output_tail(proc)
             result = dict(mode=mode, status="failed", error=f"exit {proc.returncode}: {tail}")
         results.append(result)
         print(f"  {mode}: {results[-1]['status']} in {wall:.0f} s", flush=True)
