@@ -29,6 +29,21 @@ LIGER_KERNEL_DIST = "liger-kernel"
 # Models
 # ----------------------------------------------------------------------------------------------------------
 
+# Fields of published config.json files that more than one benchmark builds from: Llama 3's (every size) and
+# Qwen2.5-3B's text model (Qwen2.5-VL-3B's language model has the same shape)
+LLAMA3 = dict(vocab_size=128256, num_key_value_heads=8, rope_theta=500000.0)
+QWEN2_5_3B = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+
 
 def set_rope(config, theta: float, scaling: dict | None = None) -> None:
     """RoPE theta (and scaling) on ``config`` whichever way this transformers version reads them: 5.x keeps

@@ -39,14 +39,12 @@ MODES = ("hf", "liger_kernel", "liger_core")
 MARK = "E2E_RESULT "
 
 LLAMA_1B = dict(
-    vocab_size=128256,
+    bc.LLAMA3,
     hidden_size=2048,
     intermediate_size=8192,
     num_hidden_layers=16,
     num_attention_heads=32,
-    num_key_value_heads=8,
     tie_word_embeddings=True,
-    rope_theta=500000.0,
     max_position_embeddings=131072,
 )
 TINY = dict(

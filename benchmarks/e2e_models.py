@@ -61,16 +61,8 @@ MARK = "E2E_RESULT "
 
 # Qwen2.5-VL-3B-Instruct's config.json, in its flat (hub) form: every transformers version reads that form
 QWEN2_5_VL_3B = dict(
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=11008,
-    num_hidden_layers=36,
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    rms_norm_eps=1e-6,
+    bc.QWEN2_5_3B,
     max_position_embeddings=128000,
-    tie_word_embeddings=True,
-    rope_theta=1000000.0,
     mrope_section=[16, 24, 24],
     image_token_id=151655,
     video_token_id=151656,

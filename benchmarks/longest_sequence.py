@@ -95,46 +95,28 @@ TINY_STARTS = dict.fromkeys(PROVIDERS, 64)
 LONG_STEP_S = 60.0  # a step at least this long is timed itself (no second step)
 
 LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0)
+LLAMA3 = dict(bc.LLAMA3, model_type="llama", rms_norm_eps=1e-5)
 CONFIGS = {
     "llama8b-lora": dict(
-        model_type="llama",
-        vocab_size=128256,
+        LLAMA3,
         hidden_size=4096,
         intermediate_size=14336,
         num_hidden_layers=32,
         num_attention_heads=32,
-        num_key_value_heads=8,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
         rope_scaling=dict(LLAMA3_ROPE, factor=8.0, original_max_position_embeddings=8192),
         tie_word_embeddings=False,
     ),
     "llama3b-full": dict(
-        model_type="llama",
-        vocab_size=128256,
+        LLAMA3,
         hidden_size=3072,
         intermediate_size=8192,
         num_hidden_layers=28,
         num_attention_heads=24,
-        num_key_value_heads=8,
         head_dim=128,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
         rope_scaling=dict(LLAMA3_ROPE, factor=32.0, original_max_position_embeddings=8192),
         tie_word_embeddings=True,
     ),
-    "qwen3b-full": dict(
-        model_type="qwen2",
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=11008,
-        num_hidden_layers=36,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
+    "qwen3b-full": dict(bc.QWEN2_5_3B, model_type="qwen2"),
 }
 TINY = dict(
     vocab_size=512,
