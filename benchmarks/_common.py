@@ -305,6 +305,11 @@ def throughput(timed: dict, tokens_per_step: int, steps: int, model) -> dict:
     )
 
 
+def progress_line(result: dict, leave_out: Iterable[str]) -> dict:
+    """A result without the keys ``leave_out`` (long ones, printed apart), floats to 4 decimals."""
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k not in leave_out}
+
+
 def summary_cells(r: dict) -> tuple[str, str, str, str]:
     """(tokens/s, peak allocated, reserved, first loss) of a result row as the summary tables print them."""
     tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"

@@ -359,11 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         result = _spawn(mode, opts, timeout)
         results.append(result)
-        line = {
-            k: (round(v, 4) if isinstance(v, float) else v)
-            for k, v in result.items()
-            if k not in ("error", "kernels", "memory")
-        }
+        line = bc.progress_line(result, ("error", "kernels", "memory"))
         print(f"  {mode}: {line}", flush=True)
         if result.get("error"):
             print(f"    error: {result['error']}", flush=True)

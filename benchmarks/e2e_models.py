@@ -429,11 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             result = _spawn(model_name, mode, opts, timeout)
             results.append(result)
             write()
-            line = {
-                k: (round(v, 4) if isinstance(v, float) else v)
-                for k, v in result.items()
-                if k not in ("error", "report", "model")
-            }
+            line = bc.progress_line(result, ("error", "report", "model"))
             print(f"  {mode}: {line}", flush=True)
             if result.get("report"):
                 print(f"    {result['report']['summary']}", flush=True)
