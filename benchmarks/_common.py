@@ -43,6 +43,15 @@ QWEN2_5_3B = dict(
     rope_theta=1000000.0,
     tie_word_embeddings=True,
 )
+# the text model of the CPU smoke runs (--tiny)
+TINY_TEXT = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 def set_rope(config, theta: float, scaling: dict | None = None) -> None:

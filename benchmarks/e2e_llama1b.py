@@ -49,12 +49,7 @@ LLAMA_1B = dict(
 )
 TINY = dict(
     LLAMA_1B,
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    **bc.TINY_TEXT,
     max_position_embeddings=256,
 )
 

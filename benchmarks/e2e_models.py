@@ -87,12 +87,7 @@ QWEN2_5_VL_3B = dict(
 )
 VLM_TINY = dict(
     QWEN2_5_VL_3B,
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    **bc.TINY_TEXT,
     max_position_embeddings=512,
     mrope_section=[2, 3, 3],
     image_token_id=500,
@@ -133,13 +128,8 @@ QWEN3_30B_A3B = dict(
 )
 MOE_TINY = dict(
     QWEN3_30B_A3B,
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
+    **bc.TINY_TEXT,
     moe_intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=16,
     num_experts=8,
     num_experts_per_tok=2,
