@@ -28,6 +28,13 @@ class _CrossEntropyOptionsView:
 
     options: CrossEntropyOptions
 
+    def _init_options(self, weight_name: str, weight: torch.Tensor | None, *values) -> None:
+        """``options`` from the constructor's ``values`` (the fields of ``CrossEntropyOptions`` after
+        ``weight``, in their order); the class weights become the buffer ``weight_name`` (they follow
+        ``.to()``), which forward adds to the options it passes."""
+        self.options = CrossEntropyOptions(None, *values)
+        self.register_buffer(weight_name, weight)
+
     def _call_options(self, weight: torch.Tensor | None) -> CrossEntropyOptions:
         return self.options if weight is None else self.options.replace(weight=weight)
 
@@ -90,11 +97,10 @@ class LigerCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         use_token_scaling: bool = False,
     ) -> None:
         super().__init__()
-        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
-        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        extras = (return_token_accuracy, return_predicted_tokens, use_token_scaling)
-        self.options = CrossEntropyOptions(None, *options, *extras)
-        self.register_buffer("weight", weight)
+        self._init_options(
+            "weight", weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+            return_z_loss, return_token_accuracy, return_predicted_tokens, use_token_scaling,
+        )  # fmt: skip
         self.inplace_backward = inplace_backward
 
     def forward(
@@ -145,11 +151,10 @@ class LigerFusedLinearCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         use_token_scaling: bool = False,
     ) -> None:
         super().__init__()
-        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
-        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        extras = (return_token_accuracy, return_predicted_tokens, use_token_scaling)
-        self.options = CrossEntropyOptions(None, *options, *extras)
-        self.register_buffer("ce_weight", ce_weight)
+        self._init_options(
+            "ce_weight", ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+            return_z_loss, return_token_accuracy, return_predicted_tokens, use_token_scaling,
+        )  # fmt: skip
         self.max_chunk_bytes = max_chunk_bytes
         self.accum_dtype = accum_dtype
 
