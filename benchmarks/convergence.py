@@ -24,40 +24,33 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as bc  # noqa: E402  (model building, results)
+
+ROOT = bc.ROOT
+RESULTS = bc.RESULTS
 CORPUS = ROOT / "liger_core" / "data" / "tiny_stories.txt"
 
+LLAMA = dict(
+    model_type="llama",
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    vocab_size=32000,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+)
 SHAPES = {
-    "llama": dict(
-        model_type="llama",
-        hidden_size=512,
-        intermediate_size=1408,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=32000,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-    ),
-    "qwen2": dict(
-        model_type="qwen2",
-        hidden_size=512,
-        intermediate_size=1408,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=32000,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-    ),
+    "llama": LLAMA,
+    "qwen2": dict(LLAMA, model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1000000.0),
 }
 TINY_SHAPE = dict(
     hidden_size=32,
@@ -70,27 +63,16 @@ TINY_SHAPE = dict(
 
 
 def _config(shape: dict):
-    from transformers import AutoConfig
-
     shape = dict(shape)
-    model_type, rope_theta = shape.pop("model_type"), shape.pop("rope_theta")
-    config = AutoConfig.for_model(
-        model_type,
-        **shape,
+    return bc.causal_lm_config(
+        shape.pop("model_type"),
+        shape,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
     )
-    rope_parameters = getattr(config, "rope_parameters", None)
-    if isinstance(rope_parameters, dict):
-        rope_parameters["rope_theta"] = rope_theta
-    else:
-        config.rope_theta = rope_theta
-    config._attn_implementation = "sdpa"
-    config.use_cache = False
-    return config
 
 
 def _batches(steps: int, batch: int, seq: int, device):
@@ -267,17 +249,16 @@ def main(argv: list[str] | None = None) -> int:
                 writer.writerow(
                     [name, i + 1, runs["hf_fp32"][i], runs["hf_bf16"][i], runs["liger_core_bf16"][i]]
                 )
-    Path(f"{stem}.json").write_text(
-        json.dumps(
-            dict(
-                options=opts,
-                shapes=shapes,
-                torch=torch.__version__,
-                summary=summaries,
-                reports={n: d["reports"] for n, d in all_runs.items()},
-            ),
-            indent=2,
-        )
+    bc.write_json(
+        f"{stem}.json",
+        dict(
+            options=opts,
+            shapes=shapes,
+            torch=torch.__version__,
+            summary=summaries,
+            reports={n: d["reports"] for n, d in all_runs.items()},
+        ),
+        indent=2,
     )
     print(f"  wrote {stem}.csv and {stem}.json")
     print("  " + _plot(all_runs, Path(f"{stem}.png"), f"bf16 convergence, {opts['steps']} steps ({tag})"))

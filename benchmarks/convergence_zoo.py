@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as bc  # noqa: E402  (results)
+
+ROOT = bc.ROOT
 sys.path.insert(0, str(ROOT / "tests" / "patching"))
 
 DEFAULT_TYPES = (
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         + " --out <dir>",
         "results": [{k: v for k, v in r.items() if k != "losses"} for r in results],
     }
-    (args.out / f"{stem}.json").write_text(json.dumps(meta, indent=1))
+    bc.write_json(args.out / f"{stem}.json", meta)
     print(f"{'type':14} {'status':10} {'bf16 noise':>11} {'patched-unpatched':>18} {'patched-fp32':>13}")
     for r in results:
         if "bf16_noise" in r:

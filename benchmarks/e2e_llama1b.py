@@ -26,61 +26,36 @@ interpreter; checks the script end to end, numbers meaningless; writes e2e_llama
 from __future__ import annotations
 
 import argparse
-import csv
-import gc
 import json
-import os
 import platform
-import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as bc  # noqa: E402  (model building, workers, timing, results)
+
+RESULTS = bc.RESULTS
 MODES = ("hf", "liger_kernel", "liger_core")
 MARK = "E2E_RESULT "
 
 LLAMA_1B = dict(
-    vocab_size=128256,
+    bc.LLAMA3,
     hidden_size=2048,
     intermediate_size=8192,
     num_hidden_layers=16,
     num_attention_heads=32,
-    num_key_value_heads=8,
     tie_word_embeddings=True,
-    rope_theta=500000.0,
     max_position_embeddings=131072,
 )
 TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    rope_theta=500000.0,
+    LLAMA_1B,
+    **bc.TINY_TEXT,
     max_position_embeddings=256,
 )
 
 
 def _llama_config(shape: dict):
-    from transformers import LlamaConfig
-
-    shape = dict(shape)
-    rope_theta = shape.pop("rope_theta")
-    config = LlamaConfig(**shape, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    # transformers moved rope_theta into rope_parameters (5.x); set it whichever way this version reads it
-    rope_parameters = getattr(config, "rope_parameters", None)
-    if isinstance(rope_parameters, dict):
-        rope_parameters["rope_theta"] = rope_theta
-    else:
-        config.rope_theta = rope_theta
-    config._attn_implementation = "sdpa"
-    config.use_cache = False
-    return config
+    return bc.causal_lm_config("llama", shape, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 def worker(mode: str, opts: dict) -> dict:
@@ -90,28 +65,17 @@ def worker(mode: str, opts: dict) -> dict:
     dtype = getattr(torch, opts["dtype"])
     result = dict(mode=mode, status="ok")
     if mode == "liger_kernel":
-        try:
-            from liger_kernel.transformers import apply_liger_kernel_to_llama
-        except Exception as e:  # noqa: BLE001 - any import failure means the mode cannot run
-            return dict(
-                mode=mode, status="skipped", error=f"liger_kernel not importable: {type(e).__name__}: {e}"
-            )
-        apply_liger_kernel_to_llama()  # class level, before the model is built (its documented usage)
+        patch = bc.liger_kernel_patch("llama")
+        if isinstance(patch, str):
+            return dict(mode=mode, status="skipped", error=patch)
+        patch()  # class level, before the model is built (its documented usage)
         import liger_kernel
 
         result["version"] = getattr(liger_kernel, "__version__", "?")
     from transformers import LlamaForCausalLM
 
-    torch.manual_seed(0)
     config = _llama_config(opts["shape"])
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with device:
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model.to(device=device, dtype=dtype)
+    model = bc.build_model(lambda: LlamaForCausalLM(config), device, dtype)
     if mode.startswith("liger_core"):
         import liger_core
         from liger_core.patching import causal_lm
@@ -127,74 +91,29 @@ def worker(mode: str, opts: dict) -> dict:
 
         result["report"] = str(liger_core.apply_liger_kernel(model))
         result["version"] = liger_core.__version__
-    if opts["grad_ckpt"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
+    bc.enable_training(model, opts["grad_ckpt"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
 
     gen = torch.Generator().manual_seed(1)
-    n_batches = 4
-    batches = [
-        torch.randint(0, config.vocab_size, (opts["batch"], opts["seq"]), generator=gen).to(device)
-        for _ in range(n_batches)
-    ]
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(0, config.vocab_size, (opts["batch"], opts["seq"]), generator=gen).to(device)
+        batches.append(dict(input_ids=ids, labels=ids))
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    def train_step(batch):
+        return bc.train_step(model, optimizer, batch)
 
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    losses = []
-    total = opts["warmup"] + opts["steps"]
-    start = None
-
-    def train_step(ids):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    # diagnostics of the occasional slow step: Python's garbage-collector pauses during the timed steps
-    gc_pauses: list[tuple[int, float]] = []  # (generation, ms)
-    gc_started = [0.0]
-
-    def gc_timer(phase: str, info: dict) -> None:
-        if phase == "start":
-            gc_started[0] = time.perf_counter()
-        elif start is not None:
-            gc_pauses.append((info["generation"], (time.perf_counter() - gc_started[0]) * 1e3))
-
-    gc.callbacks.append(gc_timer)
-    events = []
-    for step in range(total):
-        if step == opts["warmup"]:
-            # the warm-up's garbage (kernel compilation, first-step caches) collected before the clock starts,
-            # as torch.utils.benchmark does: otherwise a full collection of it lands in a timed step
-            gc.collect()
-            sync()
-            start = time.perf_counter()
-        if device.type == "cuda" and step >= opts["warmup"]:
-            events.append(torch.cuda.Event(enable_timing=True))
-            events[-1].record()
-        loss = train_step(batches[step % n_batches])
-        if step == 0 or step == total - 1:
-            losses.append(loss.item())
-    if events:
-        events.append(torch.cuda.Event(enable_timing=True))
-        events[-1].record()
-    sync()
-    elapsed = time.perf_counter() - start
-    gc.callbacks.remove(gc_timer)
+    bc.reset_peak_memory(device)
+    # diagnostics of the occasional slow step: Python's garbage-collector pauses, per-step GPU times
+    timed = bc.timed_steps(train_step, batches, opts["warmup"], opts["steps"], device, diagnostics=True)
+    gc_pauses = timed["gc_pauses"]  # (generation, ms)
     result["gc_pauses"] = {
         "count": len(gc_pauses),
         "total_ms": round(sum(ms for _, ms in gc_pauses), 1),
         "longest": [(g, round(ms, 1)) for g, ms in sorted(gc_pauses, key=lambda p: -p[1])[:3]],
     }
-    if events:  # per-step GPU timeline (diagnostics: a slow step stands out) and allocator retries
-        result["step_ms"] = [round(a.elapsed_time(b), 1) for a, b in zip(events, events[1:])]
+    if "step_ms" in timed:  # per-step GPU timeline and allocator retries
+        result["step_ms"] = timed["step_ms"]
         result["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     tuning = sys.modules.get("liger_core.tuning")
     if tuning is not None:
@@ -203,43 +122,22 @@ def worker(mode: str, opts: dict) -> dict:
         result["memory"] = _memory_at_peak(lambda: train_step(batches[0]))
     if opts.get("profile") and device.type == "cuda":
         result["kernels"] = _profile_step(lambda: train_step(batches[0]))
-    tokens = opts["batch"] * opts["seq"] * opts["steps"]
-    result.update(
-        tokens_per_s=tokens / elapsed,
-        step_time_s=elapsed / opts["steps"],
-        first_loss=losses[0],
-        last_loss=losses[-1],
-        params=sum(p.numel() for p in model.parameters()),
-    )
-    if device.type == "cuda":
-        result.update(
-            peak_alloc_gib=torch.cuda.max_memory_allocated() / 2**30,
-            peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
-        )
+    result.update(bc.throughput(timed, opts["batch"] * opts["seq"], opts["steps"], model))
+    result.update(bc.peak_memory(device))
     return result
 
 
 def _spawn(mode: str, opts: dict, timeout: float) -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    if opts["device"] == "cpu" and mode == "liger_core":
-        env["TRITON_INTERPRET"] = "1"  # --tiny on CPU: run liger_core's Triton kernels in the interpreter
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--opts", json.dumps(opts)]
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    # --tiny on CPU: liger_core's Triton kernels run in the interpreter
+    interpret = opts["device"] == "cpu" and mode == "liger_core"
+    result, proc, wall = bc.spawn_worker(__file__, mode, opts, MARK, timeout, interpret)
+    if proc is None:
         return dict(mode=mode, status="timeout", error=f"no result within {timeout:.0f} s")
-    for line in proc.stdout.splitlines():
-        if line.startswith(MARK):
-            result = json.loads(line[len(MARK) :])
-            result["wall_s"] = time.perf_counter() - started
-            return result
-    tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-15:])
-    status = "oom" if "OutOfMemoryError" in tail or "out of memory" in tail else "failed"
-    return dict(mode=mode, status=status, error=f"exit code {proc.returncode}: {tail}")
+    if result is not None:
+        result["wall_s"] = wall
+        return result
+    status, error = bc.no_result(proc)
+    return dict(mode=mode, status=status, error=error)
 
 
 def _environment() -> dict:
@@ -374,7 +272,7 @@ def _memory_at_peak(step) -> dict:
 
     def where(e) -> str:
         keep = ("liger_core", "liger_kernel", "transformers", "torch/nn", "torch/autograd", "torch/optim",
-                "torch/utils/checkpoint", "e2e_llama1b")  # fmt: skip
+                "torch/utils/checkpoint", "e2e_llama1b", "benchmarks/_common")  # fmt: skip
         for f in e.get("frames", []):
             if any(k in f["filename"] for k in keep):
                 return (
@@ -419,16 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.worker:
-        try:
-            result = worker(args.worker, json.loads(args.opts))
-        except Exception as e:  # noqa: BLE001 - report, do not hang the parent
-            oom = "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
-            result = dict(
-                mode=args.worker, status="oom" if oom else "failed", error=f"{type(e).__name__}: {e}"
-            )
-            traceback.print_exc()
-        print(MARK + json.dumps(result), flush=True)
-        return 0
+        opts = json.loads(args.opts)
+        return bc.run_worker_main(MARK, dict(mode=args.worker), lambda: worker(args.worker, opts))
 
     import torch
 
@@ -464,11 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         result = _spawn(mode, opts, timeout)
         results.append(result)
-        line = {
-            k: (round(v, 4) if isinstance(v, float) else v)
-            for k, v in result.items()
-            if k not in ("error", "kernels", "memory")
-        }
+        line = bc.progress_line(result, ("error", "kernels", "memory"))
         print(f"  {mode}: {line}", flush=True)
         if result.get("error"):
             print(f"    error: {result['error']}", flush=True)
@@ -499,21 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.out / f"e2e_llama1b_{tag}"
     fields = ["mode", "status", "tokens_per_s", "step_time_s", "peak_alloc_gib", "peak_reserved_gib"]
     fields += ["first_loss", "last_loss", "params", "version", "wall_s", "error"]
-    with open(f"{stem}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for r in results:
-            writer.writerow(r)
-    Path(f"{stem}.json").write_text(
-        json.dumps(dict(environment=env, options=opts, results=results), indent=2)
-    )
+    bc.write_csv(f"{stem}.csv", fields, results)
+    bc.write_json(f"{stem}.json", dict(environment=env, options=opts, results=results), indent=2)
 
     print(f"\n  {'mode':14}{'status':>9}{'tokens/s':>12}{'peak alloc':>12}{'reserved':>10}{'first loss':>12}")
     for r in results:
-        alloc = f"{r['peak_alloc_gib']:.2f} GiB" if "peak_alloc_gib" in r else "-"
-        reserved = f"{r['peak_reserved_gib']:.1f}" if "peak_reserved_gib" in r else "-"
-        tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
-        first = f"{r['first_loss']:.4f}" if "first_loss" in r else "-"
+        tps, alloc, reserved, first = bc.summary_cells(r)
         print(f"  {r['mode']:14}{r['status']:>9}{tps:>12}{alloc:>12}{reserved:>10}{first:>12}")
     by_mode = {r["mode"]: r for r in results if r["status"] == "ok"}
     ours, peer = by_mode.get("liger_core"), by_mode.get("liger_kernel")

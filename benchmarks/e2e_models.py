@@ -45,36 +45,24 @@ kernels in Triton's interpreter; checks the script end to end, numbers meaningle
 from __future__ import annotations
 
 import argparse
-import csv
 import inspect
 import json
-import os
-import platform
-import re
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as bc  # noqa: E402  (model building, workers, timing, results)
+
+RESULTS = bc.RESULTS
 MODELS = ("vlm", "moe")
 MODES = ("hf", "liger_kernel", "liger_core")
 MARK = "E2E_RESULT "
 
 # Qwen2.5-VL-3B-Instruct's config.json, in its flat (hub) form: every transformers version reads that form
 QWEN2_5_VL_3B = dict(
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=11008,
-    num_hidden_layers=36,
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    rms_norm_eps=1e-6,
+    bc.QWEN2_5_3B,
     max_position_embeddings=128000,
-    tie_word_embeddings=True,
-    rope_theta=1000000.0,
     mrope_section=[16, 24, 24],
     image_token_id=151655,
     video_token_id=151656,
@@ -98,16 +86,9 @@ QWEN2_5_VL_3B = dict(
     ),
 )
 VLM_TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    rms_norm_eps=1e-6,
+    QWEN2_5_VL_3B,
+    **bc.TINY_TEXT,
     max_position_embeddings=512,
-    tie_word_embeddings=True,
-    rope_theta=1000000.0,
     mrope_section=[2, 3, 3],
     image_token_id=500,
     video_token_id=501,
@@ -115,19 +96,13 @@ VLM_TINY = dict(
     vision_end_token_id=503,
     text_vocab=496,
     vision_config=dict(
+        QWEN2_5_VL_3B["vision_config"],
         depth=2,
         hidden_size=32,
         intermediate_size=64,
         num_heads=2,
-        hidden_act="silu",
-        in_channels=3,
-        patch_size=14,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        window_size=112,
         fullatt_block_indexes=[1],
         out_hidden_size=64,
-        tokens_per_second=2,
     ),
 )
 # Qwen3-30B-A3B's config.json (layer count cut: --moe-layers)
@@ -153,13 +128,8 @@ QWEN3_30B_A3B = dict(
 )
 MOE_TINY = dict(
     QWEN3_30B_A3B,
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
+    **bc.TINY_TEXT,
     moe_intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=16,
     num_experts=8,
     num_experts_per_tok=2,
@@ -169,15 +139,6 @@ FULL_LAYERS = {"vlm": 36, "moe": 48}
 # (batch, positions per sample, image side in pixels) by model, GPU and --tiny
 BATCH = {"vlm": (4, 2048, 448), "moe": (4, 2048, 0)}
 BATCH_TINY = {"vlm": (2, 24, 56), "moe": (2, 16, 0)}
-
-
-def _set_rope_theta(config, theta: float) -> None:
-    # transformers 5.x keeps rope_theta in rope_parameters; set it whichever way this version reads it
-    rope_parameters = getattr(config, "rope_parameters", None)
-    if isinstance(rope_parameters, dict):
-        rope_parameters["rope_theta"] = theta
-    else:
-        config.rope_theta = theta
 
 
 def _vlm_config(shape: dict):
@@ -198,27 +159,17 @@ def _vlm_config(shape: dict):
     for key in ("depth", "hidden_size", "out_hidden_size"):
         if getattr(vision, key) != shape["vision_config"][key]:
             raise RuntimeError(f"Qwen2_5_VLConfig: vision {key} {getattr(vision, key)}")
-    _set_rope_theta(text, theta)
+    bc.set_rope(text, theta)
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if rope.get("mrope_section") != section:
         raise RuntimeError(f"Qwen2_5_VLConfig: mrope_section not kept ({rope})")
-    for c in (config, text, vision):
-        c._attn_implementation = "sdpa"
-    text.use_cache = False
-    config.use_cache = False
-    return config
+    vision._attn_implementation = "sdpa"
+    bc.training_config(text)
+    return bc.training_config(config)
 
 
 def _moe_config(shape: dict):
-    from transformers import Qwen3MoeConfig
-
-    shape = dict(shape)
-    theta = shape.pop("rope_theta")
-    config = Qwen3MoeConfig(**shape, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    _set_rope_theta(config, theta)
-    config._attn_implementation = "sdpa"
-    config.use_cache = False
-    return config
+    return bc.causal_lm_config("qwen3_moe", shape, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 def _build(model_name: str, shape: dict):
@@ -284,48 +235,53 @@ def _batches(model_name: str, model, shape: dict, opts: dict, device, dtype, n: 
 
 def _liger_kernel_patch(model_name: str):
     """liger-kernel's patch function for the model, or the reason it cannot be imported."""
-    try:
-        from liger_kernel.transformers import (
-            apply_liger_kernel_to_qwen2_5_vl,
-            apply_liger_kernel_to_qwen3_moe,
-        )
-    except Exception as e:  # noqa: BLE001 - any import failure means the mode cannot run
-        return f"liger_kernel not importable: {type(e).__name__}: {e}"
-    return apply_liger_kernel_to_qwen2_5_vl if model_name == "vlm" else apply_liger_kernel_to_qwen3_moe
+    return bc.liger_kernel_patch("qwen2_5_vl" if model_name == "vlm" else "qwen3_moe")
+
+
+def setup(model_name: str, mode: str, opts: dict, result: dict):
+    """The model of ``model_name`` patched by ``mode`` (hf, liger_kernel, liger_core), with gradient
+    checkpointing as ``opts`` asks, its AdamW and two batches; None if liger-kernel is not importable (the
+    reason in ``result``, status "skipped"). ``result`` gets the provider's version."""
+    import torch
+
+    device = torch.device(opts["device"])
+    dtype = getattr(torch, opts["dtype"])
+    shape = opts["shape"]
+    if mode == "liger_kernel":
+        patch = _liger_kernel_patch(model_name)
+        if isinstance(patch, str):
+            result.update(status="skipped", error=patch)
+            return None
+        patch()  # class level, before the model is built (its documented usage), its defaults
+        result["version"] = bc.dist_version(bc.LIGER_KERNEL_DIST)
+
+    model = bc.build_model(lambda: _build(model_name, shape), device, dtype)
+    experts = getattr(model.config, "_experts_implementation", None)
+    if model_name == "moe":
+        text_config = getattr(model.config, "text_config", model.config)
+        result["experts_implementation"] = getattr(text_config, "_experts_implementation", experts)
+    report = None
+    if mode.startswith("liger_core"):
+        import liger_core
+
+        report = liger_core.apply_liger_kernel(model)
+        result["version"] = liger_core.__version__
+    bc.enable_training(model, opts.get("grad_ckpt", True))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+    batches = _batches(model_name, model, shape, opts, device, dtype, 2)
+    return model, optimizer, batches, report
 
 
 def worker(model_name: str, mode: str, opts: dict) -> dict:
     import torch
 
     device = torch.device(opts["device"])
-    dtype = getattr(torch, opts["dtype"])
-    shape = opts["shape"]
     result = dict(model=model_name, mode=mode, status="ok")
-    if mode == "liger_kernel":
-        patch = _liger_kernel_patch(model_name)
-        if isinstance(patch, str):
-            return dict(result, status="skipped", error=patch)
-        patch()  # class level, before the model is built (its documented usage), its defaults
-        result["version"] = _dist_version("liger-kernel")
-
-    torch.manual_seed(0)
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with device:
-            model = _build(model_name, shape)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model.to(device=device, dtype=dtype)
-    experts = getattr(model.config, "_experts_implementation", None)
-    if model_name == "moe":
-        text_config = getattr(model.config, "text_config", model.config)
-        result["experts_implementation"] = getattr(text_config, "_experts_implementation", experts)
-    if mode == "liger_core":
-        import liger_core
-
-        report = liger_core.apply_liger_kernel(model)
-        result["version"] = liger_core.__version__
+    built = setup(model_name, mode, opts, result)
+    if built is None:
+        return result
+    model, optimizer, batches, report = built
+    if report is not None:
         result["report"] = dict(
             summary=str(report),
             method=report.method,
@@ -334,115 +290,28 @@ def worker(model_name: str, mode: str, opts: dict) -> dict:
             skipped=list(report.skipped),
         )
         print(str(report), flush=True)
-    if opts["grad_ckpt"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
-    batches = _batches(model_name, model, shape, opts, device, dtype, 2)
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    losses = []
-    total = opts["warmup"] + opts["steps"]
-    start = None
-    for step in range(total):
-        if step == opts["warmup"]:
-            sync()
-            start = time.perf_counter()
-        loss = model(**batches[step % len(batches)]).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step == 0 or step == total - 1:
-            losses.append(loss.item())
-    sync()
-    elapsed = time.perf_counter() - start
-    tokens = opts["batch"] * opts["seq"] * opts["steps"]
-    result.update(
-        tokens_per_s=tokens / elapsed,
-        step_time_s=elapsed / opts["steps"],
-        first_loss=losses[0],
-        last_loss=losses[-1],
-        params=sum(p.numel() for p in model.parameters()),
+    bc.reset_peak_memory(device)
+    timed = bc.timed_steps(
+        lambda b: bc.train_step(model, optimizer, b), batches, opts["warmup"], opts["steps"], device
     )
-    if device.type == "cuda":
-        result.update(
-            peak_alloc_gib=torch.cuda.max_memory_allocated() / 2**30,
-            peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
-        )
+    result.update(bc.throughput(timed, opts["batch"] * opts["seq"], opts["steps"], model))
+    result.update(bc.peak_memory(device))
     return result
 
 
 def _spawn(model_name: str, mode: str, opts: dict, timeout: float) -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    if opts["device"] == "cpu" and mode != "hf":
-        env["TRITON_INTERPRET"] = "1"  # --tiny on CPU: the liger modes' Triton kernels in the interpreter
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", f"{model_name}:{mode}"]
-    cmd += ["--opts", json.dumps(opts)]
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    # --tiny on CPU: the liger modes' Triton kernels in the interpreter
+    interpret = opts["device"] == "cpu" and mode != "hf"
+    result, proc, wall = bc.spawn_worker(__file__, f"{model_name}:{mode}", opts, MARK, timeout, interpret)
+    if proc is None:
         return dict(model=model_name, mode=mode, status="timeout", error=f"no result within {timeout:.0f} s")
-    for line in proc.stdout.splitlines():
-        if line.startswith(MARK):
-            result = json.loads(line[len(MARK) :])
-            result["wall_s"] = time.perf_counter() - started
-            if result["status"] not in ("ok", "skipped"):
-                result["error"] += "\n" + "\n".join(proc.stderr.strip().splitlines()[-12:])
-            return result
-    tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-15:])
-    status = "oom" if "OutOfMemoryError" in tail or "out of memory" in tail else "failed"
-    return dict(model=model_name, mode=mode, status=status, error=f"exit code {proc.returncode}: {tail}")
-
-
-def _dist_version(name: str) -> str | None:
-    """An installed distribution's version (liger-kernel has no ``__version__``), None if not installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _environment() -> dict:
-    import torch
-
-    env = dict(python=platform.python_version(), torch=torch.__version__)
-    for name in ("transformers", "triton", "liger-kernel"):
-        env[name.replace("-", "_")] = _dist_version(name)
-    try:
-        if str(ROOT) not in sys.path:  # this checkout's liger_core, as the workers import it
-            sys.path.insert(0, str(ROOT))
-        import liger_core
-
-        env["liger_core"] = liger_core.__version__
-    except Exception:  # noqa: BLE001
-        env["liger_core"] = None
-    try:  # the checkout's commit (None where the tree has no git metadata; uncommitted changes not shown)
-        git = ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]
-        env["liger_core_commit"] = subprocess.run(git, capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        env["liger_core_commit"] = None
-    env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return env
-
-
-def _hardware_folder(gpu: str | None) -> str:
-    """'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100'; no GPU -> 'tiny-cpu'."""
-    if not gpu:
-        return "tiny-cpu"
-    m = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", gpu)
-    return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    if result is not None:
+        result["wall_s"] = wall
+        if result["status"] not in ("ok", "skipped"):
+            result["error"] += "\n" + bc.stderr_tail(proc)
+        return result
+    status, error = bc.no_result(proc)
+    return dict(model=model_name, mode=mode, status=status, error=error)
 
 
 def _command(args) -> str:
@@ -485,19 +354,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:
         model_name, mode = args.worker.split(":")
-        try:
-            result = worker(model_name, mode, json.loads(args.opts))
-        except Exception as e:  # noqa: BLE001 - report, do not hang the parent
-            oom = "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
-            result = dict(
-                model=model_name,
-                mode=mode,
-                status="oom" if oom else "failed",
-                error=f"{type(e).__name__}: {str(e)[:2000]}",
-            )
-            traceback.print_exc()
-        print(MARK + json.dumps(result), flush=True)
-        return 0
+        base = dict(model=model_name, mode=mode)
+        return bc.run_worker_main(MARK, base, lambda: worker(model_name, mode, json.loads(args.opts)), 2000)
 
     import torch
 
@@ -507,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             "e2e_models: no CUDA device; run with --tiny for a CPU smoke test of the script", file=sys.stderr
         )
         return 2
-    env = _environment()
+    env = bc.environment()
     command = _command(args)
-    out = args.out or RESULTS / _hardware_folder(env["gpu"] if cuda else None)
+    out = args.out or RESULTS / bc.hardware_folder(env["gpu"] if cuda else None)
     timeout = args.timeout or (480 if cuda else 900)
     print(f"e2e_models: {command}\n  {env}", flush=True)
     results, all_opts = [], {}
@@ -518,11 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         fields = ["model", "mode", "status", "tokens_per_s", "step_time_s", "peak_alloc_gib"]
         fields += ["peak_reserved_gib", "first_loss", "last_loss", "params", "version", "wall_s", "error"]
-        with open(out / "e2e_models.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            writer.writeheader()
-            for r in results:
-                writer.writerow(r)
+        bc.write_csv(out / "e2e_models.csv", fields, results)
         meta = dict(
             date=time.strftime("%Y-%m-%d"),
             command=command,
@@ -530,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             options=all_opts,
             results=results,
         )
-        (out / "e2e_models.json").write_text(json.dumps(meta, indent=1))
+        bc.write_json(out / "e2e_models.json", meta)
 
     for model_name in args.models:
         shape = dict((QWEN2_5_VL_3B, QWEN3_30B_A3B)[MODELS.index(model_name)] if cuda else
@@ -565,11 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             result = _spawn(model_name, mode, opts, timeout)
             results.append(result)
             write()
-            line = {
-                k: (round(v, 4) if isinstance(v, float) else v)
-                for k, v in result.items()
-                if k not in ("error", "report", "model")
-            }
+            line = bc.progress_line(result, ("error", "report", "model"))
             print(f"  {mode}: {line}", flush=True)
             if result.get("report"):
                 print(f"    {result['report']['summary']}", flush=True)
@@ -584,10 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         hf = next(
             (h for h in results if h["model"] == r["model"] and h["mode"] == "hf" and "first_loss" in h), None
         )
-        alloc = f"{r['peak_alloc_gib']:.2f} GiB" if "peak_alloc_gib" in r else "-"
-        reserved = f"{r['peak_reserved_gib']:.1f}" if "peak_reserved_gib" in r else "-"
-        tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
-        first = f"{r['first_loss']:.4f}" if "first_loss" in r else "-"
+        tps, alloc, reserved, first = bc.summary_cells(r)
         diff = f"{r['first_loss'] - hf['first_loss']:+.4f}" if hf and "first_loss" in r else "-"
         row = f"  {r['model']:6}{r['mode']:14}{r['status']:>9}{tps:>12}{alloc:>13}{reserved:>10}"
         print(f"{row}{first:>12}{diff:>10}")

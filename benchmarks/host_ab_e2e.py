@@ -31,14 +31,12 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as bc  # noqa: E402  (worker processes, environment)
 import e2e_models as em  # noqa: E402  (model, batch and patch builders)
 
 MARK = "HOST_AB_RESULT "
@@ -77,43 +75,22 @@ def worker(mode: str, opts: dict) -> dict:
     dtype = getattr(torch, opts["dtype"])
     shape = opts["shape"]
     result = dict(mode=mode, status="ok")
-    if mode == "liger_kernel":
-        patch = em._liger_kernel_patch("vlm")
-        if isinstance(patch, str):
-            return dict(result, status="skipped", error=patch)
-        patch()
     if mode == "control":
         import liger_core
         import liger_core.modules  # noqa: F401
         import liger_core.ops  # noqa: F401
         import liger_core.patching  # noqa: F401
-    torch.manual_seed(0)
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with device:
-            model = em._build("vlm", shape)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model.to(device=device, dtype=dtype)
-    if mode in ("liger_core", "liger_core_text"):
-        import liger_core
-
-        report = liger_core.apply_liger_kernel(model)
+    built = em.setup("vlm", mode, opts, result)  # liger_core_text: liger_core's patch, vision undone below
+    if built is None:
+        return result
+    model, optimizer, batches, report = built
+    if report is not None:
         result["report"] = str(report)
         if mode == "liger_core_text":
             result["vision_forwards_restored"] = _unpatch_vision(model)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
-    batches = em._batches("vlm", model, shape, opts, device, dtype, 2)
 
     def step(b):
-        loss = model(**b).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
+        return bc.train_step(model, optimizer, b)
 
     for i in range(opts["warmup"]):
         step(batches[i % 2])
@@ -224,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     batch, seq, image = em.BATCH["vlm"] if cuda else em.BATCH_TINY["vlm"]
     opts = dict(shape=shape, batch=batch, seq=seq, image=image, warmup=args.warmup, timed=args.timed)
     opts.update(device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32")
-    env = em._environment()
+    env = bc.environment()
     print(f"# {json.dumps(env)}")
     print(
         f"host_ab_e2e: VLM ({'Qwen2.5-VL-3B shape' if cuda else 'tiny, CPU'}), "
@@ -243,30 +220,19 @@ def main(argv: list[str] | None = None) -> int:
         if time.perf_counter() - started > args.deadline:
             print(f"  {mode:<16}skipped: past the {args.deadline:.0f} s deadline", flush=True)
             continue
-        penv = dict(os.environ)
-        penv.pop("TRITON_INTERPRET", None)
-        penv["PYTHONPATH"] = (
-            f"{ROOT}{os.pathsep}{penv['PYTHONPATH']}" if penv.get("PYTHONPATH") else str(ROOT)
-        )
-        penv.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--opts", json.dumps(opts)]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env=penv, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
+        r, proc, wall = bc.spawn_worker(__file__, mode, opts, MARK, args.timeout)
+        if proc is None:
             print(f"  {mode:<16}timeout after {args.timeout:.0f} s", flush=True)
             continue
-        line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
-        if line is None:
-            tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-8:])
+        if r is None:
+            tail = bc.output_tail(proc, 8)
             print(f"  {mode:<16}failed (exit {proc.returncode}): {tail}", flush=True)
             continue
-        r = json.loads(line[len(MARK) :])
         if r["status"] != "ok":
             print(f"  {mode:<16}{r['status']}: {r.get('error', '')[:400]}", flush=True)
             continue
         results.append(r)
-        print(_row(r) + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(_row(r) + f"   ({wall:.0f} s)", flush=True)
     print("\nper mode: steps (ms), patch report, environment")
     for r in results:
         steps = " ".join(f"{t:.0f}" for t in r["step_ms"])

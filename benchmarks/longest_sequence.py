@@ -69,18 +69,17 @@ import csv
 import json
 import math
 import os
-import platform
 import re
 import resource
-import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as bc  # noqa: E402  (model building, workers, environment, results)
+
+RESULTS = bc.RESULTS
 MARK = "LONGEST_RESULT "
 SETUPS = ("llama8b-lora", "llama3b-full", "qwen3b-full")
 PROVIDERS = ("hf", "liger_kernel", "liger_kernel_tiled", "liger_core", "liger_core_long")
@@ -96,46 +95,28 @@ TINY_STARTS = dict.fromkeys(PROVIDERS, 64)
 LONG_STEP_S = 60.0  # a step at least this long is timed itself (no second step)
 
 LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0)
+LLAMA3 = dict(bc.LLAMA3, model_type="llama", rms_norm_eps=1e-5)
 CONFIGS = {
     "llama8b-lora": dict(
-        model_type="llama",
-        vocab_size=128256,
+        LLAMA3,
         hidden_size=4096,
         intermediate_size=14336,
         num_hidden_layers=32,
         num_attention_heads=32,
-        num_key_value_heads=8,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
         rope_scaling=dict(LLAMA3_ROPE, factor=8.0, original_max_position_embeddings=8192),
         tie_word_embeddings=False,
     ),
     "llama3b-full": dict(
-        model_type="llama",
-        vocab_size=128256,
+        LLAMA3,
         hidden_size=3072,
         intermediate_size=8192,
         num_hidden_layers=28,
         num_attention_heads=24,
-        num_key_value_heads=8,
         head_dim=128,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
         rope_scaling=dict(LLAMA3_ROPE, factor=32.0, original_max_position_embeddings=8192),
         tie_word_embeddings=True,
     ),
-    "qwen3b-full": dict(
-        model_type="qwen2",
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=11008,
-        num_hidden_layers=36,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
+    "qwen3b-full": dict(bc.QWEN2_5_3B, model_type="qwen2"),
 }
 TINY = dict(
     vocab_size=512,
@@ -217,8 +198,6 @@ def search_longest(
 
 
 def _config(setup: str, opts: dict):
-    from transformers import LlamaConfig, Qwen2Config
-
     shape = dict(CONFIGS[setup])
     model_type = shape.pop("model_type")
     if opts["tiny"]:
@@ -226,19 +205,7 @@ def _config(setup: str, opts: dict):
         if "rope_scaling" in shape:
             shape["rope_scaling"] = dict(shape["rope_scaling"], original_max_position_embeddings=64)
     shape["num_hidden_layers"] = opts["layers_run"]
-    theta, scaling = shape.pop("rope_theta"), shape.pop("rope_scaling", None)
-    cls = LlamaConfig if model_type == "llama" else Qwen2Config
-    config = cls(**shape, max_position_embeddings=opts["max_positions"], use_cache=False)
-    rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict):  # transformers >= 5: one dict holds theta and the scaling
-        rope.update(rope_theta=theta, **(scaling or {}))
-        if scaling is None:
-            rope.setdefault("rope_type", "default")
-    else:
-        config.rope_theta = theta
-        config.rope_scaling = scaling
-    config._attn_implementation = "sdpa"
-    return config
+    return bc.causal_lm_config(model_type, shape, max_position_embeddings=opts["max_positions"])
 
 
 def _builtin_lora(model, r: int, alpha: int, targets: tuple[str, ...], dtype) -> int:
@@ -293,15 +260,6 @@ def _apply_lora(model, opts: dict):
     return model, f"peft {peft.__version__} ({opts['adapter_dtype']} adapters)"
 
 
-def _liger_kernel(provider: str, model_type: str):
-    """liger-kernel's patch function for the model type, or the reason it cannot be imported."""
-    try:
-        import liger_kernel.transformers as lk
-    except Exception as e:  # noqa: BLE001 - any import failure means the provider cannot run
-        return f"liger_kernel not importable: {type(e).__name__}: {e}"
-    return getattr(lk, f"apply_liger_kernel_to_{model_type}")
-
-
 def _liger_kernel_tiled(model) -> int:
     """Bind liger-kernel's LigerTiledSwiGLUMLP forward to every MLP (its weights stay where they are)."""
     import types
@@ -330,23 +288,15 @@ def worker(setup: str, provider: str, length: int, opts: dict) -> dict:
         torch.cuda.set_per_process_memory_fraction(min(1.0, opts["memory_gib"] * 2**30 / total), device)
     config = _config(setup, opts)
     if provider.startswith("liger_kernel"):
-        patch = _liger_kernel(provider, config.model_type)
+        patch = bc.liger_kernel_patch(config.model_type)
         if isinstance(patch, str):
             return dict(result, status="skipped", error=patch)
         patch()  # class level, before the model is built (its documented usage), its defaults
-        result["version"] = _dist_version("liger-kernel")
+        result["version"] = bc.dist_version(bc.LIGER_KERNEL_DIST)
 
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with device:
-            model = AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model.to(device=device, dtype=dtype)
+    model = bc.build_model(lambda: AutoModelForCausalLM.from_config(config), device, dtype)
     lora = setup.endswith("-lora")
     if lora:
         model, result["lora"] = _apply_lora(model, opts)
@@ -361,8 +311,7 @@ def worker(setup: str, provider: str, length: int, opts: dict) -> dict:
         result["patched"] = dict(report.swapped)
         if report.missing:
             result["missing"] = {k: list(v) for k, v in report.missing.items()}
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
+    bc.enable_training(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     result["trainable_params"] = sum(p.numel() for p in trainable)
     optimizer = torch.optim.AdamW(trainable, lr=1e-5, fused=cuda)
@@ -379,24 +328,15 @@ def worker(setup: str, provider: str, length: int, opts: dict) -> dict:
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (1, length), generator=gen).to(device)
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
     def step() -> float:
-        sync()
+        bc.sync(device)
         start = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = bc.train_step(model, optimizer, dict(input_ids=ids, labels=ids))
         result.setdefault("loss", loss.item())
-        sync()
+        bc.sync(device)
         return time.perf_counter() - start
 
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    bc.reset_peak_memory(device)
     if provider == "liger_core_long":
         from liger_core import tuning
         from liger_core.modules.long_context import OFFLOAD_COUNTS
@@ -420,11 +360,7 @@ def worker(setup: str, provider: str, length: int, opts: dict) -> dict:
         tokens_per_s_projected=length / (timed * scale),
         host_peak_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     )
-    if cuda:
-        result.update(
-            peak_alloc_gib=torch.cuda.max_memory_allocated() / 2**30,
-            peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
-        )
+    result.update(bc.peak_memory(device))
     return result
 
 
@@ -459,64 +395,26 @@ def _ballast(model, provider: str, length: int, opts: dict, device):
 
 
 def _spawn(setup: str, provider: str, length: int, opts: dict, timeout: float) -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    if opts["device"] == "cpu" and provider != "hf":
-        env["TRITON_INTERPRET"] = "1"  # --tiny on CPU: the liger providers' Triton kernels in the interpreter
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", f"{setup}:{provider}:{length}"]
-    cmd += ["--opts", json.dumps(opts)]
-    started = time.perf_counter()
+    # --tiny on CPU: the liger providers' Triton kernels in the interpreter
+    interpret = opts["device"] == "cpu" and provider != "hf"
+    worker = f"{setup}:{provider}:{length}"
+    result, proc, wall = bc.spawn_worker(__file__, worker, opts, MARK, max(timeout, 1.0), interpret)
     base = dict(setup=setup, provider=provider, length=length)
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(timeout, 1.0))
-    except subprocess.TimeoutExpired:
+    if proc is None:
         return dict(base, status="timeout", error=f"no result within {timeout:.0f} s", wall_s=timeout)
-    wall = time.perf_counter() - started
-    for line in proc.stdout.splitlines():
-        if line.startswith(MARK):
-            result = json.loads(line[len(MARK) :])
-            result["wall_s"] = wall
-            if result["status"] not in ("ok", "skipped", "oom"):
-                result["error"] += "\n" + "\n".join(proc.stderr.strip().splitlines()[-12:])
-            return result
-    tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-15:])
-    status = "oom" if "OutOfMemoryError" in tail or "out of memory" in tail else "failed"
-    if proc.returncode == -9:  # SIGKILL without a result: the kernel's OOM killer (host memory)
-        status, tail = "oom", f"killed (host memory?)\n{tail}"
-    return dict(base, status=status, error=f"exit code {proc.returncode}: {tail}", wall_s=wall)
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+    if result is not None:
+        result["wall_s"] = wall
+        if result["status"] not in ("ok", "skipped", "oom"):
+            result["error"] += "\n" + bc.stderr_tail(proc)
+        return result
+    status, error = bc.no_result(proc)
+    return dict(base, status=status, error=error, wall_s=wall)
 
 
 def _environment() -> dict:
     import torch
 
-    env = dict(python=platform.python_version(), torch=torch.__version__)
-    for name in ("transformers", "triton", "liger-kernel", "peft"):
-        env[name.replace("-", "_")] = _dist_version(name)
-    try:
-        if str(ROOT) not in sys.path:  # this checkout's liger_core, as the workers import it
-            sys.path.insert(0, str(ROOT))
-        import liger_core
-
-        env["liger_core"] = liger_core.__version__
-    except Exception:  # noqa: BLE001
-        env["liger_core"] = None
-    try:
-        git = ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]
-        env["liger_core_commit"] = subprocess.run(git, capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        env["liger_core_commit"] = None
-    env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    env = bc.environment(("transformers", "triton", bc.LIGER_KERNEL_DIST, "peft"))
     if torch.cuda.is_available():
         env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 2)
     try:
@@ -525,14 +423,6 @@ def _environment() -> dict:
         env["host_memory_gib"] = None
     env["pytorch_cuda_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     return env
-
-
-def _hardware_folder(gpu: str | None) -> str:
-    """'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100'; no GPU -> 'tiny-cpu'."""
-    if not gpu:
-        return "tiny-cpu"
-    m = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", gpu)
-    return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
 
 
 def _command(argv: list[str]) -> str:
@@ -678,21 +568,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:
         setup, provider, length = args.worker.split(":")
-        try:
-            result = worker(setup, provider, int(length), json.loads(args.opts))
-        except Exception as e:  # noqa: BLE001 - report, do not hang the parent
-            oom = "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
-            result = dict(
-                setup=setup,
-                provider=provider,
-                length=int(length),
-                status="oom" if oom else "failed",
-                error=f"{type(e).__name__}: {str(e)[:1500]}",
-            )
-            if not oom:
-                traceback.print_exc()
-        print(MARK + json.dumps(result), flush=True)
-        return 0
+        base = dict(setup=setup, provider=provider, length=int(length))
+        opts = json.loads(args.opts)
+        return bc.run_worker_main(
+            MARK, base, lambda: worker(setup, provider, int(length), opts), 1500, trace_oom=False
+        )
 
     import torch
 
@@ -705,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     starts = _parse_starts(args.start, args.tiny)
     env = _environment()
     command = _command(argv)
-    out = args.out or RESULTS / _hardware_folder(env["gpu"] if cuda else None)
+    out = args.out or RESULTS / bc.hardware_folder(env["gpu"] if cuda else None)
     csv_path, meta_path = out / "longest_sequence.csv", out / "longest_sequence.meta.json"
     deadline = time.monotonic() + args.max_minutes * 60
     print(f"longest_sequence: {command}\n  {env}", flush=True)
@@ -728,10 +608,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write() -> None:
         out.mkdir(parents=True, exist_ok=True)
-        with open(csv_path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        bc.write_csv(csv_path, FIELDS, rows)
         plot = _plot(rows, out / "longest_sequence.png")
         meta = dict(
             hardware=env["gpu"] or "cpu (tiny smoke test)",
@@ -747,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             searches=searches,
             files=[csv_path.name, "longest_sequence.png" if plot.endswith(".png") else plot],
         )  # fmt: skip
-        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        bc.write_json(meta_path, meta, newline=True)
 
     for index, (setup, provider) in enumerate(pairs):
         layers_full = TINY["num_hidden_layers"] if args.tiny else CONFIGS[setup]["num_hidden_layers"]

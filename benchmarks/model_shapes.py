@@ -4,7 +4,8 @@ cut-cross-entropy, per distinct shape of the model table ``benchmarks/configs/mo
 Each model's dimensions become one shape per op (tokens = batch x seq, by default 4 x 2047 = 8188, not a power
 of two):
 
-- rms_norm, layer_norm: tokens x hidden
+- rms_norm, layer_norm and the norm variants (fused_add_rms_norm, rms_norm_no_weight, poly_norm, dyt,
+  modulated_rms_norm, group_norm with the hidden size as channels): tokens x hidden
 - swiglu (models with silu MLPs), geglu (gelu MLPs): tokens x intermediate
 - relu_squared: tokens x intermediate of every model (the MLP activation of relu^2 models)
 - rope: batch x heads x seq x head_dim for q, batch x kv_heads x seq x head_dim for k
@@ -88,11 +89,17 @@ def load_models(path: Path = TABLE) -> list[dict]:
     return models
 
 
+_NORMS = (
+    "rms_norm", "layer_norm", "fused_add_rms_norm", "rms_norm_no_weight", "poly_norm", "dyt",
+    "modulated_rms_norm", "group_norm",
+)  # fmt: skip
+
+
 def model_shapes(op: str, m: dict, batch: int, seq: int, models: Sequence[dict]) -> list[dict]:
     """The shapes ``op`` gets in model ``m``: none where the model has no such op (a GLU of the other
     activation), two GLU shapes where it has dense and expert MLPs (``moe_intermediate``)."""
     tokens = batch * seq
-    if op in ("rms_norm", "layer_norm"):
+    if op in _NORMS:
         return [{"M": tokens, "N": m["hidden"]}]
     if op in _GLU_ACT:
         widths = [m["intermediate"]] + ([m["moe_intermediate"]] if "moe_intermediate" in m else [])

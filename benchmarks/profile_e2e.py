@@ -28,15 +28,13 @@ import gzip
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as bc  # noqa: E402  (worker processes, environment)
 import e2e_models as em  # noqa: E402  (model, batch and patch builders)
 
 MARK = "PROFILE_RESULT "
@@ -200,40 +198,16 @@ def worker(model_name: str, mode: str, opts: dict) -> dict:
 
     device = torch.device(opts["device"])
     cuda = device.type == "cuda"
-    dtype = getattr(torch, opts["dtype"])
-    shape = opts["shape"]
     result = dict(model=model_name, mode=mode, status="ok")
-    if mode == "liger_kernel":
-        patch = em._liger_kernel_patch(model_name)
-        if isinstance(patch, str):
-            return dict(result, status="skipped", error=patch)
-        patch()
-        result["version"] = em._dist_version("liger-kernel")
-    torch.manual_seed(0)
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with device:
-            model = em._build(model_name, shape)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model.to(device=device, dtype=dtype)
-    if mode == "liger_core":
-        import liger_core
-
-        report = liger_core.apply_liger_kernel(model)
-        result["version"] = liger_core.__version__
+    built = em.setup(model_name, mode, opts, result)
+    if built is None:
+        return result
+    model, optimizer, batches, report = built
+    if report is not None:
         result["report"] = str(report)
-    if opts["grad_ckpt"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
 
     def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    batches = em._batches(model_name, model, shape, opts, device, dtype, 2)
+        bc.sync(device)
 
     # phase annotations: the vision tower's forward (pre/post hooks) and the moment its output's gradient
     # arrives in backward (everything launched after it is the vision tower's backward)
@@ -478,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         grad_ckpt=not args.no_grad_ckpt,
         trace_dir=args.trace_dir,
     )
-    env = em._environment()
+    env = bc.environment()
     print(
         f"profile_e2e: model {args.model}, {shape['num_hidden_layers']} text layers, batch {batch} x {seq}"
         f"{f', one {image}px image each' if image else ''}, grad ckpt {opts['grad_ckpt']}, warm-up "
@@ -487,33 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     for mode in args.modes:
-        penv = dict(os.environ)
-        penv.pop("TRITON_INTERPRET", None)
-        penv["PYTHONPATH"] = (
-            f"{ROOT}{os.pathsep}{penv['PYTHONPATH']}" if penv.get("PYTHONPATH") else str(ROOT)
-        )
-        penv.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            f"{args.model}:{mode}",
-            "--opts",
-            json.dumps(opts),
-        ]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env=penv, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
+        result, proc, wall = bc.spawn_worker(__file__, f"{args.model}:{mode}", opts, MARK, args.timeout)
+        if proc is None:
             results.append(dict(mode=mode, status="timeout", error=f"no result within {args.timeout:.0f} s"))
             continue
-        line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
-        if line is None:
-            tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-15:])
-            results.append(dict(mode=mode, status="failed", error=f"exit {proc.returncode}: {tail}"))
-        else:
-            results.append(json.loads(line[len(MARK) :]))
-        print(f"  {mode}: {results[-1]['status']} in {time.perf_counter() - t0:.0f} s", flush=True)
+        if result is None:
+            tail = bc.output_tail(proc)
+            result = dict(mode=mode, status="failed", error=f"exit {proc.returncode}: {tail}")
+        results.append(result)
+        print(f"  {mode}: {results[-1]['status']} in {wall:.0f} s", flush=True)
     _print(results, args.top)
     return 0 if all(r.get("status") in ("ok", "skipped") for r in results) else 1
 

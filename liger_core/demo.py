@@ -56,42 +56,14 @@ class RunConfig:
     rope: bool = True
 
 
-GPU_MODEL = dict(
-    dtype="bfloat16",
-    hidden_size=1024,
-    intermediate_size=2816,
-    num_hidden_layers=12,
-    num_attention_heads=16,
-    num_key_value_heads=4,
-    vocab_size=32000,
-    seq_len=1024,
-    batch_size=8,
-    lr=6e-4,
-)
-CPU_MODEL = dict(
-    dtype="float32",
-    hidden_size=128,
-    intermediate_size=352,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=256,
-    seq_len=128,
-    batch_size=8,
-    lr=3e-3,
-)
-KERNEL_CHECK_MODEL = dict(
-    dtype="float32",
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    seq_len=8,
-    batch_size=1,
-    lr=3e-3,
-)
+# The model and training fields of a RunConfig (all but mode, device and the step counts), one model a row.
+_MODEL_FIELDS = (
+    "dtype", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "vocab_size", "seq_len", "batch_size", "lr",
+)  # fmt: skip
+GPU_MODEL = dict(zip(_MODEL_FIELDS, ("bfloat16", 1024, 2816, 12, 16, 4, 32000, 1024, 8, 6e-4)))
+CPU_MODEL = dict(zip(_MODEL_FIELDS, ("float32", 128, 352, 4, 8, 4, 256, 128, 8, 3e-3)))
+KERNEL_CHECK_MODEL = dict(zip(_MODEL_FIELDS, ("float32", 32, 64, 1, 4, 2, 256, 8, 1, 3e-3)))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # EXTRA_REQUIREMENTS: more packages for this venv (run_all.sh's hf_trainer-liger-kernel suite: liger-kernel)
 read -r -a extra <<<"${EXTRA_REQUIREMENTS:-}"
 "${pip[@]}" torch==2.13.0 -e "$root" -e "$here[test]" "transformers>=5.0" ${extra[@]+"${extra[@]}"}
+# DeepSpeed for the sequence-parallel test (accelerate's Ulysses backend); no C++ op is compiled ahead of time
+DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation torch==2.13.0 deepspeed
 [ "${1:-}" != --install-only ] || exit 0
 export TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled PYTHONUNBUFFERED=1
 cd "$here"

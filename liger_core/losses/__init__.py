@@ -8,7 +8,11 @@ hyper-parameters. Each family's hyper-parameters are one checked object (``grpo_
 ``fused_linear_distill_loss`` (student/teacher divergence on ``fused_linear_jsd``) returns the loss alone.
 """
 
-from liger_core.losses.distill import LigerFusedLinearDistillLoss, fused_linear_distill_loss
+from liger_core.losses.distill import (
+    LigerFusedLinearCosineSimilarityLoss,
+    LigerFusedLinearDistillLoss,
+    fused_linear_distill_loss,
+)
 from liger_core.losses.grpo import (
     GRPOOptions,
     LigerFusedLinearGRPOLoss,
@@ -47,6 +51,7 @@ __all__ = [
     "GRPOOptions",
     "LigerFusedLinearCPOLoss",
     "LigerFusedLinearDPOLoss",
+    "LigerFusedLinearCosineSimilarityLoss",
     "LigerFusedLinearDistillLoss",
     "LigerFusedLinearGRPOLoss",
     "LigerFusedLinearKTOLoss",

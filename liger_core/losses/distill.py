@@ -12,6 +12,10 @@ as TRL's distillation / GKD trainers define them (beta weights the teacher; 0 an
 The loss is the sum over tokens whose target is not ``ignore_index`` divided by their number, or by
 ``num_items_in_batch`` when given (TRL's gradient-accumulation-correct reduction: the kept tokens of the whole
 accumulated batch). No temperature^2 factor (neither TRL nor the reference composition applies one).
+
+``LigerFusedLinearCosineSimilarityLoss`` is Liger-Kernel's cosine-similarity distillation on
+``liger_core.ops.fused_linear_cosine_similarity``: ``weight_hard_loss * CE(student, labels) +
+weight_soft_loss * beta * mean(1 - cos(student logits, teacher logits))`` over the kept tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from torch import nn
 
 from liger_core.dispatch import check_choice
+from liger_core.ops.fused_linear_cosine_similarity import fused_linear_cosine_similarity
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd
 
 DISTILL_LOSSES = ("jsd", "forward_kl", "reverse_kl")
@@ -153,4 +158,71 @@ class LigerFusedLinearDistillLoss(nn.Module):
         return (
             f"loss={self.loss!r}, beta={self.beta}, temperature={self.temperature}, "
             f"ignore_index={self.ignore_index}"
+        )
+
+
+class LigerFusedLinearCosineSimilarityLoss(nn.Module):
+    """Module form of ``liger_core.ops.fused_linear_cosine_similarity`` (no parameters: the heads are passed
+    to forward), with Liger-Kernel's hyper-parameters: the loss is ``weight_hard_loss * CE +
+    weight_soft_loss * beta * mean(1 - cos)`` over the tokens whose label is not ``ignore_index``;
+    ``return_soft_hard_loss`` gives ``(loss, soft_loss, hard_loss)``. ``temperature`` (positive)
+    leaves the cosine unchanged."""
+
+    def __init__(
+        self,
+        weight_hard_loss: float = 0.5,
+        weight_soft_loss: float = 0.5,
+        beta: float = 0.5,
+        ignore_index: int = -100,
+        temperature: float = 1.0,
+        chunk_size: int | None = None,
+        return_soft_hard_loss: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("weight_hard_loss", weight_hard_loss),
+            ("weight_soft_loss", weight_soft_loss),
+            ("beta", beta),
+            ("temperature", temperature),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r} must be a finite number")
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature!r} must be positive")
+        self.weight_hard_loss, self.weight_soft_loss = float(weight_hard_loss), float(weight_soft_loss)
+        self.beta, self.temperature = float(beta), float(temperature)
+        self.ignore_index, self.chunk_size = ignore_index, chunk_size
+        self.return_soft_hard_loss = return_soft_hard_loss
+
+    def forward(
+        self,
+        student_input: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_input: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        true_labels: torch.Tensor,
+        student_bias: torch.Tensor | None = None,
+        teacher_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return fused_linear_cosine_similarity(
+            student_input,
+            student_weight,
+            teacher_input,
+            teacher_weight,
+            true_labels,
+            student_bias,
+            teacher_bias,
+            weight_hard_loss=self.weight_hard_loss,
+            weight_soft_loss=self.weight_soft_loss,
+            beta=self.beta,
+            ignore_index=self.ignore_index,
+            temperature=self.temperature,
+            chunk_size=self.chunk_size,
+            return_soft_hard_loss=self.return_soft_hard_loss,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"weight_hard_loss={self.weight_hard_loss}, weight_soft_loss={self.weight_soft_loss}, "
+            f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"
         )

@@ -109,11 +109,17 @@ def _pair_groups(n_pairs, hidden, weight, bias, chunk_size):
     ]
 
 
-def _paired_logprobs(hidden, weight, target, bias, head, outputs):
+def _paired_logprobs(hidden, weight, target, bias, head, compute_metrics, average):
+    """ORPO's and CPO's scoring of the pairs: ``(n_pairs, stats, mask, chosen_logps, rejected_logps)``, the
+    per-token stats (with ``mean_logits`` for the metrics) and mask that their NLL term and metrics read, and
+    the sequence log-probs (``average``: length-normalised)."""
     rows = check_batch(hidden, target, paired=True)
+    outputs = ("mean_logits",) if compute_metrics else ()
     stats = token_logprobs(hidden, weight, target, bias, head, outputs=outputs)
     mask = target != head.ignore_index
-    return rows // 2, stats, mask
+    n_pairs = rows // 2
+    logps = sequence_logps(stats.log_probs, mask, average=average)
+    return n_pairs, stats, mask, logps[:n_pairs], logps[n_pairs:]
 
 
 def fused_linear_dpo_loss(
@@ -295,11 +301,10 @@ def fused_linear_orpo_loss(
     completion tokens); ``nll_target (B, T)``: the chosen rows' targets of the NLL term where they differ
     (trl.experimental's ORPOTrainer takes the NLL over prompt + completion: a second pass over the chosen
     rows), default: the same completion targets. Returns ``(loss, metrics)``."""
-    outputs = ("mean_logits",) if compute_metrics else ()
     head = LogprobHead(ignore_index, temperature, softcap, logit_scale, chunk_size, accum_dtype=accum_dtype)
-    n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, head, outputs)
-    logps = sequence_logps(stats.log_probs, mask, average=True)
-    chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
+    n_pairs, stats, mask, chosen_logps, rejected_logps = _paired_logprobs(
+        hidden, weight, target, bias, head, compute_metrics, average=True
+    )
     nll = _chosen_nll(stats.log_probs, mask, n_pairs, hidden, weight, bias, nll_target, head)
     loss, ratio, log_odds = orpo_loss_from_logps(chosen_logps, rejected_logps, nll, beta=beta)
     metrics = preference_metrics(chosen_logps, rejected_logps, beta * chosen_logps, beta * rejected_logps)
@@ -331,11 +336,10 @@ def fused_linear_cpo_loss(
     ``cpo_alpha`` x the chosen completions' mean token NLL. ``hyper`` (the keywords of ``cpo_options``) or
     ``options``: the hyper-parameters. Returns ``(loss, metrics)``."""
     options = resolve_options(options, cpo_options, hyper)
-    outputs = ("mean_logits",) if compute_metrics else ()
     head = LogprobHead(ignore_index, temperature, softcap, logit_scale, chunk_size, accum_dtype=accum_dtype)
-    n_pairs, stats, mask = _paired_logprobs(hidden, weight, target, bias, head, outputs)
-    logps = sequence_logps(stats.log_probs, mask, average=options.loss_type in ("ipo", "simpo"))
-    chosen_logps, rejected_logps = logps[:n_pairs], logps[n_pairs:]
+    n_pairs, stats, mask, chosen_logps, rejected_logps = _paired_logprobs(
+        hidden, weight, target, bias, head, compute_metrics, average=options.loss_type in ("ipo", "simpo")
+    )
     losses, chosen_rewards, rejected_rewards = cpo_loss_from_logps(
         chosen_logps, rejected_logps, options=options
     )

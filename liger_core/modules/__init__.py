@@ -11,8 +11,10 @@ from liger_core.modules.distill import (
 )
 from liger_core.modules.losses import (
     LigerCrossEntropyLoss,
+    LigerFusedCETVDLoss,
     LigerFusedLinearCrossEntropyLoss,
     LigerFusedLinearScaledCrossEntropy,
+    LigerVocabParallelCrossEntropy,
 )
 from liger_core.modules.mlp import LigerGEGLUMLP, LigerSwiGLUMLP
 from liger_core.modules.norm_variants import (
@@ -29,6 +31,7 @@ __all__ = [
     "LigerCrossEntropyLoss",
     "LigerDyT",
     "LigerFusedAddRMSNorm",
+    "LigerFusedCETVDLoss",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
     "LigerFusedLinearKLDiv",
@@ -50,4 +53,5 @@ __all__ = [
     "LigerSparsemax",
     "LigerSwiGLUMLP",
     "LigerTVDLoss",
+    "LigerVocabParallelCrossEntropy",
 ]

@@ -15,8 +15,10 @@ from torch import nn
 
 from liger_core.loss_options import CrossEntropyOptions
 from liger_core.ops.cross_entropy import cross_entropy
+from liger_core.ops.cross_entropy_tvd import cross_entropy_tvd
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.ops.fused_linear_logprobs import fused_linear_scaled_cross_entropy
+from liger_core.ops.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy
 
 
 class _CrossEntropyOptionsView:
@@ -25,6 +27,13 @@ class _CrossEntropyOptionsView:
     whole to the op. Setting an attribute replaces ``options`` by a checked copy."""
 
     options: CrossEntropyOptions
+
+    def _init_options(self, weight_name: str, weight: torch.Tensor | None, *values) -> None:
+        """``options`` from the constructor's ``values`` (the fields of ``CrossEntropyOptions`` after
+        ``weight``, in their order); the class weights become the buffer ``weight_name`` (they follow
+        ``.to()``), which forward adds to the options it passes."""
+        self.options = CrossEntropyOptions(None, *values)
+        self.register_buffer(weight_name, weight)
 
     def _call_options(self, weight: torch.Tensor | None) -> CrossEntropyOptions:
         return self.options if weight is None else self.options.replace(weight=weight)
@@ -88,11 +97,10 @@ class LigerCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         use_token_scaling: bool = False,
     ) -> None:
         super().__init__()
-        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
-        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        extras = (return_token_accuracy, return_predicted_tokens, use_token_scaling)
-        self.options = CrossEntropyOptions(None, *options, *extras)
-        self.register_buffer("weight", weight)
+        self._init_options(
+            "weight", weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+            return_z_loss, return_token_accuracy, return_predicted_tokens, use_token_scaling,
+        )  # fmt: skip
         self.inplace_backward = inplace_backward
 
     def forward(
@@ -143,11 +151,10 @@ class LigerFusedLinearCrossEntropyLoss(_CrossEntropyOptionsView, nn.Module):
         use_token_scaling: bool = False,
     ) -> None:
         super().__init__()
-        # the class weights are a buffer (they follow .to()): forward adds them to the options it passes
-        options = (ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        extras = (return_token_accuracy, return_predicted_tokens, use_token_scaling)
-        self.options = CrossEntropyOptions(None, *options, *extras)
-        self.register_buffer("ce_weight", ce_weight)
+        self._init_options(
+            "ce_weight", ce_weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+            return_z_loss, return_token_accuracy, return_predicted_tokens, use_token_scaling,
+        )  # fmt: skip
         self.max_chunk_bytes = max_chunk_bytes
         self.accum_dtype = accum_dtype
 
@@ -204,3 +211,51 @@ class LigerFusedLinearScaledCrossEntropy(nn.Module):
             f"temperature={self.temperature}, ignore_index={self.ignore_index}, "
             f"return_entropy={self.return_entropy}"
         )
+
+
+class LigerVocabParallelCrossEntropy(nn.Module):
+    """Per-token cross-entropy of logits sharded along the vocabulary across ``tp_group``'s ranks
+    (``liger_core.ops.vocab_parallel_cross_entropy``); ``forward(vocab_parallel_logits, target, tp_group=None,
+    vocab_start=None)`` returns the unreduced fp32 loss (``reduction="none"``, the only one: the caller owns
+    the divisor). No label smoothing."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "none") -> None:
+        super().__init__()
+        if reduction != "none":
+            raise ValueError(
+                f"reduction={reduction!r}: vocab-parallel cross-entropy returns per-token losses"
+            )
+        self.ignore_index, self.reduction = ignore_index, reduction
+
+    def forward(
+        self,
+        vocab_parallel_logits: torch.Tensor,
+        target: torch.Tensor,
+        tp_group: torch.distributed.ProcessGroup | None = None,
+        vocab_start: int | None = None,
+    ) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(
+            vocab_parallel_logits, target, vocab_start, tp_group, self.ignore_index
+        )
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+class LigerFusedCETVDLoss(nn.Module):
+    """Per-token cross-entropy and total variation distance to a teacher
+    (``liger_core.ops.cross_entropy_tvd``): ``forward(student_logits, teacher_logits, target)`` returns
+    ``(ce, tvd)``, unreduced fp32, 0 in rows whose target is ``ignore_index``; the caller
+    weights and divides them."""
+
+    def __init__(self, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+
+    def forward(
+        self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, target: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return cross_entropy_tvd(student_logits, teacher_logits, target, self.ignore_index)
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}"

@@ -9,8 +9,10 @@ triton_status()  # decide compiled/interpreted once, before any kernel is traced
 # Each op lives in the submodule of its own name; these imports bind the function over the submodule,
 # so `from liger_core.ops import swiglu` gives the function.
 from liger_core.ops.cross_entropy import cross_entropy  # noqa: E402
+from liger_core.ops.cross_entropy_tvd import cross_entropy_tvd  # noqa: E402
 from liger_core.ops.dyt import dyt  # noqa: E402
 from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm  # noqa: E402
+from liger_core.ops.fused_linear_cosine_similarity import fused_linear_cosine_similarity  # noqa: E402
 from liger_core.ops.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div  # noqa: E402
 from liger_core.ops.fused_linear_logprob_loss import fused_linear_logprob_loss  # noqa: E402
@@ -38,11 +40,14 @@ from liger_core.ops.softmax import softmax  # noqa: E402
 from liger_core.ops.sparsemax import sparsemax  # noqa: E402
 from liger_core.ops.swiglu import swiglu, swiglu_packed  # noqa: E402
 from liger_core.ops.tvd import tvd  # noqa: E402
+from liger_core.ops.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy  # noqa: E402
 
 __all__ = [
     "cross_entropy",
     "dyt",
     "fused_add_rms_norm",
+    "cross_entropy_tvd",
+    "fused_linear_cosine_similarity",
     "fused_linear_cross_entropy",
     "FusedLogProbs",
     "fused_linear_jsd",
@@ -70,4 +75,5 @@ __all__ = [
     "swiglu",
     "swiglu_packed",
     "tvd",
+    "vocab_parallel_cross_entropy",
 ]

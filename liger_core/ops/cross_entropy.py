@@ -176,21 +176,11 @@ _cross_entropy_fwd = torch.library.custom_op(
 )
 
 
+# The fakes name the leading parameters they read; the rest (the impl's list, trailing defaults included,
+# which the dispatcher may leave out) they take as ``*_`` and ``**__``.
 @_cross_entropy_fwd.register_fake
-def _(
-    logits,
-    target,
-    weight,
-    ignore_index,
-    reduction,
-    label_smoothing,
-    lse_square_scale,
-    softcap,
-    compute_grad,
-    check_targets=True,
-    denominator=None,
-    token_scaling=False,
-):
+def _(logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+      compute_grad, *_, **__):  # fmt: skip
     grad = (
         torch.empty_like(logits, memory_format=torch.contiguous_format)
         if compute_grad
@@ -236,19 +226,7 @@ _cross_entropy_fwd_inplace = torch.library.custom_op(
 
 
 @_cross_entropy_fwd_inplace.register_fake
-def _(
-    logits,
-    target,
-    weight,
-    ignore_index,
-    reduction,
-    label_smoothing,
-    lse_square_scale,
-    softcap,
-    check_targets=True,
-    denominator=None,
-    token_scaling=False,
-):
+def _(logits, target, weight, ignore_index, reduction, *_, **__):
     return _fake_losses(logits, reduction)
 
 
@@ -283,8 +261,7 @@ _grad_in_backward = torch.library.custom_op(
 
 
 @_grad_in_backward.register_fake
-def _(logits, target, weight, grad_loss, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
-      denominator, grad, token_scaling=False):  # fmt: skip
+def _(*_, **__):
     return None
 
 

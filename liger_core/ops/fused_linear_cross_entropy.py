@@ -54,6 +54,8 @@ the per-token factors inside the kernel.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from liger_core import reference, tuning
@@ -157,6 +159,22 @@ def _run_loop(args: LinearLossArgs, chunk_size: int | None, max_chunk_bytes: int
     return _two_pass_loop(args, max_chunk_bytes, **kwargs)
 
 
+def _problem(values: dict, **changes) -> LinearLossArgs:
+    """The ``LinearLossArgs`` that a custom op's arguments name: ``values`` maps the parameter names of
+    ``_flce_fwd_impl`` / ``_flce_bwd_rows_impl`` to their values (an impl's ``locals()`` on entry, a fake's
+    ``_arguments``), ``changes`` overrides some (a field that the op does not take)."""
+    values = {**values, **changes}
+    return LinearLossArgs(*(values[name] for name in LinearLossArgs._fields))
+
+
+def _arguments(impl, args: tuple, kwargs: dict) -> dict:
+    """``impl``'s parameters by name, defaults filled in, for the call ``impl(*args, **kwargs)``: the fake
+    implementations take every argument of their op without writing its list a second time."""
+    bound = inspect.signature(impl).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
 def _flce_fwd_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -186,23 +204,8 @@ def _flce_fwd_impl(
     ``token_scaling``: Liger-Kernel's per-token scaling (``CrossEntropyOptions.use_token_scaling``)."""
     if denominator is not None:
         reduction = "mean"
+    args = _problem(locals())
     with torch.autocast(hidden.device.type, enabled=False):
-        args = LinearLossArgs(
-            hidden,
-            weight,
-            target,
-            bias,
-            ce_weight,
-            ignore_index,
-            reduction,
-            label_smoothing,
-            lse_square_scale,
-            softcap,
-            need_hidden,
-            need_weight,
-            need_bias,
-            accum_dtype,
-        )
         argmax = None
         extras: dict = {}
         if return_argmax:
@@ -231,28 +234,12 @@ _flce_fwd = torch.library.custom_op(
 
 
 @_flce_fwd.register_fake
-def _(
-    hidden,
-    weight,
-    target,
-    bias,
-    ce_weight,
-    ignore_index,
-    reduction,
-    label_smoothing,
-    lse_square_scale,
-    softcap,
-    need_hidden,
-    need_weight,
-    need_bias,
-    accum_dtype,
-    chunk_size,
-    check_targets=True,
-    max_chunk_bytes=None,
-    denominator=None,
-    return_argmax=False,
-    token_scaling=False,
-):
+def _(*args, **kwargs):
+    values = _arguments(_flce_fwd_impl, args, kwargs)
+    hidden, weight, target, reduction, accum_dtype = (
+        values[name] for name in ("hidden", "weight", "target", "reduction", "accum_dtype")
+    )
+    need_hidden, need_weight, need_bias = values["need_hidden"], values["need_weight"], values["need_bias"]
     shape = (hidden.shape[0],) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
     accum = _accum_dtype(accum_dtype, weight)
@@ -264,7 +251,7 @@ def _(
         else _empty(hidden),
         weight.new_empty(weight.shape, dtype=accum) if need_weight else _empty(weight),
         hidden.new_empty(weight.shape[0], **f32) if need_bias else _empty(hidden).float(),
-        target.new_empty(hidden.shape[0] if return_argmax else 0, dtype=torch.int64),
+        target.new_empty(hidden.shape[0] if values["return_argmax"] else 0, dtype=torch.int64),
     )
 
 
@@ -289,23 +276,8 @@ def _flce_bwd_rows_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reduction="none" backward: the loop again with one grad_output per token inside the kernel;
     gradients in the dtypes of hidden, weight and bias (empty where not requested)."""
+    args = _problem(locals(), reduction="none")
     with torch.autocast(hidden.device.type, enabled=False):
-        args = LinearLossArgs(
-            hidden,
-            weight,
-            target,
-            bias,
-            ce_weight,
-            ignore_index,
-            "none",
-            label_smoothing,
-            lse_square_scale,
-            softcap,
-            need_hidden,
-            need_weight,
-            need_bias,
-            accum_dtype,
-        )
         extras = {"token_scaling": True} if token_scaling else {}
         *_, gh, gw, gb = _run_loop(
             args, chunk_size, max_chunk_bytes, row_scale=grad_rows.contiguous(), **extras
@@ -319,26 +291,11 @@ _flce_bwd_rows = torch.library.custom_op(
 
 
 @_flce_bwd_rows.register_fake
-def _(
-    grad_rows,
-    hidden,
-    weight,
-    target,
-    bias,
-    ce_weight,
-    ignore_index,
-    label_smoothing,
-    lse_square_scale,
-    softcap,
-    need_hidden,
-    need_weight,
-    need_bias,
-    accum_dtype,
-    chunk_size,
-    max_chunk_bytes=None,
-    token_scaling=False,
-):
-    return _fake_grads(hidden, weight, bias, need_hidden, need_weight, need_bias)
+def _(*args, **kwargs):
+    values = _arguments(_flce_bwd_rows_impl, args, kwargs)
+    return _fake_grads(
+        *(values[name] for name in ("hidden", "weight", "bias", "need_hidden", "need_weight", "need_bias"))
+    )
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
@@ -371,38 +328,16 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         ctx.reduction = reduction
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.grad_consumed = False
-        args = (
-            hidden,
-            weight,
-            target,
-            bias,
-            ce_weight,
-            ignore_index,
-            reduction,
-            label_smoothing,
-            lse_square_scale,
-            softcap,
-        )
-        if reduction == "none":
-            loss, z, _, _, _, argmax = launcher(_flce_fwd, _flce_fwd_impl)(
-                *args, False, False, False, accum_dtype, chunk_size, check_targets, max_chunk_bytes,
-                None, return_argmax, token_scaling,
-            )  # fmt: skip
+        # reduction "none": the forward computes the losses alone, its backward runs the loop again
+        rows = reduction == "none"
+        loss, z, gh, gw, gb, argmax = launcher(_flce_fwd, _flce_fwd_impl)(
+            hidden, weight, target, bias, ce_weight, ignore_index, reduction, label_smoothing,
+            lse_square_scale, softcap, *((False,) * 3 if rows else ctx.needs), accum_dtype, chunk_size,
+            check_targets, max_chunk_bytes, None if rows else denominator, return_argmax, token_scaling,
+        )  # fmt: skip
+        if rows:
             ctx.save_for_backward(hidden, weight, target, bias, ce_weight)
         else:
-            loss, z, gh, gw, gb, argmax = launcher(_flce_fwd, _flce_fwd_impl)(
-                *args,
-                need_hidden,
-                need_weight,
-                need_bias,
-                accum_dtype,
-                chunk_size,
-                check_targets,
-                max_chunk_bytes,
-                denominator,
-                return_argmax,
-                token_scaling,
-            )
             ctx.save_for_backward(gh, gw, gb)
         ctx.mark_non_differentiable(z, argmax)
         return loss, z, argmax

@@ -129,6 +129,33 @@ def _jsd_bwd_kernel(
         )
 
 
+def _launch(kernel, student_logp, teacher_logp, labels, beta, ignore_index, *outputs) -> None:
+    """Launches ``_jsd_fwd_kernel`` or ``_jsd_bwd_kernel`` over (rows, V) log-probs: both take the inputs,
+    then ``outputs`` (forward: the row losses; backward: the scale and dx), then the sizes and options."""
+    n_rows, n_cols = student_logp.shape
+    if not n_rows:
+        return
+    tiles = row_tiles(n_rows, n_cols, student_logp.device)
+    kernel[tiles.grid(n_rows)](
+        student_logp,
+        student_logp.stride(0),
+        teacher_logp,
+        teacher_logp.stride(0),
+        labels,
+        *outputs,
+        n_rows,
+        n_cols,
+        torch.full((), beta, dtype=torch.float64, device=student_logp.device),
+        int(ignore_index),
+        MODE=jsd_mode(beta),
+        HAS_LABELS=labels is not None,
+        COMPUTE=compute_dtype(student_logp.dtype),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        num_warps=tiles.num_warps,
+    )
+
+
 # Kernel launchers are torch.library custom ops (with fake implementations) so torch.compile traces through
 # them without graph breaks; the autograd Function below composes them.
 @torch.library.custom_op("liger_core::jsd_fwd", mutates_args=())
@@ -140,28 +167,8 @@ def _jsd_fwd(
     ignore_index: int,
 ) -> torch.Tensor:
     """Per-row JSD (float64 sums, 0 for ignored rows) of (rows, V) log-probs."""
-    n_rows, n_cols = student_logp.shape
-    row_loss = torch.empty(n_rows, dtype=torch.float64, device=student_logp.device)
-    tiles = row_tiles(n_rows, n_cols, student_logp.device)
-    if n_rows:
-        _jsd_fwd_kernel[tiles.grid(n_rows)](
-            student_logp,
-            student_logp.stride(0),
-            teacher_logp,
-            teacher_logp.stride(0),
-            labels,
-            row_loss,
-            n_rows,
-            n_cols,
-            torch.full((), beta, dtype=torch.float64, device=student_logp.device),
-            int(ignore_index),
-            MODE=jsd_mode(beta),
-            HAS_LABELS=labels is not None,
-            COMPUTE=compute_dtype(student_logp.dtype),
-            BLOCK_M=tiles.block_m,
-            BLOCK_N=tiles.block_n,
-            num_warps=tiles.num_warps,
-        )
+    row_loss = torch.empty(student_logp.shape[0], dtype=torch.float64, device=student_logp.device)
+    _launch(_jsd_fwd_kernel, student_logp, teacher_logp, labels, beta, ignore_index, row_loss)
     return row_loss
 
 
@@ -180,29 +187,8 @@ def _jsd_bwd(
     ignore_index: int,
 ) -> torch.Tensor:
     """d(scale * sum of kept rows' JSD) / d student_logp, (rows, V) in the student's dtype."""
-    n_rows, n_cols = student_logp.shape
-    dx = torch.empty((n_rows, n_cols), dtype=student_logp.dtype, device=student_logp.device)
-    tiles = row_tiles(n_rows, n_cols, student_logp.device)
-    if n_rows:
-        _jsd_bwd_kernel[tiles.grid(n_rows)](
-            student_logp,
-            student_logp.stride(0),
-            teacher_logp,
-            teacher_logp.stride(0),
-            labels,
-            scale,
-            dx,
-            n_rows,
-            n_cols,
-            torch.full((), beta, dtype=torch.float64, device=student_logp.device),
-            int(ignore_index),
-            MODE=jsd_mode(beta),
-            HAS_LABELS=labels is not None,
-            COMPUTE=compute_dtype(student_logp.dtype),
-            BLOCK_M=tiles.block_m,
-            BLOCK_N=tiles.block_n,
-            num_warps=tiles.num_warps,
-        )
+    dx = torch.empty(student_logp.shape, dtype=student_logp.dtype, device=student_logp.device)
+    _launch(_jsd_bwd_kernel, student_logp, teacher_logp, labels, beta, ignore_index, scale, dx)
     return dx
 
 

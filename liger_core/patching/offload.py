@@ -1,7 +1,8 @@
 """``offload_checkpoints``: checkpointed decoder-layer inputs kept in host memory (built models).
 
 transformers checkpoints a layer (``GradientCheckpointingLayer``) by calling the layer's
-``_gradient_checkpointing_func(partial(forward, layer, **kwargs), *args)``, a function that
+``_gradient_checkpointing_func(partial(forward, layer, **kwargs), *args)`` (earlier 5.x releases:
+``partial(super().__call__, **kwargs)``, a method bound to the layer), a function that
 ``gradient_checkpointing_enable()`` assigns to every such layer, before or after patching. So:
 
 - every layer gets the ``_liger_core_offload`` marker (kind ``offload_checkpoints``), recorded for ``revert``;
@@ -42,6 +43,16 @@ def _needs_grad(value: Any) -> bool:
     return False
 
 
+def _layer_of(function: Any) -> Any:
+    """The layer a checkpointed call runs: transformers 5.24 passes ``partial(forward, layer, **kwargs)``,
+    earlier 5.x releases (5.6, 5.16) ``partial(super().__call__, **kwargs)``, a method bound to the layer."""
+    if not isinstance(function, functools.partial):
+        return None
+    if function.args:
+        return function.args[0]
+    return getattr(function.func, "__self__", None)
+
+
 class OffloadingCheckpoint:
     """A layer's checkpoint function: offloaded checkpointing for layers marked ``_liger_core_offload``, the
     wrapped function (``wrapped``) for everything else (module docstring)."""
@@ -57,7 +68,7 @@ class OffloadingCheckpoint:
     def __call__(self, function, *args, **kwargs):
         from liger_core.modules.long_context import offloaded_checkpoint
 
-        layer = function.args[0] if isinstance(function, functools.partial) and function.args else None
+        layer = _layer_of(function)
         marked = isinstance(layer, nn.Module) and layer.__dict__.get(MARKER, False)
         bound = function.keywords if isinstance(function, functools.partial) else {}
         if not marked or kwargs or _needs_grad(bound) or _needs_grad(getattr(function, "args", ())[1:]):

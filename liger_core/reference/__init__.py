@@ -7,8 +7,10 @@ from __future__ import annotations
 
 # Each reference lives in the submodule of its own name; these imports bind the function over the submodule.
 from liger_core.reference.cross_entropy import cross_entropy
+from liger_core.reference.cross_entropy_tvd import cross_entropy_tvd
 from liger_core.reference.dyt import dyt
 from liger_core.reference.fused_add_rms_norm import fused_add_rms_norm
+from liger_core.reference.fused_linear_cosine_similarity import fused_linear_cosine_similarity
 from liger_core.reference.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_core.reference.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
 from liger_core.reference.fused_linear_logprobs import (
@@ -33,11 +35,14 @@ from liger_core.reference.softmax import softmax
 from liger_core.reference.sparsemax import sparsemax
 from liger_core.reference.swiglu import swiglu
 from liger_core.reference.tvd import tvd
+from liger_core.reference.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy
 
 __all__ = [
     "cross_entropy",
     "dyt",
     "fused_add_rms_norm",
+    "cross_entropy_tvd",
+    "fused_linear_cosine_similarity",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
     "fused_linear_kl_div",
@@ -61,4 +66,5 @@ __all__ = [
     "sparsemax",
     "swiglu",
     "tvd",
+    "vocab_parallel_cross_entropy",
 ]

@@ -19,9 +19,9 @@ SCALAR_FLOOR = 4 * 2.0**-23
 
 
 def assert_loss_no_worse(name, ours, eager, ref64):
-    if ours.dim():
-        assert_no_worse_than_eager(name, ours, eager, ref64)
-        return
+    """The scaled losses (a scalar or one per token) are products of two fp32 numbers each rounded once (the
+    token's loss and its detached probability): the kernel and eager each land within a few ulps, on either
+    side, so the bound has a floor of a few fp32 ulps rather than the tensor rule's tenth of one."""
     e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
     assert e_ours <= SLACK * e_eager + SCALAR_FLOOR, (
         f"{name}: rel. error {e_ours:.3e} vs eager's {e_eager:.3e}"

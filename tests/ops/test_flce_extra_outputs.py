@@ -16,9 +16,8 @@ SCALAR_FLOOR = 4 * 2.0**-23  # see test_ce_extra_outputs.py: a scaled scalar los
 
 
 def assert_loss_no_worse(name, ours, eager, ref64):
-    if ours.dim():
-        assert_no_worse_than_eager(name, ours, eager, ref64)
-        return
+    """The scaled losses (a scalar or one per token) are products of fp32 numbers each rounded once: the
+    kernel and eager each land within a few ulps, on either side (module comment on SCALAR_FLOOR)."""
     e_ours, e_eager = rel_err(ours, ref64), rel_err(eager, ref64)
     assert e_ours <= SLACK * e_eager + SCALAR_FLOOR, (
         f"{name}: rel. error {e_ours:.3e} vs eager's {e_eager:.3e}"

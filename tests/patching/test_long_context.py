@@ -4,6 +4,8 @@ layer inputs in host memory) give the unpatched model's loss and gradients, and 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from helpers import assert_no_worse_than_eager, devices
@@ -228,6 +230,39 @@ def test_offload_checkpoints_with_frozen_embeddings_and_all_kernels():
     assert OFFLOAD_COUNTS["offloaded"] == 2
     assert "model.layers.0.self_attn.q_proj.weight" in got[1]
     _assert_same(got, want)
+
+
+def test_offload_checkpoints_takes_a_layer_call_bound_to_the_layer():
+    """transformers 5.6 to 5.16 checkpoint a layer as ``partial(super().__call__, **kwargs)`` (a method bound
+    to the layer, no positional layer argument): that call is offloaded too, with the same output and
+    gradients as the call itself."""
+    model = _checkpointed(12)
+    apply_liger_kernel(model, offload_checkpoints=True, **ONLY)
+    model.train()
+    layer = model.model.layers[0]
+    layer.gradient_checkpointing = False  # the bound call below runs the layer's plain forward
+    x = torch.randn(2, 6, model.config.hidden_size, requires_grad=True)
+    emb = model.model.rotary_emb(x, torch.arange(6)[None].expand(2, -1))
+    call = functools.partial(torch.nn.Module.__call__.__get__(layer), position_embeddings=emb)
+
+    def run(fn):
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        out = fn(x)
+        out = out[0] if isinstance(out, tuple) else out
+        out.square().sum().backward()
+        grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+        return out.detach(), x.grad.clone(), grads
+
+    want = run(call)
+    OFFLOAD_COUNTS.clear()
+    with tuning.override(checkpoint_offload_min_bytes=0):
+        got = run(lambda t: layer._gradient_checkpointing_func(call, t))
+    assert OFFLOAD_COUNTS["offloaded"] == 1 and OFFLOAD_COUNTS["fetched"] == 1
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
+    for name, g in got[2].items():
+        torch.testing.assert_close(g, want[2][name], rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_offload_threshold_keeps_small_inputs_in_place():

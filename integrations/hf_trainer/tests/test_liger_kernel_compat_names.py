@@ -68,11 +68,10 @@ def _check_names():
     # Functions liger_core has no op for take anything and raise NotImplementedError naming themselves.
     _compare(lk_functional, ours_functional, functional, skip=set(ours_functional.NOT_IN_LIGER_CORE))
     chunked = [n for n in dir(lk_chunked) if n.startswith("LigerFusedLinear")]
-    _compare(lk_chunked, ours_chunked, chunked, skip={"LigerFusedLinearCosineSimilarityLoss"})
+    _compare(lk_chunked, ours_chunked, chunked, skip=set())
     for name in chunked:
         theirs, mine = getattr(lk_chunked, name), getattr(ours_chunked, name)
-        if name != "LigerFusedLinearCosineSimilarityLoss":
-            assert _params(theirs.forward)[1:] == _params(mine.forward)[1:], name
+        assert _params(theirs.forward)[1:] == _params(mine.forward)[1:], name
 
 
 def _run(loss_module, args, grad_args):
@@ -118,10 +117,19 @@ def _check_chunked_losses():
     pref, dpo_args = (w, x, target), (w, x, target, None, ref_x, ref_w)
     grpo_args = (xs, w, ids, mask, adv, None, ref_lp, old_lp)
     jsd_args = (student, w, teacher, teacher_w, true_labels)
+    jsd_bias_args = (*jsd_args, torch.randn(vocab), torch.randn(vocab))
+    uneven = target.clone()
+    uneven[1, 2:4] = -100  # rows of different lengths: per-token means differ from sums
     cases = [  # (class, constructor kwargs, forward args, positions of the args to differentiate)
         ("LigerFusedLinearDPOLoss", dict(beta=0.2), dpo_args, (0, 1)),
         ("LigerFusedLinearDPOLoss", dict(beta=0.2, compute_nll_loss=True, alpha=0.5), dpo_args, (1,)),
         ("LigerFusedLinearDPOLoss", dict(loss_type="robust", label_smoothing=0.1), dpo_args, (1,)),
+        (
+            "LigerFusedLinearDPOLoss",
+            dict(beta=0.2, average_log_prob=True),
+            dpo_args[:2] + (uneven,) + dpo_args[3:],
+            (0, 1),
+        ),
         ("LigerFusedLinearORPOLoss", dict(beta=0.3), pref, (0, 1)),
         ("LigerFusedLinearCPOLoss", dict(beta=0.2, alpha=0.7, label_smoothing=0.1), pref, (0, 1)),
         ("LigerFusedLinearSimPOLoss", dict(beta=2.0, gamma=0.4), pref, (0, 1)),
@@ -131,7 +139,19 @@ def _check_chunked_losses():
             (x, w, target, None, labels, ref_x, ref_w),
             (0, 1),
         ),
+        (
+            "LigerFusedLinearKTOLoss",
+            dict(use_ref_model=True, average_log_prob=True),
+            (x, w, uneven, None, labels, ref_x, ref_w),
+            (0, 1),
+        ),
         ("LigerFusedLinearGRPOLoss", dict(beta=0.05), grpo_args, (0, 1)),
+        (
+            "LigerFusedLinearGRPOLoss",
+            dict(beta=0.05, importance_sampling_level="sequence"),
+            grpo_args,
+            (0, 1),
+        ),
         ("LigerFusedLinearGRPOLoss", dict(use_ref_model=False, loss_type="cispo"), grpo_args, (0,)),
         (
             "LigerFusedLinearJSDLoss",
@@ -139,12 +159,32 @@ def _check_chunked_losses():
             jsd_args,
             (0, 1),
         ),
+        (
+            "LigerFusedLinearJSDLoss",
+            dict(beta=0.4, temperature=2.0, return_soft_hard_loss=True),
+            jsd_bias_args,
+            (0, 1, 5),
+        ),
+        (
+            "LigerFusedLinearCosineSimilarityLoss",
+            dict(beta=0.7, temperature=2.0, weight_hard_loss=0.3, return_soft_hard_loss=True),
+            jsd_args,
+            (0, 1),
+        ),
+        (
+            "LigerFusedLinearCosineSimilarityLoss",
+            dict(beta=0.4),
+            (student, w, teacher, torch.randn(vocab + 8, 12), true_labels, torch.randn(vocab)),
+            (0, 1, 5),
+        ),
     ]
     for name, kwargs, args, grad_args in cases:
         loss, rest, grads = _run(getattr(ours, name)(**kwargs), args, grad_args)
         assert loss.dim() == 0 and all(g is not None for g in grads), name
         if not HAS_LIGER_KERNEL:
-            assert len(rest) == (2 if name == "LigerFusedLinearJSDLoss" else 1), name
+            soft_hard = name in ("LigerFusedLinearJSDLoss", "LigerFusedLinearCosineSimilarityLoss")
+            want_rest = (2 if kwargs.get("return_soft_hard_loss") else 0) if soft_hard else 1
+            assert len(rest) == want_rest, name
             continue
         import liger_kernel.chunked_loss as lk
 
@@ -183,6 +223,14 @@ def _check_functional():
             dict(label_smoothing=0.1),
         ),
         "liger_cross_entropy": ((logits, target), dict(lse_square_scale=1e-3, return_z_loss=True)),
+        "liger_cross_entropy/token_accuracy": (
+            (logits, target),
+            dict(return_token_accuracy=True, return_predicted_tokens=True),
+        ),
+        "liger_fused_linear_cross_entropy/token_scaling": (
+            (hidden, weight, target),
+            dict(use_token_scaling=True, return_token_accuracy=True),
+        ),
         "liger_jsd": ((student_lp, teacher_lp, target), dict(beta=0.3)),
         "liger_fused_linear_jsd": (
             (hidden, weight, teacher, teacher_w, target),
@@ -190,21 +238,27 @@ def _check_functional():
         ),
         "liger_rope": ((q, k, angles.cos(), angles.sin()), {}),
     }
-    for name, (args, kwargs) in cases.items():
+
+    def fields(out):  # a CrossEntropyOutput's tensors, in field order
+        names = ("loss", "z_loss", "token_accuracy", "predicted_tokens")
+        return [getattr(out, n) for n in names if getattr(out, n) is not None]
+
+    for case, (args, kwargs) in cases.items():
+        name = case.split("/")[0]
         got = getattr(ours, name)(*[a.clone() for a in args], **kwargs)
-        got = [got.loss, got.z_loss] if isinstance(got, ours.CrossEntropyOutput) else got
+        got = fields(got) if isinstance(got, ours.CrossEntropyOutput) else got
         got = list(got) if isinstance(got, (tuple, list)) else [got]
-        assert all(bool(torch.isfinite(g).all()) for g in got), name
+        assert all(bool(torch.isfinite(g.float()).all()) for g in got), case
         if not HAS_LIGER_KERNEL:
             continue
         import liger_kernel.transformers.functional as lk
 
         want = getattr(lk, name)(*[a.clone() for a in args], **kwargs)
-        want = [want.loss, want.z_loss] if hasattr(want, "z_loss") else want
+        want = fields(want) if hasattr(want, "z_loss") else want
         want = list(want) if isinstance(want, (tuple, list)) else [want]
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             torch.testing.assert_close(
-                a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=name, i=i: f"{n} [{i}]: {m}"
+                a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=case, i=i: f"{n} [{i}]: {m}"
             )
 
 

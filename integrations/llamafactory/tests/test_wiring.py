@@ -70,12 +70,12 @@ def test_run_training_routes_the_flag(monkeypatch, tmp_path):
     assert installs == [True, True]
 
 
-def _load(tiny_llama, tiny_dataset_dir, tmp_path, stage: str):
+def _load(tiny_llama, tiny_dataset_dir, tmp_path, stage: str, **extra):
     from conftest import train_config
     from llamafactory.hparams import get_train_args
     from llamafactory.model import load_model, load_tokenizer
 
-    config = train_config(tiny_llama, tiny_dataset_dir, tmp_path / "out", stage=stage)
+    config = train_config(tiny_llama, tiny_dataset_dir, tmp_path / "out", stage=stage, **extra)
     if stage == "dpo":
         config["dataset"] = "tiny_alpaca"  # never read: we only load the model
     model_args, _, _, finetuning_args, _ = get_train_args(config)
@@ -107,6 +107,43 @@ def test_model_hooks_patch_trainable_model(tiny_llama, tiny_dataset_dir, tmp_pat
         other = "cross_entropy" if loss_kind != "cross_entropy" else "fused_linear_cross_entropy"
         assert other not in kinds
         assert "liger_core kernels active on LlamaForCausalLM" in caplog.text
+    finally:
+        revert(model)
+
+
+def test_long_context_flags_reach_the_model_under_llamafactory_checkpointing(
+    tiny_llama, tiny_dataset_dir, tmp_path
+):
+    """liger_kernel_config {tiled_mlp, offload_checkpoints} with LLaMA-Factory's own gradient checkpointing
+    (its checkpoint function, set before the model is patched): every layer input goes to host memory and
+    back, the MLPs run in tiles."""
+    import torch
+    from liger_core_llamafactory import model_hooks
+
+    from liger_core import tuning
+    from liger_core.modules.long_context import OFFLOAD_COUNTS
+    from liger_core.patching import patched_modules, revert
+
+    model_hooks.install(kernel_config={"tiled_mlp": True, "offload_checkpoints": True})
+    try:
+        model = _load(tiny_llama, tiny_dataset_dir, tmp_path, "sft", disable_gradient_checkpointing=False)
+    finally:
+        model_hooks.install()  # later tests: no toggles
+    try:
+        kinds = list(patched_modules(model).values())
+        layers = model.config.num_hidden_layers
+        assert kinds.count("offload_checkpoints") == layers, kinds  # tiled_mlp: counted below
+        assert model.is_gradient_checkpointing
+        model.train()
+        ids = torch.randint(0, model.config.vocab_size, (1, 12))
+        calls = [0]
+        down_proj = model.model.layers[0].mlp.down_proj
+        down_proj.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        OFFLOAD_COUNTS.clear()
+        with tuning.override(checkpoint_offload_min_bytes=0, mlp_tile_tokens=5):
+            model(input_ids=ids, labels=ids).loss.backward()
+        assert OFFLOAD_COUNTS["offloaded"] == layers and OFFLOAD_COUNTS["fetched"] == layers
+        assert calls[0] >= 3  # ceil(12 / 5) tiles in the forward alone
     finally:
         revert(model)
 

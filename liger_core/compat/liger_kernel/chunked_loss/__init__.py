@@ -81,7 +81,8 @@ class LigerFusedLinearDPOLoss(_PairedBase):
     """DPO (``liger_core.losses.fused_linear_dpo_loss``): ``loss_type`` and ``label_smoothing`` as there,
     except that the ``sigmoid`` loss ignores ``label_smoothing`` as Liger-Kernel's does; ``compute_nll_loss``
     adds ``alpha`` times the chosen completions' NLL (TRL's RPO); ``use_ref_model=False`` is reference-free
-    DPO. Rewards: ``beta * (logps - ref_logps)``."""
+    DPO. Rewards: ``beta * (logps - ref_logps)``. ``average_log_prob``: sequence log-probs are per-token means
+    (policy and reference alike), in the loss and in the reported log-probs and rewards."""
 
     def __init__(
         self,
@@ -98,9 +99,8 @@ class LigerFusedLinearDPOLoss(_PairedBase):
         discopop_tau: float = 0.05,
     ) -> None:
         super().__init__()
-        if average_log_prob:
-            raise missing("LigerFusedLinearDPOLoss(average_log_prob=True)", "DPO uses summed log-probs.")
         self.ignore_index, self.beta, self.alpha = ignore_index, beta, alpha
+        self.average_log_prob = average_log_prob
         self.compute_nll_loss, self.use_ref_model = compute_nll_loss, use_ref_model
         self.loss_type, self.label_smoothing, self.discopop_tau = loss_type, label_smoothing, discopop_tau
 
@@ -139,6 +139,7 @@ class LigerFusedLinearDPOLoss(_PairedBase):
             # Liger-Kernel's sigmoid DPO has no label smoothing (it is used by robust and exo_pair)
             label_smoothing=0.0 if self.loss_type == "sigmoid" else self.label_smoothing,
             discopop_tau=self.discopop_tau,
+            average_log_prob=self.average_log_prob,
         )
         _, _, chosen_mean, rejected_mean, nll = self._aux_head(
             lin_weight, _input, target, bias, average=False
@@ -332,7 +333,8 @@ class LigerFusedLinearKTOLoss(nn.Module):
     ``preference_labels`` (True: desirable). ``forward`` returns ``(loss, (chosen_logps_sum,
     rejected_logps_sum, chosen_logits_sum, rejected_logits_sum, chosen_rewards_sum, rejected_rewards_sum))``:
     sums over the desirable / undesirable rows of the sequence log-probs, of every logit, and of the rewards
-    ``beta * (logps - ref_logps)``; ``use_ref_model=False``: reference log-probs 0."""
+    ``beta * (logps - ref_logps)``; ``use_ref_model=False``: reference log-probs 0. ``average_log_prob``:
+    sequence log-probs are per-token means (policy and reference alike)."""
 
     def __init__(
         self,
@@ -344,9 +346,8 @@ class LigerFusedLinearKTOLoss(nn.Module):
         chunk_size: int = 1,
     ) -> None:
         super().__init__()
-        if average_log_prob:
-            raise missing("LigerFusedLinearKTOLoss(average_log_prob=True)", "KTO uses summed log-probs.")
         self.ignore_index, self.beta, self.use_ref_model = ignore_index, beta, use_ref_model
+        self.average_log_prob = average_log_prob
 
     def forward(
         self,
@@ -366,9 +367,10 @@ class LigerFusedLinearKTOLoss(nn.Module):
             raise ValueError("preference_labels is required (a bool tensor, True for desirable rows)")
         _check_ref(self.use_ref_model, ref_input, ref_weight)
         labels = preference_labels.bool()
-        seq, logit_mean, _, _ = _sequence_stats(_input, lin_weight, bias, target, self.ignore_index, False)
+        average = self.average_log_prob
+        seq, logit_mean, _, _ = _sequence_stats(_input, lin_weight, bias, target, self.ignore_index, average)
         if self.use_ref_model:
-            ref_seq = _sequence_stats(ref_input, ref_weight, ref_bias, target, self.ignore_index, False)[0]
+            ref_seq = _sequence_stats(ref_input, ref_weight, ref_bias, target, self.ignore_index, average)[0]
             ref = dict(ref_hidden=ref_input, ref_weight=ref_weight, ref_bias=ref_bias)
         else:
             ref_seq = torch.zeros_like(seq)
@@ -383,6 +385,7 @@ class LigerFusedLinearKTOLoss(nn.Module):
             kl=kl,
             beta=self.beta,
             ignore_index=self.ignore_index,
+            average_log_prob=average,
         )
         logit_sum = logit_mean * (target.shape[-1] * lin_weight.shape[0])
         rewards = self.beta * (seq - ref_seq)
@@ -402,10 +405,10 @@ class LigerFusedLinearGRPOLoss(nn.Module):
     Liger-Kernel's parameters. ``forward(_input, lin_weight, selected_token_ids, attention_mask, advantages,
     ...)`` returns ``(loss, metrics)``, metrics ``(kl_mean, clip_ratio)`` (``kl_mean`` only when ``beta !=
     0``, 0 with ``use_ref_model=False``; ``clip_ratio``: the share of completion tokens whose ratio was
-    clipped in the direction of their advantage). ``use_ref_model=False`` drops the KL term (beta 0);
-    ``vllm_is_ratio`` is TRL's ``importance_sampling_ratio``. Known differences from Liger-Kernel 0.8.5:
-    ``loss_type="luspo"`` is normalised as TRL 1.16 does (``liger_core.losses.grpo``), and with
-    ``importance_sampling_level="sequence"`` the clip ratio is liger_core's."""
+    clipped in the direction of their advantage, token-weighted: at sequence level a completion's clipping
+    counts once per completion token, as Liger-Kernel counts it). ``use_ref_model=False`` drops the KL term
+    (beta 0); ``vllm_is_ratio`` is TRL's ``importance_sampling_ratio``. Known difference from Liger-Kernel
+    0.8.5: ``loss_type="luspo"`` is normalised as TRL 1.16 does (``liger_core.losses.grpo``)."""
 
     def __init__(
         self,
@@ -490,7 +493,7 @@ class LigerFusedLinearGRPOLoss(nn.Module):
         # the clipped share: the ratio clipped against the advantage's sign (CISPO: the capped share); the
         # losses without clipping (sapo, vespo) report 0, as Liger-Kernel does
         zero = loss.new_zeros(()).detach()
-        clip = metrics.get("clip_ratio/region_mean", metrics.get("cispo_clip_ratio"))
+        clip = metrics.get("clip_ratio", metrics.get("cispo_clip_ratio"))
         clip = zero if clip is None else clip
         out = ([metrics.get("kl", zero)] if self.reports_kl else []) + [clip]
         return loss, tuple(out)
@@ -500,7 +503,8 @@ class LigerFusedLinearJSDLoss(nn.Module):
     """Distillation: ``weight_hard_loss * CE(student, true_labels) + weight_soft_loss * JSD_beta(student,
     teacher)`` at ``temperature`` (both means over the tokens whose label is not ``ignore_index``), on
     ``liger_core.ops.fused_linear_cross_entropy`` and ``liger_core.ops.fused_linear_jsd`` (``beta`` as there).
-    ``return_soft_hard_loss``: ``(loss, soft_loss, hard_loss)``. Biases are not supported."""
+    ``return_soft_hard_loss``: ``(loss, soft_loss, hard_loss)``. ``student_bias`` / ``teacher_bias``: the
+    lm_heads' biases (the student's in both terms)."""
 
     def __init__(
         self,
@@ -530,14 +534,12 @@ class LigerFusedLinearJSDLoss(nn.Module):
     ) -> Any:
         from liger_core.ops import fused_linear_cross_entropy, fused_linear_jsd
 
-        if student_bias is not None or teacher_bias is not None:
-            raise missing(
-                "LigerFusedLinearJSDLoss with student_bias/teacher_bias (fused_linear_jsd takes no bias)"
-            )
         labels = true_labels.reshape(-1)
         student = student_input.reshape(-1, student_input.shape[-1])
         teacher = teacher_input.reshape(-1, teacher_input.shape[-1])
-        hard = fused_linear_cross_entropy(student, student_weight, labels, ignore_index=self.ignore_index)
+        hard = fused_linear_cross_entropy(
+            student, student_weight, labels, student_bias, ignore_index=self.ignore_index
+        )
         soft = fused_linear_jsd(
             student,
             student_weight,
@@ -547,18 +549,63 @@ class LigerFusedLinearJSDLoss(nn.Module):
             beta=self.beta,
             ignore_index=self.ignore_index,
             temperature=self.temperature,
+            student_bias=student_bias,
+            teacher_bias=teacher_bias,
         )
         loss = self.weight_hard_loss * hard + self.weight_soft_loss * soft
         return (loss, soft, hard) if self.return_soft_hard_loss else loss
 
 
 class LigerFusedLinearCosineSimilarityLoss(nn.Module):
-    """Liger-Kernel's cosine-similarity distillation loss: builds
-    ``liger_core.losses.LigerFusedLinearCosineSimilarityLoss`` (NotImplementedError until it exists)."""
+    """Distillation: ``weight_hard_loss * CE(student, true_labels) + weight_soft_loss * beta * mean(1 -
+    cos(student logits, teacher logits))`` over the tokens whose label is not ``ignore_index``
+    (``liger_core.losses.LigerFusedLinearCosineSimilarityLoss``); ``return_soft_hard_loss``: ``(loss,
+    soft_loss, hard_loss)``. Where a logit vector is all zeros its gradient is 0 (Liger-Kernel's clamped
+    normalisation gives one of order 1e20 there)."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> nn.Module:
-        name = "LigerFusedLinearCosineSimilarityLoss"
-        return liger_core_name("losses", name, name)(*args, **kwargs)
+    def __init__(
+        self,
+        weight_hard_loss: float = 0.5,
+        weight_soft_loss: float = 0.5,
+        beta: float = 0.5,
+        ignore_index: int = -100,
+        temperature: float = 1.0,
+        compiled: bool = True,
+        chunk_size: int = 1024,
+        return_soft_hard_loss: bool = False,
+    ) -> None:
+        super().__init__()
+        core = liger_core_name(
+            "losses", "LigerFusedLinearCosineSimilarityLoss", "LigerFusedLinearCosineSimilarityLoss"
+        )
+        self.core = core(
+            weight_hard_loss=weight_hard_loss,
+            weight_soft_loss=weight_soft_loss,
+            beta=beta,
+            ignore_index=ignore_index,
+            temperature=temperature,
+            return_soft_hard_loss=return_soft_hard_loss,
+        )
+
+    def forward(
+        self,
+        student_input: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_input: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        true_labels: torch.Tensor,
+        student_bias: torch.Tensor | None = None,
+        teacher_bias: torch.Tensor | None = None,
+    ) -> Any:
+        return self.core(
+            student_input,
+            student_weight,
+            teacher_input,
+            teacher_weight,
+            true_labels,
+            student_bias,
+            teacher_bias,
+        )
 
 
 __all__ = [

@@ -1,10 +1,7 @@
 """Liger-Kernel's ``liger_kernel.transformers.functional``: its ``liger_*`` functions with its parameters,
 backed by ``liger_core.ops``.
 
-Ops liger_core may gain later (``fused_add_rms_norm``, ``poly_norm``, ``dyt``, ``group_norm``,
-``relu_squared``, ``tvd``, ``softmax``, ``sparsemax``, ``multi_token_attention``,
-``fused_neighborhood_attention``) are looked up in ``liger_core.ops`` at call time;
-until then they, and the functions liger_core has no op for, raise ``NotImplementedError`` naming them.
+The functions liger_core has no op for raise ``NotImplementedError`` naming them.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from typing import Any
 
 import torch
 
-from liger_core.compat.liger_kernel._lazy import liger_core_name, missing, takes
+from liger_core.compat.liger_kernel._lazy import missing, takes
 
 
 @dataclasses.dataclass
@@ -49,6 +46,13 @@ def _pack(result: Any, return_z_loss: bool, extra: dict[str, bool]) -> Any:
         return result
     if isinstance(result, CrossEntropyOutput):
         return result
+    if hasattr(result, "token_accuracy"):  # liger_core's CrossEntropyOutput (a named tuple): same fields
+        return CrossEntropyOutput(
+            loss=result.loss,
+            z_loss=result.z_loss,
+            token_accuracy=result.token_accuracy,
+            predicted_tokens=result.predicted_tokens,
+        )
     parts = list(result) if isinstance(result, tuple) else [result]
     out = CrossEntropyOutput(loss=parts.pop(0))
     if return_z_loss:
@@ -254,7 +258,6 @@ def liger_rope(
     return _ops().rope(q, k, cos, sin, position_ids, unsqueeze_dim)
 
 
-# Ops other liger_core releases may add: looked up at call time under these names in liger_core.ops.
 def liger_fused_add_rms_norm(
     X: torch.Tensor,
     R: torch.Tensor,
@@ -263,23 +266,40 @@ def liger_fused_add_rms_norm(
     offset: float = 0.0,
     casting_mode: str = "llama",
     in_place: bool = True,
-) -> Any:
-    """``liger_core.ops.fused_add_rms_norm`` (residual add then RMSNorm)."""
-    op = liger_core_name("ops", "fused_add_rms_norm", "liger_fused_add_rms_norm")
-    return op(X, R, W, eps, offset=offset, casting_mode=casting_mode, in_place=in_place)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``liger_core.ops.fused_add_rms_norm``: ``(RMSNorm(X + R), X + R)``. ``in_place`` (Liger-Kernel's
+    choice of overwriting the output gradient in backward) is accepted and unused: the result is the same."""
+    return _ops().fused_add_rms_norm(X, R, W, eps, offset=offset, casting_mode=casting_mode)
+
+
+def liger_modulated_rms_norm(
+    X: torch.Tensor,
+    W: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+    in_place: bool = True,
+) -> torch.Tensor:
+    """``liger_core.ops.modulated_rms_norm``: ``(1 + scale) * RMSNorm(X) + shift``. ``in_place`` is accepted
+    and unused (as in ``liger_fused_add_rms_norm``)."""
+    return _ops().modulated_rms_norm(X, W, scale, shift, eps=eps, offset=offset, casting_mode=casting_mode)
 
 
 def liger_poly_norm(
     X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e-6, in_place: bool = True
 ) -> torch.Tensor:
-    """``liger_core.ops.poly_norm``."""
-    op = liger_core_name("ops", "poly_norm", "liger_poly_norm")
-    return op(X, W, B, eps=eps, in_place=in_place)
+    """``liger_core.ops.poly_norm``. ``in_place`` is accepted and unused (as in
+    ``liger_fused_add_rms_norm``)."""
+    return _ops().poly_norm(X, W, B, eps=eps)
 
 
-def liger_dyt(x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+def liger_dyt(
+    x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None
+) -> torch.Tensor:
     """``liger_core.ops.dyt`` (dynamic tanh)."""
-    return liger_core_name("ops", "dyt", "liger_dyt")(x, alpha, gamma, beta)
+    return _ops().dyt(x, alpha, gamma, beta)
 
 
 def liger_group_norm(
@@ -290,24 +310,27 @@ def liger_group_norm(
     num_groups: int,
     eps: float,
 ) -> torch.Tensor:
-    """``liger_core.ops.group_norm``."""
-    op = liger_core_name("ops", "group_norm", "liger_group_norm")
-    return op(X, affine_scaling_weight, affine_shifting_bias, num_channels, num_groups, eps)
+    """``liger_core.ops.group_norm`` over ``X`` of shape ``(batch, num_channels, *)``."""
+    if X.dim() < 2 or X.shape[1] != num_channels:
+        raise ValueError(
+            f"X must have num_channels={num_channels} channels in dim 1, got shape {tuple(X.shape)}"
+        )
+    return _ops().group_norm(X, num_groups, affine_scaling_weight, affine_shifting_bias, eps)
 
 
 def liger_relu_squared(x: torch.Tensor) -> torch.Tensor:
     """``liger_core.ops.relu_squared``."""
-    return liger_core_name("ops", "relu_squared", "liger_relu_squared")(x)
+    return _ops().relu_squared(x)
 
 
 def liger_softmax(x: torch.Tensor) -> torch.Tensor:
     """``liger_core.ops.softmax`` (over the last dimension)."""
-    return liger_core_name("ops", "softmax", "liger_softmax")(x)
+    return _ops().softmax(x)
 
 
 def liger_sparsemax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``liger_core.ops.sparsemax``."""
-    return liger_core_name("ops", "sparsemax", "liger_sparsemax")(input, dim=dim)
+    return _ops().sparsemax(input, dim=dim)
 
 
 def liger_tvd(
@@ -318,8 +341,9 @@ def liger_tvd(
     ignore_index: int = -100,
 ) -> torch.Tensor:
     """``liger_core.ops.tvd`` (total variation distance)."""
-    op = liger_core_name("ops", "tvd", "liger_tvd")
-    return op(input, target, shift_labels=shift_labels, reduction=reduction, ignore_index=ignore_index)
+    return _ops().tvd(
+        input, target, shift_labels=shift_labels, reduction=reduction, ignore_index=ignore_index
+    )
 
 
 def liger_multi_token_attention(
@@ -333,8 +357,7 @@ def liger_multi_token_attention(
     sparse: bool = False,
 ) -> torch.Tensor:
     """``liger_core.ops.multi_token_attention``."""
-    op = liger_core_name("ops", "multi_token_attention", "liger_multi_token_attention")
-    return op(scores, weight, bias, stride, padding, dilation, groups, sparse)
+    return _ops().multi_token_attention(scores, weight, bias, stride, padding, dilation, groups, sparse)
 
 
 def liger_fused_neighborhood_attention(
@@ -346,8 +369,7 @@ def liger_fused_neighborhood_attention(
     scale: float | None = None,
 ) -> torch.Tensor:
     """``liger_core.ops.fused_neighborhood_attention``."""
-    op = liger_core_name("ops", "fused_neighborhood_attention", "liger_fused_neighborhood_attention")
-    return op(query, key, value, kernel_size, dilation, scale)
+    return _ops().fused_neighborhood_attention(query, key, value, kernel_size, dilation, scale)
 
 
 def _not_in_liger_core(name: str):
@@ -361,17 +383,36 @@ def _not_in_liger_core(name: str):
     return function
 
 
+def liger_fused_linear_kl_div(
+    student_input: torch.Tensor,
+    student_weight: torch.Tensor,
+    target: torch.Tensor,
+    shift_labels: torch.Tensor | None = None,
+    reduction: str = "batchmean",
+    ignore_index: int = -100,
+    temperature: float = 1.0,
+    eps: float = 1e-10,
+    accum_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Liger-Kernel's fused-linear KL divergence against a teacher *probability* tensor ``target``.
+    liger_core's ``liger_core.ops.fused_linear_kl_div`` fuses the teacher's lm_head as well (it takes the
+    teacher's hidden states and weight), so this signature has no liger_core backing: raises
+    ``NotImplementedError``."""
+    raise missing(
+        "liger_fused_linear_kl_div(target=<teacher probabilities>)",
+        "(liger_core.ops.fused_linear_kl_div takes the teacher's hidden states and lm_head weight instead)",
+    )
+
+
 # Liger-Kernel functions liger_core has no op for.
 NOT_IN_LIGER_CORE = (
     "liger_attn_res",
-    "liger_fused_linear_kl_div",
     "liger_fused_linear_scaled_cross_entropy_tp",
     "liger_mhc_apply",
     "liger_mhc_coeffs",
     "liger_mhc_forward",
     "liger_mhc_post_res",
     "liger_mhc_pre",
-    "liger_modulated_rms_norm",
     "liger_qwen2vl_mrope",
 )
 for _name in NOT_IN_LIGER_CORE:
@@ -385,12 +426,14 @@ __all__ = [
     "liger_fused_add_rms_norm",
     "liger_fused_linear_cross_entropy",
     "liger_fused_linear_jsd",
+    "liger_fused_linear_kl_div",
     "liger_fused_neighborhood_attention",
     "liger_geglu",
     "liger_group_norm",
     "liger_jsd",
     "liger_kl_div",
     "liger_layer_norm",
+    "liger_modulated_rms_norm",
     "liger_multi_token_attention",
     "liger_poly_norm",
     "liger_relu_squared",

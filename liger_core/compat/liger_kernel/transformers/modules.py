@@ -16,21 +16,32 @@ from torch import nn
 from liger_core.compat.liger_kernel._lazy import liger_core_name, missing
 from liger_core.compat.liger_kernel.transformers import functional as F
 from liger_core.modules import LigerCrossEntropyLoss as _CoreCE
+from liger_core.modules import LigerDyT as _CoreDyT
+from liger_core.modules import LigerFusedAddRMSNorm as _CoreFusedAddRMSNorm
 from liger_core.modules import LigerFusedLinearCrossEntropyLoss as _CoreFLCE
 from liger_core.modules import LigerFusedLinearJSD as _CoreFLJSD
 from liger_core.modules import LigerGEGLUMLP as _CoreGEGLUMLP
-from liger_core.modules import LigerJSD
+from liger_core.modules import LigerGroupNorm as _CoreGroupNorm
+from liger_core.modules import LigerJSD, LigerSparsemax, LigerTVDLoss
 from liger_core.modules import LigerKLDIVLoss as _CoreKL
 from liger_core.modules import LigerLayerNorm as _CoreLayerNorm
+from liger_core.modules import LigerModulatedRMSNorm as _CoreModulatedRMSNorm
+from liger_core.modules import LigerPolyNorm as _CorePolyNorm
+from liger_core.modules import LigerReLUSquared as _CoreReLUSquared
 from liger_core.modules import LigerRMSNorm as _CoreRMSNorm
+from liger_core.modules import LigerSoftmax as _CoreSoftmax
 from liger_core.modules import LigerSwiGLUMLP as _CoreSwiGLUMLP
+from liger_core.modules.long_context import tiled_mlp
+from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.ops.swiglu import swiglu, swiglu_packed
 
 
 class LigerRMSNorm(_CoreRMSNorm):
     """Liger-Kernel's ``LigerRMSNorm``: ``liger_core.modules.LigerRMSNorm`` with Liger-Kernel's parameter
     order and defaults (``in_place=True``). ``row_mode`` (Liger-Kernel's kernel-variant choice) is accepted
-    and unused: the result is the same. ``elementwise_affine=False`` (no weight) is not available."""
+    and unused: the result is the same. ``elementwise_affine=False``: no weight (``weight`` is None), the
+    forward is ``liger_core.ops.rms_norm_no_weight`` (``offset`` and ``casting_mode`` act on a weight only;
+    the normalisation is computed in fp32 as in the llama and gemma modes)."""
 
     def __init__(
         self,
@@ -43,9 +54,20 @@ class LigerRMSNorm(_CoreRMSNorm):
         row_mode: bool | None = None,
         elementwise_affine: bool = True,
     ) -> None:
-        if not elementwise_affine:
-            raise missing("LigerRMSNorm(elementwise_affine=False)")
         super().__init__(hidden_size, eps, offset, casting_mode, in_place=in_place, init_fn=init_fn)
+        self.elementwise_affine = elementwise_affine
+        if not elementwise_affine:
+            self.weight = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return rms_norm_no_weight(hidden_states, self.variance_epsilon)
+        return super().forward(hidden_states)
+
+    def extra_repr(self) -> str:
+        if self.weight is None:
+            return f"weight=None, eps={self.variance_epsilon}"
+        return super().extra_repr()
 
 
 class LigerRMSNormForMuseGlimmerTextCentered(LigerRMSNorm):
@@ -277,6 +299,178 @@ class LigerBlockSparseTop2MLP(nn.Module):
         return self.w2(swiglu(self.w1(hidden_states), self.w3(hidden_states)))
 
 
+class LigerFusedAddRMSNorm(_CoreFusedAddRMSNorm):
+    """``liger_core.modules.LigerFusedAddRMSNorm`` with Liger-Kernel's parameters: ``forward(hidden_states,
+    residual)`` returns ``(RMSNorm(hidden_states + residual), hidden_states + residual)``. ``in_place`` is
+    accepted and unused (Liger-Kernel's choice of overwriting the output gradient: the result is the same)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        offset: float = 0.0,
+        casting_mode: str = "llama",
+        init_fn: str = "ones",
+        in_place: bool = False,
+    ) -> None:
+        super().__init__(hidden_size, eps, offset, casting_mode, init_fn)
+        self.in_place = in_place
+
+
+class LigerModulatedRMSNorm(_CoreModulatedRMSNorm):
+    """``liger_core.modules.LigerModulatedRMSNorm`` with Liger-Kernel's parameters: ``forward(hidden_states,
+    scale, shift=None)`` is ``(1 + scale) * RMSNorm(hidden_states) + shift``. ``in_place`` is accepted and
+    unused (as in ``LigerFusedAddRMSNorm``)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        offset: float = 0.0,
+        casting_mode: str = "llama",
+        init_fn: str = "ones",
+        in_place: bool = True,
+        elementwise_affine: bool = True,
+    ) -> None:
+        super().__init__(hidden_size, eps, offset, casting_mode, init_fn, elementwise_affine)
+        self.in_place = in_place
+
+
+class LigerPolyNorm(_CorePolyNorm):
+    """``liger_core.modules.LigerPolyNorm`` with Liger-Kernel's parameters (weights 1/3, scalar bias 1).
+    ``in_place`` is accepted and unused (as in ``LigerFusedAddRMSNorm``)."""
+
+    def __init__(self, eps: float = 1e-6, in_place: bool = True) -> None:
+        super().__init__(eps)
+        self.in_place = in_place
+
+
+class LigerDyT(_CoreDyT):
+    """``liger_core.modules.LigerDyT`` with Liger-Kernel's parameters: ``gamma * tanh(alpha * x) + beta``."""
+
+    def __init__(self, hidden_size: int, beta: bool = True, init_alpha: float = 0.5) -> None:
+        super().__init__(hidden_size, beta, init_alpha)
+
+
+class LigerGroupNorm(_CoreGroupNorm):
+    """``liger_core.modules.LigerGroupNorm`` with Liger-Kernel's parameters and initialisation: the weight is
+    ones (``init_fn="ones"``) or zeros, the bias a trainable parameter, random normal with ``bias=True`` and
+    zeros otherwise. Input ``(batch, num_channels, *)`` with at least 3 dimensions."""
+
+    def __init__(
+        self, num_channels: int, num_groups: int, eps: float = 1e-6, bias: bool = False, init_fn: str = "ones"
+    ) -> None:
+        if init_fn not in ("ones", "zeros"):
+            raise ValueError(f"init_fn must be 'ones' or 'zeros', got {init_fn!r}")
+        super().__init__(num_groups, num_channels, eps)
+        with torch.no_grad():
+            if init_fn == "zeros":
+                self.weight.zero_()
+            if bias:
+                self.bias.normal_()
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dim() < 3:
+            raise ValueError(f"hidden_states must have at least 3 dimensions, got {hidden_states.dim()}")
+        if hidden_states.shape[1] != self.num_channels:
+            raise ValueError(
+                f"hidden_states must have num_channels={self.num_channels} channels, "
+                f"got {hidden_states.shape[1]}"
+            )
+        return super().forward(hidden_states)
+
+
+class LigerReLUSquared(_CoreReLUSquared):
+    """``liger_core.modules.LigerReLUSquared``: ``relu(x) ** 2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+
+class LigerSoftmax(_CoreSoftmax):
+    """``liger_core.modules.LigerSoftmax`` over the last dimension (Liger-Kernel's takes no ``dim``)."""
+
+    def __init__(self) -> None:
+        super().__init__(-1)
+
+
+def _tile_tokens(x: torch.Tensor, num_shards: int | None) -> int:
+    """Liger-Kernel's sharding in tokens: the sequence (``x.shape[-2]``) in ``num_shards`` chunks, default
+    ``ceil(seqlen / hidden_size)``; each chunk holds that many positions of every leading row."""
+    if x.dim() < 2:
+        raise ValueError(f"x must be (..., seqlen, hidden_size), got shape {tuple(x.shape)}")
+    seqlen, hidden = x.shape[-2], x.shape[-1]
+    shards = max(1, -(-seqlen // hidden) if num_shards is None else num_shards)
+    per_shard = -(-seqlen // shards)
+    return max(1, per_shard * (x.numel() // max(seqlen * hidden, 1)))
+
+
+class LigerTiledSwiGLUMLP(_CoreSwiGLUMLP):
+    """Liger-Kernel's tiled SwiGLU MLP: ``liger_core.modules.LigerSwiGLUMLP`` run through
+    ``liger_core.modules.long_context.tiled_mlp`` (forward without autograd tile by tile, backward recomputing
+    one tile at a time), tiles of ``num_shards`` sequence chunks (default ``ceil(seqlen / hidden_size)``).
+    Same result as the untiled MLP."""
+
+    def __init__(self, config: Any, num_shards: int | None = None) -> None:
+        super().__init__(config)
+        self.num_shards = num_shards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = [p for p in self.parameters() if p.requires_grad]
+        return tiled_mlp(super().forward, x, params, _tile_tokens(x, self.num_shards))
+
+
+class LigerTiledGEGLUMLP(_CoreGEGLUMLP):
+    """Liger-Kernel's tiled GEGLU MLP (tanh-approximated GELU, as Liger-Kernel's for every GELU name):
+    ``liger_core.modules.LigerGEGLUMLP`` run through ``tiled_mlp`` as ``LigerTiledSwiGLUMLP``."""
+
+    def __init__(self, config: Any, num_shards: int | None = None) -> None:
+        act = getattr(config, "hidden_act", None)
+        if act is not None and act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"LigerTiledGEGLUMLP requires a GELU hidden_act, got {act!r}")
+        super().__init__(config, approximate="tanh")
+        self.num_shards = num_shards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = [p for p in self.parameters() if p.requires_grad]
+        return tiled_mlp(super().forward, x, params, _tile_tokens(x, self.num_shards))
+
+
+class LigerVocabParallelCrossEntropy(nn.Module):
+    """Vocab-parallel cross-entropy (``liger_core.modules.LigerVocabParallelCrossEntropy``): per-token loss
+    ``[S, B]`` of ``vocab_parallel_logits [S, B, V_local]``, this rank's equal share of the vocabulary, with
+    global ``target`` indices. Label smoothing is not available (0 only)."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "none",
+        label_smoothing_formula: str = "pytorch",
+        label_smoothing_mode: str = "global",
+    ) -> None:
+        super().__init__()
+        if label_smoothing != 0.0:
+            raise missing("LigerVocabParallelCrossEntropy(label_smoothing != 0)")
+        if label_smoothing_formula not in ("pytorch", "megatron"):
+            raise ValueError(f"label_smoothing_formula={label_smoothing_formula!r}: 'pytorch' or 'megatron'")
+        if label_smoothing_mode not in ("global", "partition"):
+            raise ValueError(f"label_smoothing_mode={label_smoothing_mode!r}: 'global' or 'partition'")
+        core = liger_core_name("modules", "LigerVocabParallelCrossEntropy", "LigerVocabParallelCrossEntropy")
+        self.core = core(ignore_index=ignore_index, reduction=reduction)
+
+    def forward(
+        self, vocab_parallel_logits: torch.Tensor, target: torch.Tensor, tp_group: Any = None
+    ) -> torch.Tensor:
+        if vocab_parallel_logits.dim() != 3:
+            raise ValueError(
+                "vocab_parallel_logits must be 3-D ([seq, batch, vocab]); got shape "
+                f"{tuple(vocab_parallel_logits.shape)}"
+            )
+        return self.core(vocab_parallel_logits, target, tp_group)
+
+
 def _deferred(name: str) -> type:
     """A class whose construction builds ``liger_core.modules.<name>`` (``NotImplementedError`` while
     liger_core has none)."""
@@ -290,28 +484,16 @@ def _deferred(name: str) -> type:
 
 # Liger-Kernel classes liger_core may gain under the same name in liger_core.modules.
 DEFERRED = (
-    "LigerDyT",
     "LigerExperts",
     "LigerFalconH1MLP",
     "LigerFalconH1SwiGLUMLP",
-    "LigerFusedAddRMSNorm",
     "LigerFusedCETVDLoss",
     "LigerFusedLinearKLDivLoss",
-    "LigerGroupNorm",
     "LigerMHC",
     "LigerMLP",
-    "LigerModulatedRMSNorm",
     "LigerMultiTokenAttention",
-    "LigerPolyNorm",
     "LigerRMSNormForMuseGlimmer",
-    "LigerReLUSquared",
-    "LigerSoftmax",
-    "LigerSparsemax",
     "LigerSwiGLUMLPForMuseGlimmer",
-    "LigerTVDLoss",
-    "LigerTiledGEGLUMLP",
-    "LigerTiledSwiGLUMLP",
-    "LigerVocabParallelCrossEntropy",
 )
 for _name in DEFERRED:
     globals()[_name] = _deferred(_name)
@@ -320,16 +502,28 @@ del _name
 __all__ = [
     "LigerBlockSparseTop2MLP",
     "LigerCrossEntropyLoss",
+    "LigerDyT",
+    "LigerFusedAddRMSNorm",
     "LigerFusedLinearCrossEntropyLoss",
     "LigerFusedLinearJSD",
     "LigerGEGLUMLP",
+    "LigerGroupNorm",
     "LigerJSD",
     "LigerKLDIVLoss",
     "LigerLayerNorm",
+    "LigerModulatedRMSNorm",
     "LigerPhi3SwiGLUMLP",
+    "LigerPolyNorm",
     "LigerQwen3MoeSwiGLUMLP",
     "LigerRMSNorm",
     "LigerRMSNormForMuseGlimmerTextCentered",
+    "LigerReLUSquared",
+    "LigerSoftmax",
+    "LigerSparsemax",
     "LigerSwiGLUMLP",
+    "LigerTVDLoss",
+    "LigerTiledGEGLUMLP",
+    "LigerTiledSwiGLUMLP",
+    "LigerVocabParallelCrossEntropy",
     *DEFERRED,
 ]
