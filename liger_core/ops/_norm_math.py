@@ -109,6 +109,15 @@ def store_tile(ptr, rows, cols, row_stride, value, mask):
     tl.store(ptr + rows[:, None] * row_stride + cols[None, :], value.to(ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def store_wide_tile(ptr, rows, cols, row_stride, value, mask):
+    """``store_tile`` of a value in the math dtype: an fp64 value bound for a 16-bit tensor goes through
+    fp32 first, as torch's cast does."""
+    if ptr.dtype.element_ty != tl.float64:
+        value = value.to(tl.float32)
+    store_tile(ptr, rows, cols, row_stride, value, mask)
+
+
 # The persistent backward grids: each program loops over a contiguous block of row tiles, loading (dy, x)
 # tiles; with PREFETCH the next tile's loads are issued before this tile's math (two tiles in flight).
 

@@ -35,7 +35,7 @@ from liger_core.dispatch import (
 )
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import MAX_FUSED_SIZE, cdiv, next_power_of_2, num_sms
-from liger_core.ops._norm_math import as_shape, inv_sqrt_mean, rows_view, sum_partials, widen
+from liger_core.ops._norm_math import as_shape, inv_sqrt_mean, rows_view, store_wide_tile, sum_partials, widen
 from liger_core.reference.rms_norm import CASTING_MODES
 from liger_core.sharding import is_dtensor
 
@@ -97,9 +97,7 @@ def _modulated_rms_norm_fwd_kernel(
     if HAS_SHIFT:
         shift = tl.load(shift_ptr + mods[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
         y += widen(shift.to(tl.float32), PRECISE)
-    if y_ptr.dtype.element_ty != tl.float64:
-        y = y.to(tl.float32)  # fp64 -> 16-bit goes through fp32, as torch's cast does
-    tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_wide_tile(y_ptr, rows, cols, y_row_stride, y, mask)
 
 
 @fast_launch
