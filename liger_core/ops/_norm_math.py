@@ -86,6 +86,17 @@ def row_block(x_ptr, y_ptr, n_rows, x_row_stride, y_row_stride, BLOCK_M: tl.cons
 
 
 @triton.jit
+def block_tile(n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A forward program's tile of BLOCK_M whole rows: (rows, row mask, columns, column mask, tile mask)."""
+    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < n_cols
+    return rows, row_mask, cols, col_mask, row_mask[:, None] & col_mask[None, :]
+
+
+@triton.jit
 def chunk_mask(row_mask, chunk, n_cols):
     """The (rows, columns) mask of a tile: ``row_mask`` rows x the columns of ``chunk`` below ``n_cols``."""
     return row_mask[:, None] & (chunk[None, :] < n_cols)
