@@ -235,6 +235,18 @@ def apply_along_dim(function: Any, fallback: Any, x: torch.Tensor, dim: int) -> 
     return function.apply(x, dim)
 
 
+def check_temperature(temperature: object, finite: bool = True) -> float:
+    """``temperature`` as a float: a positive number (``finite``: and finite), not a bool."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        ok = False
+    else:
+        ok = 0.0 < float(temperature) < math.inf if finite else temperature > 0
+    if not ok:
+        kind = "a positive finite number" if finite else "a positive number"
+        raise ValueError(f"temperature={temperature!r} must be {kind}")
+    return float(temperature)
+
+
 def check_beta(beta: object) -> float:
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= float(beta) <= 1.0:
         raise ValueError(f"beta={beta!r} must be a number in [0, 1]")

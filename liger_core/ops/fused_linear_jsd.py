@@ -48,6 +48,7 @@ from liger_core.ops._divergence_math import (
     check_beta,
     check_ignore_index,
     check_shift_labels,
+    check_temperature,
     exp_precise,
     jsd_mode,
     jsd_terms,
@@ -494,13 +495,7 @@ def fused_linear_jsd(
     )
     beta = check_beta(beta)
     ignore_index = check_ignore_index(ignore_index)
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not (0.0 < float(temperature) < math.inf)
-    ):
-        raise ValueError(f"temperature={temperature!r} must be a positive finite number")
-    temperature = float(temperature)
+    temperature = check_temperature(temperature)
     labels = check_shift_labels(
         shift_labels, tuple(student_hidden.shape[:-1]), "student_hidden", student_hidden
     )

@@ -531,15 +531,9 @@ class LigerFusedLinearJSDLoss(_DistillBase):
     lm_heads' biases (the student's in both terms)."""
 
     def _loss(
-        self,
-        student_input: torch.Tensor,
-        student_weight: torch.Tensor,
-        teacher_input: torch.Tensor,
-        teacher_weight: torch.Tensor,
-        true_labels: torch.Tensor,
-        student_bias: torch.Tensor | None,
-        teacher_bias: torch.Tensor | None,
-    ) -> Any:
+        self, student_input: torch.Tensor, student_weight: torch.Tensor, teacher_input: torch.Tensor,
+        teacher_weight: torch.Tensor, true_labels: torch.Tensor, student_bias: Any, teacher_bias: Any,
+    ) -> Any:  # fmt: skip
         from liger_core.ops import fused_linear_cross_entropy, fused_linear_jsd
 
         labels = true_labels.reshape(-1)
