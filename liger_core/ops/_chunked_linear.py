@@ -491,3 +491,22 @@ def check_head_dtypes(
             raise TypeError(
                 f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; they must match"
             )
+
+
+def check_head_biases(
+    student_bias: torch.Tensor | None,
+    student_weight: torch.Tensor,
+    teacher_bias: torch.Tensor | None,
+    teacher_weight: torch.Tensor,
+) -> None:
+    """Each given bias 1-D, one entry per vocabulary row of its weight, in its weight's dtype."""
+    for name, bias, weight in (
+        ("student_bias", student_bias, student_weight),
+        ("teacher_bias", teacher_bias, teacher_weight),
+    ):
+        if bias is None:
+            continue
+        check_tensor(name, bias, ndim=1)
+        check_shape(name, bias, (weight.shape[0],), "one entry per vocabulary row of its weight")
+        if bias.dtype != weight.dtype:
+            raise TypeError(f"{name} has dtype {bias.dtype}; expected its weight's {weight.dtype}")

@@ -47,6 +47,7 @@ from liger_core.ops._ce_math import (
 from liger_core.ops._chunked_linear import (
     _mm_accumulate,
     check_distill_tensors,
+    check_head_biases,
     check_head_dtypes,
     distill_chunk_rows,
     gather_distill_heads,
@@ -419,15 +420,7 @@ def fused_linear_cosine_similarity(
     n_rows = math.prod(leading)
     if tuple(target.shape) != leading and tuple(target.shape) != (n_rows,):
         check_shape("target", target, leading, "one label per token of student_hidden")
-    for name, bias, vocab, ref in (
-        ("student_bias", student_bias, vocab_s, student_weight),
-        ("teacher_bias", teacher_bias, vocab_t, teacher_weight),
-    ):
-        if bias is not None:
-            check_tensor(name, bias, ndim=1)
-            check_shape(name, bias, (vocab,), "one entry per vocabulary row of its weight")
-            if bias.dtype != ref.dtype:
-                raise TypeError(f"{name} has dtype {bias.dtype}; expected its weight's {ref.dtype}")
+    check_head_biases(student_bias, student_weight, teacher_bias, teacher_weight)
     check_head_dtypes(student_hidden, student_weight, teacher_hidden, teacher_weight)
     check_same_device(
         "student_hidden",

@@ -34,10 +34,11 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
+from liger_core.dispatch import check_same_device, check_shape, use_triton
 from liger_core.ops._ce_math import RUNNING_MAX_START
 from liger_core.ops._chunked_linear import (
     check_distill_tensors,
+    check_head_biases,
     check_head_dtypes,
     distill_chunk_rows,
     gather_distill_heads,
@@ -470,18 +471,7 @@ def fused_linear_jsd(
         "one teacher hidden state per student token",
     )
     check_head_dtypes(student_hidden, student_weight, teacher_hidden, teacher_weight)
-    for name, b, weight in (
-        ("student_bias", student_bias, student_weight),
-        ("teacher_bias", teacher_bias, teacher_weight),
-    ):
-        if b is None:
-            continue
-        check_tensor(name, b, ndim=1)
-        check_shape(name, b, (vocab,), "one bias per vocabulary entry")
-        if b.dtype != weight.dtype:
-            raise TypeError(
-                f"{name} has dtype {b.dtype} but its weight has dtype {weight.dtype}; they must match"
-            )
+    check_head_biases(student_bias, student_weight, teacher_bias, teacher_weight)
     biases = {
         k: v for k, v in (("student_bias", student_bias), ("teacher_bias", teacher_bias)) if v is not None
     }
