@@ -211,6 +211,17 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 or rows.shape[-1] <= 1 else rows.contiguous()
 
 
+def launch_over_rows(kernel: Any, args: tuple, n_rows: int, n_cols: int, data: torch.Tensor) -> None:
+    """``kernel[grid](*args)`` over (n_rows, n_cols) row tiles (``row_tiles``), math in ``compute_dtype`` of
+    ``data``'s dtype; nothing for an empty tensor."""
+    if n_rows and n_cols:
+        tiles = row_tiles(n_rows, n_cols, data.device)
+        kernel[tiles.grid(n_rows)](
+            *args, COMPUTE=compute_dtype(data.dtype),
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
+        )  # fmt: skip
+
+
 def rows_along(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Size]:
     """``t`` with ``dim`` moved last, as ``as_rows`` rows, and the moved shape (for ``from_rows``)."""
     moved = t.movedim(dim, -1)

@@ -23,10 +23,9 @@ from liger_core import reference
 from liger_core.dispatch import launcher
 from liger_core.ops._divergence_math import (
     apply_along_dim,
-    compute_dtype,
     exp_precise,
     from_rows,
-    row_tiles,
+    launch_over_rows,
     rows_along,
     tile_rows,
 )
@@ -102,24 +101,14 @@ def _softmax_fwd_impl(x: torch.Tensor) -> torch.Tensor:
     """Softmax of each row of a (rows, V) tensor with unit column stride; a contiguous result."""
     n_rows, n_cols = x.shape
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    if n_rows and n_cols:
-        tiles = row_tiles(n_rows, n_cols, x.device)
-        _softmax_fwd_kernel[tiles.grid(n_rows)](
-            x, x.stride(0), y, n_rows, n_cols, COMPUTE=compute_dtype(x.dtype),
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+    launch_over_rows(_softmax_fwd_kernel, (x, x.stride(0), y, n_rows, n_cols), n_rows, n_cols, x)
     return y
 
 
 def _softmax_bwd_impl(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = y.shape
     dx = torch.empty_like(y)
-    if n_rows and n_cols:
-        tiles = row_tiles(n_rows, n_cols, y.device)
-        _softmax_bwd_kernel[tiles.grid(n_rows)](
-            dy, dy.stride(0), y, dx, n_rows, n_cols, COMPUTE=compute_dtype(y.dtype),
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+    launch_over_rows(_softmax_bwd_kernel, (dy, dy.stride(0), y, dx, n_rows, n_cols), n_rows, n_cols, y)
     return dx
 
 

@@ -33,7 +33,7 @@ from liger_core.ops._divergence_math import (
     apply_along_dim,
     compute_dtype,
     from_rows,
-    row_tiles,
+    launch_over_rows,
     rows_along,
     tile_rows,
 )
@@ -136,23 +136,17 @@ def _sparsemax_fwd_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tau = torch.empty(n_rows, dtype=_torch_dtype(compute), device=x.device)
     if n_rows and n_cols:
         zs = torch.sort(x, dim=-1, descending=True).values.contiguous()
-        tiles = row_tiles(n_rows, n_cols, x.device)
-        _sparsemax_fwd_kernel[tiles.grid(n_rows)](
-            x, x.stride(0), zs, y, tau, n_rows, n_cols, COMPUTE=compute,
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+        launch_over_rows(
+            _sparsemax_fwd_kernel, (x, x.stride(0), zs, y, tau, n_rows, n_cols), n_rows, n_cols, x
+        )
     return y, tau
 
 
 def _sparsemax_bwd_impl(dy: torch.Tensor, x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = x.shape
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    if n_rows and n_cols:
-        tiles = row_tiles(n_rows, n_cols, x.device)
-        _sparsemax_bwd_kernel[tiles.grid(n_rows)](
-            dy, dy.stride(0), x, x.stride(0), tau, dx, n_rows, n_cols, COMPUTE=compute_dtype(x.dtype),
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+    args = (dy, dy.stride(0), x, x.stride(0), tau, dx, n_rows, n_cols)
+    launch_over_rows(_sparsemax_bwd_kernel, args, n_rows, n_cols, x)
     return dx
 
 
