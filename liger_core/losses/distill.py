@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from liger_core.dispatch import check_choice
+from liger_core.ops._divergence_math import check_temperature
 from liger_core.ops.fused_linear_cosine_similarity import fused_linear_cosine_similarity
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd
 
@@ -118,13 +119,7 @@ class LigerFusedLinearDistillLoss(nn.Module):
     ) -> None:
         super().__init__()
         distill_beta(loss, beta)
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not (0.0 < float(temperature) < math.inf)
-        ):
-            raise ValueError(f"temperature={temperature!r} must be a positive finite number")
-        self.loss, self.beta, self.temperature = loss, beta, float(temperature)
+        self.loss, self.beta, self.temperature = loss, beta, check_temperature(temperature)
         self.ignore_index, self.chunk_size = ignore_index, chunk_size
 
     def forward(

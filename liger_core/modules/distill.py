@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from liger_core.ops._divergence_math import check_beta, check_ignore_index
+from liger_core.ops._divergence_math import check_beta, check_ignore_index, check_temperature
 from liger_core.ops.fused_linear_jsd import fused_linear_jsd, fused_linear_kl_div
 from liger_core.ops.jsd import jsd
 from liger_core.ops.kl_div import REDUCTIONS, kl_div
@@ -63,9 +63,7 @@ class LigerFusedLinearJSD(nn.Module):
         super().__init__()
         self.beta = check_beta(beta)
         self.ignore_index = check_ignore_index(ignore_index)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise ValueError(f"temperature={temperature!r} must be a positive number")
-        self.temperature = float(temperature)
+        self.temperature = check_temperature(temperature, finite=False)
 
     def forward(
         self,
@@ -102,11 +100,10 @@ class LigerFusedLinearKLDiv(nn.Module):
     def __init__(self, ignore_index: int = -100, temperature: float = 1.0, reverse: bool = False) -> None:
         super().__init__()
         self.ignore_index = check_ignore_index(ignore_index)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise ValueError(f"temperature={temperature!r} must be a positive number")
+        self.temperature = check_temperature(temperature, finite=False)
         if not isinstance(reverse, bool):
             raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
-        self.temperature, self.reverse = float(temperature), reverse
+        self.reverse = reverse
 
     def forward(
         self,

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from liger_core.dispatch import check_choice
+from liger_core.modules.norms import _RMSNormBase, _scale_and_shift
 from liger_core.ops.dyt import dyt
 from liger_core.ops.fused_add_rms_norm import fused_add_rms_norm
 from liger_core.ops.group_norm import group_norm
@@ -16,7 +17,7 @@ from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.reference.fused_add_rms_norm import CASTING_MODES
 
 
-class LigerFusedAddRMSNorm(nn.Module):
+class LigerFusedAddRMSNorm(_RMSNormBase):
     """``forward(hidden_states, residual) -> (rms_norm(hidden_states + residual), hidden_states + residual)``
     (``liger_core.ops.fused_add_rms_norm``); defaults match ``LlamaRMSNorm`` applied to the residual sum."""
 
@@ -31,14 +32,9 @@ class LigerFusedAddRMSNorm(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        check_choice("casting_mode", casting_mode, CASTING_MODES)
-        check_choice("init_fn", init_fn, ("ones", "zeros"))
-        init = torch.ones if init_fn == "ones" else torch.zeros
-        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
-        self.variance_epsilon = eps
-        self.offset = offset
-        self.casting_mode = casting_mode
+        super().__init__(
+            hidden_size, eps, offset, casting_mode, init_fn, CASTING_MODES, device=device, dtype=dtype
+        )
 
     def forward(
         self, hidden_states: torch.Tensor, residual: torch.Tensor
@@ -48,10 +44,7 @@ class LigerFusedAddRMSNorm(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
-            f"casting_mode={self.casting_mode!r}"
-        )
+        return f"{tuple(self.weight.shape)}, {self._options_repr()}"
 
 
 class LigerRMSNormNoWeight(nn.Module):
@@ -112,11 +105,7 @@ class LigerDyT(nn.Module):
         self.hidden_size = hidden_size
         self.init_alpha = init_alpha
         self.alpha = nn.Parameter(torch.full((1,), init_alpha, device=device, dtype=dtype))
-        self.gamma = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-        if beta:
-            self.beta = nn.Parameter(torch.zeros(hidden_size, device=device, dtype=dtype))
-        else:
-            self.register_parameter("beta", None)
+        _scale_and_shift(self, hidden_size, beta, device, dtype, "gamma", "beta")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dyt(x, self.alpha, self.gamma, self.beta)
@@ -149,8 +138,7 @@ class LigerGroupNorm(nn.Module):
         self.eps = eps
         self.affine = affine
         if affine:
-            self.weight = nn.Parameter(torch.ones(num_channels, device=device, dtype=dtype))
-            self.bias = nn.Parameter(torch.zeros(num_channels, device=device, dtype=dtype))
+            _scale_and_shift(self, num_channels, True, device, dtype)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -162,7 +150,7 @@ class LigerGroupNorm(nn.Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
-class LigerModulatedRMSNorm(nn.Module):
+class LigerModulatedRMSNorm(_RMSNormBase):
     """``forward(hidden_states, scale, shift=None) = rms_norm(hidden_states) * (1 + scale) + shift``
     (``liger_core.ops.modulated_rms_norm``): the AdaLN norm of Diffusion Transformers; arguments as
     liger-kernel's module (``elementwise_affine=False``: no weight)."""
@@ -179,18 +167,10 @@ class LigerModulatedRMSNorm(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        check_choice("casting_mode", casting_mode, CASTING_MODES)
-        check_choice("init_fn", init_fn, ("ones", "zeros"))
+        super().__init__(
+            hidden_size, eps, offset, casting_mode, init_fn, CASTING_MODES, elementwise_affine, device, dtype
+        )
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            init = torch.ones if init_fn == "ones" else torch.zeros
-            self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
-        else:
-            self.register_parameter("weight", None)
-        self.variance_epsilon = eps
-        self.offset = offset
-        self.casting_mode = casting_mode
 
     def forward(
         self, hidden_states: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None = None
@@ -200,7 +180,4 @@ class LigerModulatedRMSNorm(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}, "
-            f"elementwise_affine={self.elementwise_affine}"
-        )
+        return f"{self._options_repr()}, elementwise_affine={self.elementwise_affine}"

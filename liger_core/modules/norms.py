@@ -15,7 +15,57 @@ from liger_core.reference.rms_norm_gated import ACTIVATIONS as GATED_ACTIVATIONS
 from liger_core.reference.rms_norm_gated import CASTING_MODES as GATED_CASTING_MODES
 
 
-class LigerRMSNorm(nn.Module):
+def _scale_and_shift(
+    module: nn.Module,
+    size: int,
+    shift: bool,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+    scale_name: str = "weight",
+    shift_name: str = "bias",
+) -> None:
+    """Registers a ones-initialised scale of ``size`` and a zeros-initialised shift (None without ``shift``),
+    as ``nn.LayerNorm`` initialises its affine parameters."""
+    setattr(module, scale_name, nn.Parameter(torch.ones(size, device=device, dtype=dtype)))
+    if shift:
+        setattr(module, shift_name, nn.Parameter(torch.zeros(size, device=device, dtype=dtype)))
+    else:
+        module.register_parameter(shift_name, None)
+
+
+class _RMSNormBase(nn.Module):
+    """Weight (``init_fn`` "ones" or "zeros"; ``affine=False``: none), ``variance_epsilon``, ``offset`` and
+    ``casting_mode`` of the RMSNorm modules."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float,
+        offset: float,
+        casting_mode: str,
+        init_fn: str,
+        casting_modes: tuple[str, ...],
+        affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_choice("casting_mode", casting_mode, casting_modes)
+        check_choice("init_fn", init_fn, ("ones", "zeros"))
+        if affine:
+            init = torch.ones if init_fn == "ones" else torch.zeros
+            self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.variance_epsilon = eps
+        self.offset = offset
+        self.casting_mode = casting_mode
+
+    def _options_repr(self) -> str:
+        return f"eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}"
+
+
+class LigerRMSNorm(_RMSNormBase):
     """RMSNorm over the last dimension (``liger_core.ops.rms_norm``); defaults match ``LlamaRMSNorm``.
 
     ``init_fn``: "ones" (Llama: y = x * rstd * w) or "zeros" (Gemma, with offset=1: y = x * rstd * (1 + w)).
@@ -33,14 +83,9 @@ class LigerRMSNorm(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        check_choice("casting_mode", casting_mode, CASTING_MODES)
-        check_choice("init_fn", init_fn, ("ones", "zeros"))
-        init = torch.ones if init_fn == "ones" else torch.zeros
-        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
-        self.variance_epsilon = eps
-        self.offset = offset
-        self.casting_mode = casting_mode
+        super().__init__(
+            hidden_size, eps, offset, casting_mode, init_fn, CASTING_MODES, device=device, dtype=dtype
+        )
         self.in_place = in_place
 
     @property
@@ -58,10 +103,7 @@ class LigerRMSNorm(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
-            f"casting_mode={self.casting_mode!r}, in_place={self.in_place}"
-        )
+        return f"{tuple(self.weight.shape)}, {self._options_repr()}, in_place={self.in_place}"
 
 
 class LigerRMSNormForGemma(LigerRMSNorm):
@@ -150,11 +192,7 @@ class LigerLayerNorm(nn.Module):
         self.normalized_shape = (hidden_size,)
         self.eps = eps
         self.elementwise_affine = True
-        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(hidden_size, device=device, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
+        _scale_and_shift(self, hidden_size, bias, device, dtype)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return layer_norm(hidden_states, self.weight, self.bias, self.eps)

@@ -8,6 +8,7 @@ cross-entropy kernel in place, the gradients accumulated from the chunk's dlogit
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -16,6 +17,7 @@ from liger_core import tuning
 from liger_core.dispatch import FLOAT_DTYPES, INDEX_DTYPES, check_shape, check_tensor
 from liger_core.ops._ce_kernel import launch_cross_entropy
 from liger_core.ops._ce_math import finish_target_check, start_target_check, target_stats, with_denominator
+from liger_core.sharding import check_not_zero3_partitioned, gather_weights
 
 # A chunk of logits may be as large as the hidden-state gradient, and at least this large on a GPU (small
 # models: fewer, larger GEMMs; each chunk re-reads and re-writes all of dW).
@@ -403,3 +405,108 @@ def _chunk_loop(
     if grad_bias is not None:
         grad_bias = grad_bias.float()
     return loss_rows, z_rows, stats, grad_hidden, grad_weight, grad_bias
+
+
+# Distillation (``fused_linear_jsd``, ``fused_linear_cosine_similarity``): a student and a teacher head, each
+# chunk holding both models' logits.
+
+# Budget for the two per-chunk logits buffers (student + teacher): 512 MiB is 1024 rows of a 128256-entry
+# bf16 vocabulary, enough rows for the chunk matmuls to run near peak, and small next to the fp32 dW.
+CHUNK_LOGITS_BYTES = 512 * 2**20
+MIN_CHUNK_ROWS = 16
+
+
+def default_chunk_rows(n_rows: int, vocab: int, bytes_per_logit_pair: int) -> int:
+    """Rows per chunk: a power of two whose two logits buffers fit CHUNK_LOGITS_BYTES (at most n_rows)."""
+    fit = max(1, CHUNK_LOGITS_BYTES // max(1, vocab * bytes_per_logit_pair))
+    rows = max(MIN_CHUNK_ROWS, 2 ** int(math.log2(fit)))
+    return max(1, min(n_rows, rows))
+
+
+def distill_chunk_rows(
+    chunk_size: object, n_rows: int, vocab: int, student_hidden: torch.Tensor, teacher_hidden: torch.Tensor
+) -> int:
+    """The checked ``chunk_size`` option, or (None) ``default_chunk_rows`` for both models' logits."""
+    if chunk_size is None:
+        return default_chunk_rows(
+            n_rows, vocab, student_hidden.element_size() + teacher_hidden.element_size()
+        )
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int")
+    return chunk_size
+
+
+def gather_distill_heads(
+    op: str,
+    inputs: dict[str, torch.Tensor | None],
+    student_weight: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    student_bias: torch.Tensor | None,
+    teacher_bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Both heads' weights and biases gathered whole from DTensors (``sharding.gather_weights``)."""
+    weights = {
+        "student_weight": student_weight,
+        "teacher_weight": teacher_weight,
+        "student_bias": student_bias,
+        "teacher_bias": teacher_bias,
+    }
+    gathered = gather_weights(op, inputs, weights)
+    return (
+        gathered["student_weight"],
+        gathered["teacher_weight"],
+        gathered["student_bias"],
+        gathered["teacher_bias"],
+    )
+
+
+def check_distill_tensors(
+    student_hidden: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    teacher_weight: torch.Tensor,
+) -> tuple[int, int]:
+    """Hidden states (at least 1-D) and 2-D weights of both models, not ZeRO-3 partitioned; returns the
+    student's and the teacher's hidden sizes."""
+    check_not_zero3_partitioned(student_weight=student_weight, teacher_weight=teacher_weight)
+    check_tensor("student_hidden", student_hidden, min_ndim=1)
+    check_tensor("student_weight", student_weight, ndim=2)
+    check_tensor("teacher_hidden", teacher_hidden, min_ndim=1)
+    check_tensor("teacher_weight", teacher_weight, ndim=2)
+    return student_hidden.shape[-1], teacher_hidden.shape[-1]
+
+
+def check_head_dtypes(
+    student_hidden: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    teacher_weight: torch.Tensor,
+) -> None:
+    """Each model's weight in its hidden states' dtype."""
+    for name, t, ref_name, ref in (
+        ("student_weight", student_weight, "student_hidden", student_hidden),
+        ("teacher_weight", teacher_weight, "teacher_hidden", teacher_hidden),
+    ):
+        if t.dtype != ref.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; they must match"
+            )
+
+
+def check_head_biases(
+    student_bias: torch.Tensor | None,
+    student_weight: torch.Tensor,
+    teacher_bias: torch.Tensor | None,
+    teacher_weight: torch.Tensor,
+) -> None:
+    """Each given bias 1-D, one entry per vocabulary row of its weight, in its weight's dtype."""
+    for name, bias, weight in (
+        ("student_bias", student_bias, student_weight),
+        ("teacher_bias", teacher_bias, teacher_weight),
+    ):
+        if bias is None:
+            continue
+        check_tensor(name, bias, ndim=1)
+        check_shape(name, bias, (weight.shape[0],), "one entry per vocabulary row of its weight")
+        if bias.dtype != weight.dtype:
+            raise TypeError(f"{name} has dtype {bias.dtype}; expected its weight's {weight.dtype}")

@@ -8,20 +8,28 @@
   ``tl.log`` on NVIDIA GPUs are approximations several ulp off for fp32).
 - ``jsd_terms``: one tile's generalised JSD loss terms and student gradient (``jsd_mode`` picks forward KL,
   reverse KL or the mixture from beta; the math is in ``ops.jsd``'s docstring).
-- Host helpers: ``as_rows`` (a (rows, last dim) view with unit column stride), ``kept_count`` (the loss's
+- Host helpers: ``as_rows`` (a (rows, last dim) view with unit column stride), ``rows_along`` / ``from_rows``
+  / ``apply_along_dim`` (a row-wise op along any dim), ``kept_count`` (the loss's
   divisor as a device tensor) and the argument checks the divergence ops share.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from liger_core.dispatch import INDEX_DTYPES, check_same_device, check_shape, check_tensor
+from liger_core.dispatch import (
+    INDEX_DTYPES,
+    check_dim,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    use_triton,
+)
 from liger_core.ops._launch import cdiv, next_power_of_2
 
 FORWARD_KL, REVERSE_KL, MIXTURE = 0, 1, 2
@@ -201,6 +209,53 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     stride, including 0 (rows expanded from one)."""
     rows = t.reshape(math.prod(t.shape[:-1]), t.shape[-1])  # not -1: ambiguous for an empty last dim
     return rows if rows.stride(-1) == 1 or rows.shape[-1] <= 1 else rows.contiguous()
+
+
+def launch_over_rows(kernel: Any, args: tuple, n_rows: int, n_cols: int, data: torch.Tensor) -> None:
+    """``kernel[grid](*args)`` over (n_rows, n_cols) row tiles (``row_tiles``), math in ``compute_dtype`` of
+    ``data``'s dtype; nothing for an empty tensor."""
+    if n_rows and n_cols:
+        tiles = row_tiles(n_rows, n_cols, data.device)
+        kernel[tiles.grid(n_rows)](
+            *args, COMPUTE=compute_dtype(data.dtype),
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
+        )  # fmt: skip
+
+
+def rows_along(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Size]:
+    """``t`` with ``dim`` moved last, as ``as_rows`` rows, and the moved shape (for ``from_rows``)."""
+    moved = t.movedim(dim, -1)
+    return as_rows(moved), moved.shape
+
+
+def from_rows(rows: torch.Tensor, moved_shape: torch.Size, dim: int) -> torch.Tensor:
+    """The inverse of ``rows_along``: contiguous rows back in the layout whose ``dim`` was moved last."""
+    return rows.view(moved_shape).movedim(-1, dim)
+
+
+def apply_along_dim(function: Any, fallback: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The functional entry of a row-wise op along any ``dim`` (softmax, sparsemax): checks ``x`` and
+    ``dim``, runs ``fallback(x, dim)`` (the reference) where Triton does not run, a 0-dim ``x`` as one row of
+    one, else ``function.apply(x, dim)``."""
+    check_tensor("x", x)
+    dim = check_dim(dim, x.dim())
+    if not use_triton(x):
+        return fallback(x, dim)
+    if x.dim() == 0:
+        return function.apply(x.reshape(1), 0).reshape(())
+    return function.apply(x, dim)
+
+
+def check_temperature(temperature: object, finite: bool = True) -> float:
+    """``temperature`` as a float: a positive number (``finite``: and finite), not a bool."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        ok = False
+    else:
+        ok = 0.0 < float(temperature) < math.inf if finite else temperature > 0
+    if not ok:
+        kind = "a positive finite number" if finite else "a positive number"
+        raise ValueError(f"temperature={temperature!r} must be {kind}")
+    return float(temperature)
 
 
 def check_beta(beta: object) -> float:

@@ -86,6 +86,17 @@ def row_block(x_ptr, y_ptr, n_rows, x_row_stride, y_row_stride, BLOCK_M: tl.cons
 
 
 @triton.jit
+def block_tile(n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A forward program's tile of BLOCK_M whole rows: (rows, row mask, columns, column mask, tile mask)."""
+    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < n_cols
+    return rows, row_mask, cols, col_mask, row_mask[:, None] & col_mask[None, :]
+
+
+@triton.jit
 def chunk_mask(row_mask, chunk, n_cols):
     """The (rows, columns) mask of a tile: ``row_mask`` rows x the columns of ``chunk`` below ``n_cols``."""
     return row_mask[:, None] & (chunk[None, :] < n_cols)
@@ -107,6 +118,15 @@ def store_rows(rows_ptr, cols, value, mask):
 def store_tile(ptr, rows, cols, row_stride, value, mask):
     """``value`` stored at ``rows`` x ``cols`` (int64 rows) of the matrix at ``ptr``, rounded to its dtype."""
     tl.store(ptr + rows[:, None] * row_stride + cols[None, :], value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_wide_tile(ptr, rows, cols, row_stride, value, mask):
+    """``store_tile`` of a value in the math dtype: an fp64 value bound for a 16-bit tensor goes through
+    fp32 first, as torch's cast does."""
+    if ptr.dtype.element_ty != tl.float64:
+        value = value.to(tl.float32)
+    store_tile(ptr, rows, cols, row_stride, value, mask)
 
 
 # The persistent backward grids: each program loops over a contiguous block of row tiles, loading (dy, x)

@@ -27,7 +27,7 @@ import triton.language as tl
 from liger_core import tuning
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import MAX_FUSED_SIZE, cdiv, next_power_of_2, num_sms
-from liger_core.ops._norm_math import accumulate, inv_sqrt_mean, sum_partials, widen
+from liger_core.ops._norm_math import accumulate, block_tile, inv_sqrt_mean, sum_partials, widen
 
 
 @fast_launch
@@ -54,12 +54,7 @@ def _fwd_kernel(
     BLOCK_N: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    row_mask = rows < n_rows
-    mask = row_mask[:, None] & col_mask[None, :]
+    rows, row_mask, cols, col_mask, mask = block_tile(n_rows, n_cols, BLOCK_M, BLOCK_N)
     x_dtype = x_ptr.dtype.element_ty
     s = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:

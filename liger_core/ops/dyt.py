@@ -28,7 +28,7 @@ from liger_core import reference, tuning
 from liger_core.dispatch import check_same_device, check_shape, check_tensor, launcher, use_triton
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import cdiv, next_power_of_2, num_sms
-from liger_core.ops._norm_math import as_shape, rows_view, sum_partials, widen
+from liger_core.ops._norm_math import as_shape, rows_view, store_wide_tile, sum_partials, widen
 from liger_core.sharding import is_dtensor
 
 # Columns per tile at most: the backward's per-column accumulators live in registers.
@@ -83,9 +83,7 @@ def _dyt_fwd_kernel(
     y = gamma[None, :] * t
     if HAS_BETA:
         y += widen(tl.load(beta_ptr + cols, mask=col_mask, other=0.0).to(tl.float32), PRECISE)[None, :]
-    if y_ptr.dtype.element_ty != tl.float64:
-        y = y.to(tl.float32)  # fp64 -> 16-bit goes through fp32, as torch's cast does
-    tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_wide_tile(y_ptr, rows, cols, y_row_stride, y, mask)
 
 
 @fast_launch

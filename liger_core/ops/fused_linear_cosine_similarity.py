@@ -44,7 +44,16 @@ from liger_core.ops._ce_math import (
     start_target_check,
     target_stats,
 )
-from liger_core.ops._chunked_linear import _mm_accumulate, hidden_grad_into, linear_into
+from liger_core.ops._chunked_linear import (
+    _mm_accumulate,
+    check_distill_tensors,
+    check_head_biases,
+    check_head_dtypes,
+    distill_chunk_rows,
+    gather_distill_heads,
+    hidden_grad_into,
+    linear_into,
+)
 from liger_core.ops._divergence_math import (
     as_rows,
     check_ignore_index,
@@ -54,8 +63,7 @@ from liger_core.ops._divergence_math import (
     row_tiles,
     tile_rows,
 )
-from liger_core.ops.fused_linear_jsd import default_chunk_rows  # the same two-buffer budget
-from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
+from liger_core.sharding import any_dtensor
 
 
 @triton.jit
@@ -381,21 +389,15 @@ def fused_linear_cosine_similarity(
     """
     if any_dtensor(student_hidden, student_weight, teacher_hidden, teacher_weight, target):
         inputs = {"student_hidden": student_hidden, "teacher_hidden": teacher_hidden, "target": target}
-        weights = {
-            "student_weight": student_weight,
-            "teacher_weight": teacher_weight,
-            "student_bias": student_bias,
-            "teacher_bias": teacher_bias,
-        }
-        gathered = gather_weights("fused_linear_cosine_similarity", inputs, weights)
-        student_weight, teacher_weight = gathered["student_weight"], gathered["teacher_weight"]
-        student_bias, teacher_bias = gathered["student_bias"], gathered["teacher_bias"]
-    check_not_zero3_partitioned(student_weight=student_weight, teacher_weight=teacher_weight)
-    check_tensor("student_hidden", student_hidden, min_ndim=1)
-    check_tensor("student_weight", student_weight, ndim=2)
-    check_tensor("teacher_hidden", teacher_hidden, min_ndim=1)
-    check_tensor("teacher_weight", teacher_weight, ndim=2)
-    hidden_s, hidden_t = student_hidden.shape[-1], teacher_hidden.shape[-1]
+        student_weight, teacher_weight, student_bias, teacher_bias = gather_distill_heads(
+            "fused_linear_cosine_similarity",
+            inputs,
+            student_weight,
+            teacher_weight,
+            student_bias,
+            teacher_bias,
+        )
+    hidden_s, hidden_t = check_distill_tensors(student_hidden, student_weight, teacher_hidden, teacher_weight)
     vocab_s, vocab_t = student_weight.shape[0], teacher_weight.shape[0]
     for name, w, size, ref_name in (
         ("student_weight", student_weight, hidden_s, "student_hidden"),
@@ -418,23 +420,8 @@ def fused_linear_cosine_similarity(
     n_rows = math.prod(leading)
     if tuple(target.shape) != leading and tuple(target.shape) != (n_rows,):
         check_shape("target", target, leading, "one label per token of student_hidden")
-    for name, bias, vocab, ref in (
-        ("student_bias", student_bias, vocab_s, student_weight),
-        ("teacher_bias", teacher_bias, vocab_t, teacher_weight),
-    ):
-        if bias is not None:
-            check_tensor(name, bias, ndim=1)
-            check_shape(name, bias, (vocab,), "one entry per vocabulary row of its weight")
-            if bias.dtype != ref.dtype:
-                raise TypeError(f"{name} has dtype {bias.dtype}; expected its weight's {ref.dtype}")
-    for name, t, ref_name, ref in (
-        ("student_weight", student_weight, "student_hidden", student_hidden),
-        ("teacher_weight", teacher_weight, "teacher_hidden", teacher_hidden),
-    ):
-        if t.dtype != ref.dtype:
-            raise TypeError(
-                f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; they must match"
-            )
+    check_head_biases(student_bias, student_weight, teacher_bias, teacher_weight)
+    check_head_dtypes(student_hidden, student_weight, teacher_hidden, teacher_weight)
     check_same_device(
         "student_hidden",
         student_hidden,
@@ -452,12 +439,7 @@ def fused_linear_cosine_similarity(
     ignore_index = check_ignore_index(ignore_index)
     if not isinstance(return_soft_hard_loss, bool):
         raise TypeError(f"return_soft_hard_loss must be a bool, got {type(return_soft_hard_loss).__name__}")
-    if chunk_size is None:
-        chunk_size = default_chunk_rows(
-            n_rows, vocab_t, student_hidden.element_size() + teacher_hidden.element_size()
-        )
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int")
+    chunk_size = distill_chunk_rows(chunk_size, n_rows, vocab_t, student_hidden, teacher_hidden)
     if not use_triton(student_hidden):
         if weight_hard_loss != 0 or return_soft_hard_loss:
             check_targets_host(target.reshape(-1), ignore_index, vocab_s)  # the kernel path's ValueError

@@ -34,13 +34,22 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_same_device, check_shape, check_tensor, use_triton
+from liger_core.dispatch import check_same_device, check_shape, use_triton
 from liger_core.ops._ce_math import RUNNING_MAX_START
+from liger_core.ops._chunked_linear import (
+    check_distill_tensors,
+    check_head_biases,
+    check_head_dtypes,
+    distill_chunk_rows,
+    gather_distill_heads,
+)
+from liger_core.ops._chunked_linear import default_chunk_rows as default_chunk_rows  # re-exported
 from liger_core.ops._divergence_math import (
     as_rows,
     check_beta,
     check_ignore_index,
     check_shift_labels,
+    check_temperature,
     exp_precise,
     jsd_mode,
     jsd_terms,
@@ -51,22 +60,10 @@ from liger_core.ops._divergence_math import (
     tile_rows,
 )
 from liger_core.ops._launch import cdiv, elementwise_settings
-from liger_core.sharding import any_dtensor, check_not_zero3_partitioned, gather_weights
-
-# Budget for the two per-chunk logits buffers (student + teacher): 512 MiB is 1024 rows of a 128256-entry
-# bf16 vocabulary, enough rows for the chunk matmuls to run near peak, and small next to the fp32 dW.
-CHUNK_LOGITS_BYTES = 512 * 2**20
-MIN_CHUNK_ROWS = 16
+from liger_core.sharding import any_dtensor
 
 # cuBLAS matmuls of bf16/fp16 operands into an fp32 output (torch.addmm ``out_dtype``): torch >= 2.8
 _CUDA_OUT_DTYPE_MM = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
-
-
-def default_chunk_rows(n_rows: int, vocab: int, bytes_per_logit_pair: int) -> int:
-    """Rows per chunk: a power of two whose two logits buffers fit CHUNK_LOGITS_BYTES (at most n_rows)."""
-    fit = max(1, CHUNK_LOGITS_BYTES // max(1, vocab * bytes_per_logit_pair))
-    rows = max(MIN_CHUNK_ROWS, 2 ** int(math.log2(fit)))
-    return max(1, min(n_rows, rows))
 
 
 @triton.jit
@@ -444,18 +441,11 @@ def fused_linear_jsd(
         teacher_bias,
     ):
         inputs = {"student_hidden": student_hidden, "teacher_hidden": teacher_hidden}
-        inputs["shift_labels"] = shift_labels
-        weights = {"student_weight": student_weight, "teacher_weight": teacher_weight}
-        weights.update(student_bias=student_bias, teacher_bias=teacher_bias)
-        gathered = gather_weights("fused_linear_jsd", inputs, weights)
-        student_weight, teacher_weight = gathered["student_weight"], gathered["teacher_weight"]
-        student_bias, teacher_bias = gathered["student_bias"], gathered["teacher_bias"]
-    check_not_zero3_partitioned(student_weight=student_weight, teacher_weight=teacher_weight)
-    check_tensor("student_hidden", student_hidden, min_ndim=1)
-    check_tensor("student_weight", student_weight, ndim=2)
-    check_tensor("teacher_hidden", teacher_hidden, min_ndim=1)
-    check_tensor("teacher_weight", teacher_weight, ndim=2)
-    hidden_s, hidden_t = student_hidden.shape[-1], teacher_hidden.shape[-1]
+        student_weight, teacher_weight, student_bias, teacher_bias = gather_distill_heads(
+            "fused_linear_jsd", dict(inputs, shift_labels=shift_labels), student_weight, teacher_weight,
+            student_bias, teacher_bias,
+        )  # fmt: skip
+    hidden_s, hidden_t = check_distill_tensors(student_hidden, student_weight, teacher_hidden, teacher_weight)
     vocab = student_weight.shape[0]
     if student_weight.shape[1] != hidden_s:
         raise ValueError(
@@ -480,26 +470,8 @@ def fused_linear_jsd(
         tuple(student_hidden.shape[:-1]) + (hidden_t,),
         "one teacher hidden state per student token",
     )
-    for name, t, ref_name, ref in (
-        ("student_weight", student_weight, "student_hidden", student_hidden),
-        ("teacher_weight", teacher_weight, "teacher_hidden", teacher_hidden),
-    ):
-        if t.dtype != ref.dtype:
-            raise TypeError(
-                f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; they must match"
-            )
-    for name, b, weight in (
-        ("student_bias", student_bias, student_weight),
-        ("teacher_bias", teacher_bias, teacher_weight),
-    ):
-        if b is None:
-            continue
-        check_tensor(name, b, ndim=1)
-        check_shape(name, b, (vocab,), "one bias per vocabulary entry")
-        if b.dtype != weight.dtype:
-            raise TypeError(
-                f"{name} has dtype {b.dtype} but its weight has dtype {weight.dtype}; they must match"
-            )
+    check_head_dtypes(student_hidden, student_weight, teacher_hidden, teacher_weight)
+    check_head_biases(student_bias, student_weight, teacher_bias, teacher_weight)
     biases = {
         k: v for k, v in (("student_bias", student_bias), ("teacher_bias", teacher_bias)) if v is not None
     }
@@ -513,23 +485,12 @@ def fused_linear_jsd(
     )
     beta = check_beta(beta)
     ignore_index = check_ignore_index(ignore_index)
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not (0.0 < float(temperature) < math.inf)
-    ):
-        raise ValueError(f"temperature={temperature!r} must be a positive finite number")
-    temperature = float(temperature)
+    temperature = check_temperature(temperature)
     labels = check_shift_labels(
         shift_labels, tuple(student_hidden.shape[:-1]), "student_hidden", student_hidden
     )
     n_rows = math.prod(student_hidden.shape[:-1])
-    if chunk_size is None:
-        chunk_size = default_chunk_rows(
-            n_rows, vocab, student_hidden.element_size() + teacher_hidden.element_size()
-        )
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int")
+    chunk_size = distill_chunk_rows(chunk_size, n_rows, vocab, student_hidden, teacher_hidden)
     if not use_triton(student_hidden):
         return reference.fused_linear_jsd(
             student_hidden,

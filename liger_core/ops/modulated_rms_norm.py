@@ -35,7 +35,15 @@ from liger_core.dispatch import (
 )
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import MAX_FUSED_SIZE, cdiv, next_power_of_2, num_sms
-from liger_core.ops._norm_math import as_shape, inv_sqrt_mean, rows_view, sum_partials, widen
+from liger_core.ops._norm_math import (
+    as_shape,
+    block_tile,
+    inv_sqrt_mean,
+    rows_view,
+    store_wide_tile,
+    sum_partials,
+    widen,
+)
 from liger_core.reference.rms_norm import CASTING_MODES
 from liger_core.sharding import is_dtensor
 
@@ -79,12 +87,7 @@ def _modulated_rms_norm_fwd_kernel(
     BLOCK_N: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    # int64 row indices: rows * stride passes 2^31 for long sequences x wide hidden sizes
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < n_rows
-    col_mask = cols < n_cols
-    mask = row_mask[:, None] & col_mask[None, :]
+    rows, row_mask, cols, col_mask, mask = block_tile(n_rows, n_cols, BLOCK_M, BLOCK_N)
     mods = rows // rows_per_mod
     x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
     x = widen(x.to(tl.float32), PRECISE)
@@ -97,9 +100,7 @@ def _modulated_rms_norm_fwd_kernel(
     if HAS_SHIFT:
         shift = tl.load(shift_ptr + mods[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
         y += widen(shift.to(tl.float32), PRECISE)
-    if y_ptr.dtype.element_ty != tl.float64:
-        y = y.to(tl.float32)  # fp64 -> 16-bit goes through fp32, as torch's cast does
-    tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_wide_tile(y_ptr, rows, cols, y_row_stride, y, mask)
 
 
 @fast_launch

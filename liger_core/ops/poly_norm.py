@@ -28,7 +28,7 @@ from liger_core import reference, tuning
 from liger_core.dispatch import check_same_device, check_tensor, launcher, use_triton
 from liger_core.ops._fastlaunch import fast_launch
 from liger_core.ops._launch import MAX_FUSED_SIZE, cdiv, next_power_of_2, num_sms
-from liger_core.ops._norm_math import as_shape, rows_view, widen
+from liger_core.ops._norm_math import as_shape, rows_view, store_wide_tile, widen
 from liger_core.sharding import is_dtensor
 
 
@@ -82,9 +82,7 @@ def _poly_norm_fwd_kernel(
     w2 = widen(tl.load(w_ptr + 2).to(tl.float32), PRECISE)
     b = widen(tl.load(b_ptr).to(tl.float32), PRECISE)
     y = w0 * v3 + w1 * v2 + w2 * v1 + b
-    if y_ptr.dtype.element_ty != tl.float64:
-        y = y.to(tl.float32)  # fp64 -> 16-bit goes through fp32, as torch's cast does
-    tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_wide_tile(y_ptr, rows, cols, y_row_stride, y, mask)
 
 
 @fast_launch

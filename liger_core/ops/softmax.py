@@ -20,8 +20,15 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_dim, check_tensor, launcher, use_triton
-from liger_core.ops._divergence_math import as_rows, compute_dtype, exp_precise, row_tiles, tile_rows
+from liger_core.dispatch import launcher
+from liger_core.ops._divergence_math import (
+    apply_along_dim,
+    exp_precise,
+    from_rows,
+    launch_over_rows,
+    rows_along,
+    tile_rows,
+)
 
 _MAX_START = tl.constexpr(-3.4028234663852886e38)
 
@@ -94,24 +101,14 @@ def _softmax_fwd_impl(x: torch.Tensor) -> torch.Tensor:
     """Softmax of each row of a (rows, V) tensor with unit column stride; a contiguous result."""
     n_rows, n_cols = x.shape
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    if n_rows and n_cols:
-        tiles = row_tiles(n_rows, n_cols, x.device)
-        _softmax_fwd_kernel[tiles.grid(n_rows)](
-            x, x.stride(0), y, n_rows, n_cols, COMPUTE=compute_dtype(x.dtype),
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+    launch_over_rows(_softmax_fwd_kernel, (x, x.stride(0), y, n_rows, n_cols), n_rows, n_cols, x)
     return y
 
 
 def _softmax_bwd_impl(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = y.shape
     dx = torch.empty_like(y)
-    if n_rows and n_cols:
-        tiles = row_tiles(n_rows, n_cols, y.device)
-        _softmax_bwd_kernel[tiles.grid(n_rows)](
-            dy, dy.stride(0), y, dx, n_rows, n_cols, COMPUTE=compute_dtype(y.dtype),
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+    launch_over_rows(_softmax_bwd_kernel, (dy, dy.stride(0), y, dx, n_rows, n_cols), n_rows, n_cols, y)
     return dx
 
 
@@ -132,26 +129,20 @@ def _(dy, y):
 class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        moved = x.movedim(dim, -1)
-        y = launcher(_softmax_fwd, _softmax_fwd_impl)(as_rows(moved))
+        rows, moved_shape = rows_along(x, dim)
+        y = launcher(_softmax_fwd, _softmax_fwd_impl)(rows)
         ctx.save_for_backward(y)
-        ctx.dim, ctx.moved_shape = dim, moved.shape
-        return y.view(moved.shape).movedim(-1, dim)
+        ctx.dim, ctx.moved_shape = dim, moved_shape
+        return from_rows(y, moved_shape, dim)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
-        dx = launcher(_softmax_bwd, _softmax_bwd_impl)(as_rows(dy.movedim(ctx.dim, -1)), y)
-        return dx.view(ctx.moved_shape).movedim(-1, ctx.dim), None
+        dx = launcher(_softmax_bwd, _softmax_bwd_impl)(rows_along(dy, ctx.dim)[0], y)
+        return from_rows(dx, ctx.moved_shape, ctx.dim), None
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` in Triton, forward and backward, for a floating tensor of any shape and
     strides; the result and the gradient in x's dtype, from fp32 math (float64 for fp32 x), rounded once."""
-    check_tensor("x", x)
-    dim = check_dim(dim, x.dim())
-    if not use_triton(x):
-        return reference.softmax(x, dim)
-    if x.dim() == 0:
-        return SoftmaxFunction.apply(x.reshape(1), 0).reshape(())
-    return SoftmaxFunction.apply(x, dim)
+    return apply_along_dim(SoftmaxFunction, reference.softmax, x, dim)

@@ -28,8 +28,15 @@ import triton
 import triton.language as tl
 
 from liger_core import reference
-from liger_core.dispatch import check_dim, check_tensor, launcher, use_triton
-from liger_core.ops._divergence_math import as_rows, compute_dtype, row_tiles, tile_rows
+from liger_core.dispatch import launcher
+from liger_core.ops._divergence_math import (
+    apply_along_dim,
+    compute_dtype,
+    from_rows,
+    launch_over_rows,
+    rows_along,
+    tile_rows,
+)
 
 
 def _torch_dtype(dtype: tl.dtype) -> torch.dtype:
@@ -129,23 +136,17 @@ def _sparsemax_fwd_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tau = torch.empty(n_rows, dtype=_torch_dtype(compute), device=x.device)
     if n_rows and n_cols:
         zs = torch.sort(x, dim=-1, descending=True).values.contiguous()
-        tiles = row_tiles(n_rows, n_cols, x.device)
-        _sparsemax_fwd_kernel[tiles.grid(n_rows)](
-            x, x.stride(0), zs, y, tau, n_rows, n_cols, COMPUTE=compute,
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+        launch_over_rows(
+            _sparsemax_fwd_kernel, (x, x.stride(0), zs, y, tau, n_rows, n_cols), n_rows, n_cols, x
+        )
     return y, tau
 
 
 def _sparsemax_bwd_impl(dy: torch.Tensor, x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = x.shape
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    if n_rows and n_cols:
-        tiles = row_tiles(n_rows, n_cols, x.device)
-        _sparsemax_bwd_kernel[tiles.grid(n_rows)](
-            dy, dy.stride(0), x, x.stride(0), tau, dx, n_rows, n_cols, COMPUTE=compute_dtype(x.dtype),
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        )  # fmt: skip
+    args = (dy, dy.stride(0), x, x.stride(0), tau, dx, n_rows, n_cols)
+    launch_over_rows(_sparsemax_bwd_kernel, args, n_rows, n_cols, x)
     return dx
 
 
@@ -166,28 +167,21 @@ def _(dy, x, tau):
 class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        moved = x.movedim(dim, -1)
-        rows = as_rows(moved)
+        rows, moved_shape = rows_along(x, dim)
         y, tau = launcher(_sparsemax_fwd, _sparsemax_fwd_impl)(rows)
         ctx.save_for_backward(rows, tau)
-        ctx.dim, ctx.moved_shape = dim, moved.shape
-        return y.view(moved.shape).movedim(-1, dim)
+        ctx.dim, ctx.moved_shape = dim, moved_shape
+        return from_rows(y, moved_shape, dim)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         rows, tau = ctx.saved_tensors
-        dx = launcher(_sparsemax_bwd, _sparsemax_bwd_impl)(as_rows(dy.movedim(ctx.dim, -1)), rows, tau)
-        return dx.view(ctx.moved_shape).movedim(-1, ctx.dim), None
+        dx = launcher(_sparsemax_bwd, _sparsemax_bwd_impl)(rows_along(dy, ctx.dim)[0], rows, tau)
+        return from_rows(dx, ctx.moved_shape, ctx.dim), None
 
 
 def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Sparsemax of ``x`` along ``dim`` (the module doc): a probability vector per row with exact zeros off
     its support. Any shape and strides; the result and the gradient in x's dtype, from fp32 math (float64 for
     fp32 x), rounded once."""
-    check_tensor("x", x)
-    dim = check_dim(dim, x.dim())
-    if not use_triton(x):
-        return reference.sparsemax(x, dim)
-    if x.dim() == 0:
-        return SparsemaxFunction.apply(x.reshape(1), 0).reshape(())
-    return SparsemaxFunction.apply(x, dim)
+    return apply_along_dim(SparsemaxFunction, reference.sparsemax, x, dim)

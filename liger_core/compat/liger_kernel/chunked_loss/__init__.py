@@ -50,12 +50,20 @@ def _sequence_stats(
         return seq, out.mean_logits.float().mean(-1), token_sum, counts
 
 
-def _check_ref(use_ref_model: bool, ref_input: Any, ref_weight: Any, precomputed: Any = None) -> None:
-    if use_ref_model and precomputed is None and (ref_input is None or ref_weight is None):
+def _ref_hidden(
+    use_ref_model: bool, ref_input: Any, ref_weight: Any, ref_bias: Any, precomputed: Any = None
+) -> dict[str, Any]:
+    """The reference model's hidden states and lm_head as liger_core's ``ref_*`` keywords ({} without a
+    reference model); raises where the reference is needed and neither they nor ``precomputed`` log-probs
+    are given."""
+    if not use_ref_model:
+        return {}
+    if precomputed is None and (ref_input is None or ref_weight is None):
         raise ValueError(
             "use_ref_model=True needs ref_input and ref_weight "
             "(the reference model's hidden states and lm_head)"
         )
+    return dict(ref_hidden=ref_input, ref_weight=ref_weight, ref_bias=ref_bias)
 
 
 class _PairedBase(nn.Module):
@@ -75,6 +83,23 @@ class _PairedBase(nn.Module):
         if not self.compute_nll_loss:  # Liger-Kernel reports 0 where the loss has no NLL term
             nll = torch.zeros_like(nll)
         return seq[:n], seq[n:], logit_mean[:n].mean(), logit_mean[n:].mean(), nll
+
+    def _policy_aux(
+        self,
+        weight: torch.Tensor,
+        hidden: torch.Tensor,
+        target: torch.Tensor,
+        bias: Any,
+        average: bool,
+        nll: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Liger-Kernel's seven-entry ``aux`` with rewards ``beta * logps`` (no reference model); ``nll``
+        replaces the chosen completions' NLL where the loss reports its own."""
+        chosen, rejected, chosen_mean, rejected_mean, own_nll = self._aux_head(
+            weight, hidden, target, bias, average
+        )
+        nll = own_nll if nll is None else nll
+        return chosen, rejected, chosen_mean, rejected_mean, nll, self.beta * chosen, self.beta * rejected
 
 
 class LigerFusedLinearDPOLoss(_PairedBase):
@@ -116,14 +141,11 @@ class LigerFusedLinearDPOLoss(_PairedBase):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         from liger_core.losses import fused_linear_dpo_loss
 
-        _check_ref(self.use_ref_model, ref_input, ref_weight)
+        ref = _ref_hidden(self.use_ref_model, ref_input, ref_weight, ref_bias)
         loss_type: Any = self.loss_type
         weights = None
         if self.compute_nll_loss:
             loss_type, weights = [self.loss_type, "sft"], [1.0, self.alpha]
-        ref = (
-            dict(ref_hidden=ref_input, ref_weight=ref_weight, ref_bias=ref_bias) if self.use_ref_model else {}
-        )
         loss, metrics = fused_linear_dpo_loss(
             _input,
             lin_weight,
@@ -197,27 +219,16 @@ class LigerFusedLinearORPOLoss(_PairedBase):
             nll_target=nll_target,
             ignore_index=self.ignore_index,
         )
-        chosen, rejected, chosen_mean, rejected_mean, _ = self._aux_head(
-            lin_weight, _input, target, bias, True
-        )
-        aux = (
-            chosen,
-            rejected,
-            chosen_mean,
-            rejected_mean,
-            metrics["nll_loss"],
-            self.beta * chosen,
-            self.beta * rejected,
-            metrics["log_odds_ratio"],
-            metrics["log_odds_chosen"],
-        )
-        return loss, aux
+        aux = self._policy_aux(lin_weight, _input, target, bias, True, nll=metrics["nll_loss"])
+        return loss, (*aux, metrics["log_odds_ratio"], metrics["log_odds_chosen"])
 
 
 class LigerFusedLinearCPOLoss(_PairedBase):
     """CPO (``liger_core.losses.fused_linear_cpo_loss``, sigmoid loss on summed log-probs): ``-(1 - eps) log
     sig(beta d) - eps log sig(-beta d)`` plus ``alpha`` times the chosen NLL (``compute_nll_loss``). Rewards:
     ``beta * logps``."""
+
+    _averages = False  # the loss's sequence log-probs: sums (CPO) or per-token means (SimPO)
 
     def __init__(
         self,
@@ -243,7 +254,17 @@ class LigerFusedLinearCPOLoss(_PairedBase):
             beta=self.beta,
             label_smoothing=self.label_smoothing,
             cpo_alpha=self.alpha if self.compute_nll_loss else 0.0,
+            ignore_index=self.ignore_index,
         )
+
+    def _loss(
+        self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        from liger_core.losses import fused_linear_cpo_loss
+
+        return fused_linear_cpo_loss(
+            _input, lin_weight, target, bias, loss_type="sigmoid", **self._options()
+        )[0]
 
     def forward(
         self,
@@ -252,35 +273,16 @@ class LigerFusedLinearCPOLoss(_PairedBase):
         target: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        from liger_core.losses import fused_linear_cpo_loss
-
-        loss, _ = fused_linear_cpo_loss(
-            _input,
-            lin_weight,
-            target,
-            bias,
-            ignore_index=self.ignore_index,
-            loss_type="sigmoid",
-            **self._options(),
-        )
-        chosen, rejected, chosen_mean, rejected_mean, nll = self._aux_head(
-            lin_weight, _input, target, bias, False
-        )
-        return loss, (
-            chosen,
-            rejected,
-            chosen_mean,
-            rejected_mean,
-            nll,
-            self.beta * chosen,
-            self.beta * rejected,
-        )
+        loss = self._loss(lin_weight, _input, target, bias)
+        return loss, self._policy_aux(lin_weight, _input, target, bias, self._averages)
 
 
 class LigerFusedLinearSimPOLoss(LigerFusedLinearCPOLoss):
     """SimPO (``liger_core.losses.fused_linear_simpo_loss``): average log-probs, margin ``gamma``:
     ``-(1 - eps) log sig(beta d - gamma) - eps log sig(gamma - beta d)`` plus ``alpha`` times the chosen NLL
     (``compute_nll_loss``). Rewards: ``beta * average logps``."""
+
+    _averages = True
 
     def __init__(
         self,
@@ -296,36 +298,14 @@ class LigerFusedLinearSimPOLoss(LigerFusedLinearCPOLoss):
         super().__init__(ignore_index, beta, alpha, label_smoothing, compute_nll_loss)
         self.gamma = gamma
 
-    def forward(
-        self,
-        lin_weight: torch.Tensor,
-        _input: torch.Tensor,
-        target: torch.Tensor,
-        bias: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def _loss(
+        self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         from liger_core.losses import fused_linear_simpo_loss
 
-        loss, _ = fused_linear_simpo_loss(
-            _input,
-            lin_weight,
-            target,
-            bias,
-            ignore_index=self.ignore_index,
-            simpo_gamma=self.gamma,
-            **self._options(),
-        )
-        chosen, rejected, chosen_mean, rejected_mean, nll = self._aux_head(
-            lin_weight, _input, target, bias, True
-        )
-        return loss, (
-            chosen,
-            rejected,
-            chosen_mean,
-            rejected_mean,
-            nll,
-            self.beta * chosen,
-            self.beta * rejected,
-        )
+        return fused_linear_simpo_loss(
+            _input, lin_weight, target, bias, simpo_gamma=self.gamma, **self._options()
+        )[0]
 
 
 class LigerFusedLinearKTOLoss(nn.Module):
@@ -365,13 +345,12 @@ class LigerFusedLinearKTOLoss(nn.Module):
 
         if preference_labels is None:
             raise ValueError("preference_labels is required (a bool tensor, True for desirable rows)")
-        _check_ref(self.use_ref_model, ref_input, ref_weight)
+        ref = _ref_hidden(self.use_ref_model, ref_input, ref_weight, ref_bias)
         labels = preference_labels.bool()
         average = self.average_log_prob
         seq, logit_mean, _, _ = _sequence_stats(_input, lin_weight, bias, target, self.ignore_index, average)
         if self.use_ref_model:
             ref_seq = _sequence_stats(ref_input, ref_weight, ref_bias, target, self.ignore_index, average)[0]
-            ref = dict(ref_hidden=ref_input, ref_weight=ref_weight, ref_bias=ref_bias)
         else:
             ref_seq = torch.zeros_like(seq)
             ref = dict(ref_logps=ref_seq)
@@ -474,9 +453,7 @@ class LigerFusedLinearGRPOLoss(nn.Module):
         vllm_is_ratio: torch.Tensor | None = None,
         num_items_in_batch: Any = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        if self.beta != 0.0 and ref_per_token_logps is None:
-            _check_ref(True, ref_input, ref_weight)
-        ref = dict(ref_hidden=ref_input, ref_weight=ref_weight, ref_bias=ref_bias) if self.beta != 0.0 else {}
+        ref = _ref_hidden(self.beta != 0.0, ref_input, ref_weight, ref_bias, ref_per_token_logps)
         loss, metrics = self.core(
             _input,
             lin_weight,
@@ -499,12 +476,8 @@ class LigerFusedLinearGRPOLoss(nn.Module):
         return loss, tuple(out)
 
 
-class LigerFusedLinearJSDLoss(nn.Module):
-    """Distillation: ``weight_hard_loss * CE(student, true_labels) + weight_soft_loss * JSD_beta(student,
-    teacher)`` at ``temperature`` (both means over the tokens whose label is not ``ignore_index``), on
-    ``liger_core.ops.fused_linear_cross_entropy`` and ``liger_core.ops.fused_linear_jsd`` (``beta`` as there).
-    ``return_soft_hard_loss``: ``(loss, soft_loss, hard_loss)``. ``student_bias`` / ``teacher_bias``: the
-    lm_heads' biases (the student's in both terms)."""
+class _DistillBase(nn.Module):
+    """Liger-Kernel's distillation constructor and ``forward`` arguments; ``_loss`` computes the loss."""
 
     def __init__(
         self,
@@ -521,6 +494,13 @@ class LigerFusedLinearJSDLoss(nn.Module):
         self.weight_hard_loss, self.weight_soft_loss = weight_hard_loss, weight_soft_loss
         self.beta, self.ignore_index, self.temperature = beta, ignore_index, temperature
         self.return_soft_hard_loss = return_soft_hard_loss
+        self._setup()
+
+    def _setup(self) -> None:
+        """Construction-time work of a subclass (after the options are stored)."""
+
+    def _loss(self, *args: Any) -> Any:
+        raise NotImplementedError
 
     def forward(
         self,
@@ -532,6 +512,28 @@ class LigerFusedLinearJSDLoss(nn.Module):
         student_bias: torch.Tensor | None = None,
         teacher_bias: torch.Tensor | None = None,
     ) -> Any:
+        return self._loss(
+            student_input,
+            student_weight,
+            teacher_input,
+            teacher_weight,
+            true_labels,
+            student_bias,
+            teacher_bias,
+        )
+
+
+class LigerFusedLinearJSDLoss(_DistillBase):
+    """Distillation: ``weight_hard_loss * CE(student, true_labels) + weight_soft_loss * JSD_beta(student,
+    teacher)`` at ``temperature`` (both means over the tokens whose label is not ``ignore_index``), on
+    ``liger_core.ops.fused_linear_cross_entropy`` and ``liger_core.ops.fused_linear_jsd`` (``beta`` as there).
+    ``return_soft_hard_loss``: ``(loss, soft_loss, hard_loss)``. ``student_bias`` / ``teacher_bias``: the
+    lm_heads' biases (the student's in both terms)."""
+
+    def _loss(
+        self, student_input: torch.Tensor, student_weight: torch.Tensor, teacher_input: torch.Tensor,
+        teacher_weight: torch.Tensor, true_labels: torch.Tensor, student_bias: Any, teacher_bias: Any,
+    ) -> Any:  # fmt: skip
         from liger_core.ops import fused_linear_cross_entropy, fused_linear_jsd
 
         labels = true_labels.reshape(-1)
@@ -556,56 +558,29 @@ class LigerFusedLinearJSDLoss(nn.Module):
         return (loss, soft, hard) if self.return_soft_hard_loss else loss
 
 
-class LigerFusedLinearCosineSimilarityLoss(nn.Module):
+class LigerFusedLinearCosineSimilarityLoss(_DistillBase):
     """Distillation: ``weight_hard_loss * CE(student, true_labels) + weight_soft_loss * beta * mean(1 -
     cos(student logits, teacher logits))`` over the tokens whose label is not ``ignore_index``
     (``liger_core.losses.LigerFusedLinearCosineSimilarityLoss``); ``return_soft_hard_loss``: ``(loss,
     soft_loss, hard_loss)``. Where a logit vector is all zeros its gradient is 0 (Liger-Kernel's clamped
     normalisation gives one of order 1e20 there)."""
 
-    def __init__(
-        self,
-        weight_hard_loss: float = 0.5,
-        weight_soft_loss: float = 0.5,
-        beta: float = 0.5,
-        ignore_index: int = -100,
-        temperature: float = 1.0,
-        compiled: bool = True,
-        chunk_size: int = 1024,
-        return_soft_hard_loss: bool = False,
-    ) -> None:
-        super().__init__()
+    def _setup(self) -> None:
         core = liger_core_name(
             "losses", "LigerFusedLinearCosineSimilarityLoss", "LigerFusedLinearCosineSimilarityLoss"
         )
+        # built here so that bad options raise at construction, as Liger-Kernel's do
         self.core = core(
-            weight_hard_loss=weight_hard_loss,
-            weight_soft_loss=weight_soft_loss,
-            beta=beta,
-            ignore_index=ignore_index,
-            temperature=temperature,
-            return_soft_hard_loss=return_soft_hard_loss,
+            weight_hard_loss=self.weight_hard_loss,
+            weight_soft_loss=self.weight_soft_loss,
+            beta=self.beta,
+            ignore_index=self.ignore_index,
+            temperature=self.temperature,
+            return_soft_hard_loss=self.return_soft_hard_loss,
         )
 
-    def forward(
-        self,
-        student_input: torch.Tensor,
-        student_weight: torch.Tensor,
-        teacher_input: torch.Tensor,
-        teacher_weight: torch.Tensor,
-        true_labels: torch.Tensor,
-        student_bias: torch.Tensor | None = None,
-        teacher_bias: torch.Tensor | None = None,
-    ) -> Any:
-        return self.core(
-            student_input,
-            student_weight,
-            teacher_input,
-            teacher_weight,
-            true_labels,
-            student_bias,
-            teacher_bias,
-        )
+    def _loss(self, *args: Any) -> Any:
+        return self.core(*args)
 
 
 __all__ = [

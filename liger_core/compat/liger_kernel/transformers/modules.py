@@ -36,6 +36,26 @@ from liger_core.ops.rms_norm_no_weight import rms_norm_no_weight
 from liger_core.ops.swiglu import swiglu, swiglu_packed
 
 
+def _check_init_fn(init_fn: str) -> None:
+    if init_fn not in ("ones", "zeros"):
+        raise ValueError(f"init_fn must be 'ones' or 'zeros', got {init_fn!r}")
+
+
+def _liger_affine_init(module: nn.Module, init_fn: str, bias: bool) -> None:
+    """Liger-Kernel's initialisation of a norm's weight (``init_fn``: ones or zeros) and always-present bias
+    (N(0, 1) draws with ``bias=True``, zeros otherwise)."""
+    with torch.no_grad():
+        if init_fn == "zeros":
+            module.weight.zero_()
+        if bias:
+            module.bias.normal_()
+
+
+def _check_silu(config: Any) -> None:
+    if config.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"config.hidden_act must be 'silu' or 'swish', got {config.hidden_act!r}")
+
+
 class LigerRMSNorm(_CoreRMSNorm):
     """Liger-Kernel's ``LigerRMSNorm``: ``liger_core.modules.LigerRMSNorm`` with Liger-Kernel's parameter
     order and defaults (``in_place=True``). ``row_mode`` (Liger-Kernel's kernel-variant choice) is accepted
@@ -104,14 +124,9 @@ class LigerLayerNorm(_CoreLayerNorm):
         for name, value in (("impl", impl), ("mode", mode), ("backend", backend)):
             if value is not None:
                 raise missing(f"LigerLayerNorm({name}={value!r})", "liger_core has one LayerNorm kernel.")
-        if init_fn not in ("ones", "zeros"):
-            raise ValueError(f"init_fn must be 'ones' or 'zeros', got {init_fn!r}")
+        _check_init_fn(init_fn)
         super().__init__(hidden_size, eps, bias=True)
-        with torch.no_grad():
-            if init_fn == "zeros":
-                self.weight.zero_()
-            if bias:
-                self.bias.normal_()
+        _liger_affine_init(self, init_fn, bias)
 
 
 class LigerCrossEntropyLoss(_CoreCE):
@@ -271,8 +286,7 @@ class LigerPhi3SwiGLUMLP(nn.Module):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
-        if config.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"config.hidden_act must be 'silu' or 'swish', got {config.hidden_act!r}")
+        _check_silu(config)
         self.config = config
         self.hidden_size, self.intermediate_size = config.hidden_size, config.intermediate_size
         self.gate_up_proj = nn.Linear(self.hidden_size, 2 * self.intermediate_size, bias=False)
@@ -288,8 +302,7 @@ class LigerBlockSparseTop2MLP(nn.Module):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
-        if config.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"config.hidden_act must be 'silu' or 'swish', got {config.hidden_act!r}")
+        _check_silu(config)
         self.ffn_dim, self.hidden_dim = config.intermediate_size, config.hidden_size
         self.w1 = nn.Linear(self.hidden_dim, self.ffn_dim, bias=False)
         self.w2 = nn.Linear(self.ffn_dim, self.hidden_dim, bias=False)
@@ -360,14 +373,9 @@ class LigerGroupNorm(_CoreGroupNorm):
     def __init__(
         self, num_channels: int, num_groups: int, eps: float = 1e-6, bias: bool = False, init_fn: str = "ones"
     ) -> None:
-        if init_fn not in ("ones", "zeros"):
-            raise ValueError(f"init_fn must be 'ones' or 'zeros', got {init_fn!r}")
+        _check_init_fn(init_fn)
         super().__init__(num_groups, num_channels, eps)
-        with torch.no_grad():
-            if init_fn == "zeros":
-                self.weight.zero_()
-            if bias:
-                self.bias.normal_()
+        _liger_affine_init(self, init_fn, bias)
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -406,7 +414,17 @@ def _tile_tokens(x: torch.Tensor, num_shards: int | None) -> int:
     return max(1, per_shard * (x.numel() // max(seqlen * hidden, 1)))
 
 
-class LigerTiledSwiGLUMLP(_CoreSwiGLUMLP):
+class _Tiled(nn.Module):
+    """The MLP after it in the class order, run through ``tiled_mlp`` in ``num_shards`` sequence chunks."""
+
+    num_shards: int | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = [p for p in self.parameters() if p.requires_grad]
+        return tiled_mlp(super().forward, x, params, _tile_tokens(x, self.num_shards))
+
+
+class LigerTiledSwiGLUMLP(_Tiled, _CoreSwiGLUMLP):
     """Liger-Kernel's tiled SwiGLU MLP: ``liger_core.modules.LigerSwiGLUMLP`` run through
     ``liger_core.modules.long_context.tiled_mlp`` (forward without autograd tile by tile, backward recomputing
     one tile at a time), tiles of ``num_shards`` sequence chunks (default ``ceil(seqlen / hidden_size)``).
@@ -416,12 +434,8 @@ class LigerTiledSwiGLUMLP(_CoreSwiGLUMLP):
         super().__init__(config)
         self.num_shards = num_shards
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        params = [p for p in self.parameters() if p.requires_grad]
-        return tiled_mlp(super().forward, x, params, _tile_tokens(x, self.num_shards))
 
-
-class LigerTiledGEGLUMLP(_CoreGEGLUMLP):
+class LigerTiledGEGLUMLP(_Tiled, _CoreGEGLUMLP):
     """Liger-Kernel's tiled GEGLU MLP (tanh-approximated GELU, as Liger-Kernel's for every GELU name):
     ``liger_core.modules.LigerGEGLUMLP`` run through ``tiled_mlp`` as ``LigerTiledSwiGLUMLP``."""
 
@@ -431,10 +445,6 @@ class LigerTiledGEGLUMLP(_CoreGEGLUMLP):
             raise ValueError(f"LigerTiledGEGLUMLP requires a GELU hidden_act, got {act!r}")
         super().__init__(config, approximate="tanh")
         self.num_shards = num_shards
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        params = [p for p in self.parameters() if p.requires_grad]
-        return tiled_mlp(super().forward, x, params, _tile_tokens(x, self.num_shards))
 
 
 class LigerVocabParallelCrossEntropy(nn.Module):
