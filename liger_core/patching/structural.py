@@ -330,10 +330,11 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | tuple[str
         resolved = fw.resolve_mlp(m, SimpleNamespace(act=act, **layout))
         if isinstance(resolved, str):
             raise _Skip(resolved)
+        family = resolved.kind if plain else "gated"
         first = getattr(m, layout["up"] if plain else layout["gate_up"] or layout["gate"])
         weight = getattr(first, "weight", None)
         if not pr.usable(weight) or weight.dim() != 2:
-            return "projection weight not materialised"
+            return family, "projection weight not materialised"
         # the input's width: that of the first pre-module with a weight matrix, else the projection's
         pre_weights = [getattr(getattr(m, n), "weight", None) for n in layout.get("pre", ())]
         width = next((w.shape[1] for w in pre_weights if pr.usable(w) and w.dim() == 2), weight.shape[1])
@@ -344,7 +345,7 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | tuple[str
             torch.manual_seed(seed)
             ref = type(m).forward(m, x)
             if not isinstance(ref, torch.Tensor):
-                return "forward does not return a tensor"
+                return family, "forward does not return a tensor"
             dy = pr.randn(ref.shape, ref, gen)
             (ref_dx,) = pr.grads(ref, (x,), dy)
             torch.manual_seed(seed)
@@ -354,12 +355,12 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | tuple[str
         if err <= pr.tolerance(x.dtype):
             return resolved
         failures.append(f"{_layout_name(layout)}: probe rel. error {err:.1e}")
-        kinds.append(resolved.kind if plain else "gated")
+        kinds.append(family)
     if not failures:
         return None
     if all(k == "gated" for k in kinds):
         return "gated", f"forward is not down(act(gate(x)) * up(x)) in any MLP layout ({'; '.join(failures)})"
-    return kinds[-1], f"forward is not down(act(x)) in any MLP layout ({'; '.join(failures)})"
+    return kinds[-1], f"forward is not down(act(up(x))) in any MLP layout ({'; '.join(failures)})"
 
 
 # the flags under which MLPs are probed: the activation kernels and tiling
@@ -475,8 +476,9 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                     elif kinds:
                         bind_mlp(root, m, verdict, flags, report, qualname)
                     continue
-                if isinstance(verdict, str):  # the probe raised: whichever MLP kernel was asked for
-                    verdict = ("gated", verdict)
+                if isinstance(verdict, str):  # the probe raised; only relu^2 MLPs are probed without a gate
+                    gated = any(isinstance(getattr(m, n, None), nn.Module) for n in _GATE_NAMES)
+                    verdict = ("gated" if gated else "relu_squared", verdict)
                 if verdict is not None:
                     family, reason = verdict
                     gated = family == "gated"
