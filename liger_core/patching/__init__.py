@@ -18,8 +18,8 @@
   ``model_coverage(model_type)`` / ``coverage()``: the zoo's record (kernels applied, missing ones and why);
   ``recipe_model_types()``: the types ``apply_liger_kernel_to`` takes.
 
-Flags (``KernelFlags``; all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``moe_experts``,
-``layer_norm``, ``cross_entropy``
+Flags (``KernelFlags``; all patch kinds): ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``relu_squared``,
+``moe_experts``, ``layer_norm``, ``cross_entropy``
 (default False), ``fused_linear_cross_entropy`` (default True; exclusive with ``cross_entropy``), for long
 sequences ``tiled_mlp`` and ``offload_checkpoints`` (default False; see ``KernelFlags``), and
 ``strict`` (default False): raise ``PatchIncompleteError`` when a kernel that is asked for and that the model

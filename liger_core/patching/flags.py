@@ -23,11 +23,15 @@ class KernelFlags:
     ``cross_entropy`` and ``fused_linear_cross_entropy`` replace the same loss, so they are exclusive: turning
     on ``cross_entropy`` needs ``fused_linear_cross_entropy=False`` (``ValueError`` otherwise).
 
+    ``relu_squared``: non-gated MLPs whose activation is ``relu(x)^2`` (transformers' ``relu2``: Nemotron,
+    Arcee, Persimmon, ...), ``down(relu(up(x))^2)``, get ``liger_core.ops.relu_squared``.
+
     Long sequences (off by default; same loss and gradients, less memory, some more time):
 
-    - ``tiled_mlp``: gated MLPs run over sequence tiles of ``tuning.MLP_TILE_TOKENS`` tokens and are
-      recomputed tile by tile in backward (``liger_core.modules.long_context.tiled_mlp``), so one tile's
-      intermediate activations exist at a time; with ``swiglu``/``geglu`` the tiles run those kernels.
+    - ``tiled_mlp``: the MLPs patching recognises (gated ones, and non-gated ones with relu^2) run over
+      sequence tiles of ``tuning.MLP_TILE_TOKENS`` tokens and are recomputed tile by tile in backward
+      (``liger_core.modules.long_context.tiled_mlp``), so one tile's intermediate activations exist at a
+      time; with ``swiglu``/``geglu``/``relu_squared`` the tiles run those kernels.
     - ``offload_checkpoints``: under gradient checkpointing, each checkpointed decoder layer's input is kept
       in pinned host memory from its forward to its backward and prefetched back on a side stream
       (``liger_core.modules.long_context.offloaded_checkpoint``). Built models only: class-level patching
@@ -38,6 +42,7 @@ class KernelFlags:
     rms_norm: bool = True
     swiglu: bool = True
     geglu: bool = True
+    relu_squared: bool = True
     moe_experts: bool = True
     layer_norm: bool = True
     cross_entropy: bool = False

@@ -83,19 +83,25 @@ def layer_norm_forward(self: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Gated MLPs: only act(gate) * up is swapped; the projections are still called as submodules (for LoRA)
+# MLPs: only the activation (gated: act(gate) * up) is swapped; the projections are still called as
+# submodules (for LoRA)
 # ----------------------------------------------------------------------------------------------------------
+
+# The kinds of a non-gated MLP, ``down(act(up(x)))``: no gate, one activation on the up projection's output
+PLAIN_KINDS = ("relu_squared",)
 
 
 @dataclass(frozen=True)
 class ResolvedMLP:
-    """An MLP's attribute names plus the activation recognised on the built module."""
+    """An MLP's attribute names plus the activation recognised on the built module. Gated
+    (``down(act(gate(x)) * up(x))``) for the kinds "swiglu" and "geglu"; non-gated (``down(act(up(x)))``:
+    ``gate`` and ``gate_up`` None) for the ``PLAIN_KINDS``."""
 
     gate: str | None
     up: str | None
     down: str
     gate_up: str | None
-    kind: str  # "swiglu" | "geglu"
+    kind: str  # "swiglu" | "geglu" | "relu_squared"
     approximate: str = "none"  # geglu only: "tanh" or "none"
     gate_second: bool = False  # gate_up's output is (up, gate), not (gate, up) (Phi-4 audio)
     # submodules applied to the input first, in order (Phi-4 audio's LayerNorm; GLM-4V's patch merger:
@@ -112,6 +118,24 @@ def _dropout_active(dropout: nn.Module) -> bool:
 
 def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return gated_mlp(self, self._liger_core_mlp_spec, x)
+
+
+def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A gated or a non-gated MLP's forward, as its ``_liger_core_mlp_spec`` says."""
+    return mlp(self, self._liger_core_mlp_spec, x)
+
+
+def mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Tensor:
+    return plain_mlp(module, spec, x) if spec.kind in PLAIN_KINDS else gated_mlp(module, spec, x)
+
+
+def plain_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Tensor:
+    """``down(act(up(x)))`` with liger's activation (``relu_squared``: ``relu(up(x))^2``)."""
+    if spec.kind != "relu_squared":
+        raise ValueError(f"spec.kind must be one of {PLAIN_KINDS} for a non-gated MLP, got {spec.kind!r}")
+    for name in spec.pre:
+        x = getattr(module, name)(x)
+    return getattr(module, spec.down)(liger_core.ops.relu_squared(getattr(module, spec.up)(x)))
 
 
 def gated_mlp(module: nn.Module, spec: ResolvedMLP, x: torch.Tensor) -> torch.Tensor:
@@ -201,18 +225,49 @@ def classify_activation(act: object) -> tuple[str, str] | None:
     return None
 
 
+def classify_plain_activation(act: object) -> str | None:
+    """Recognise a non-gated MLP's activation by what it computes: "relu_squared" (``relu(x)^2``,
+    transformers' ``ACT2FN["relu2"]``), or None (an activation no liger kernel replaces on its own: GELU,
+    ReLU, ...). By value, as ``classify_activation``."""
+    if not callable(act) or (isinstance(act, nn.Module) and any(True for _ in act.parameters())):
+        return None
+    x = _act_probe()
+    try:
+        with torch.no_grad():
+            y = act(x.clone())
+    except Exception:  # noqa: BLE001 - anything that cannot take a plain fp32 tensor is not one of ours
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype:
+        return None
+    # relu(x)^2 reaches 64 on the probe: the same relative tolerance as the gated activations'
+    if (y - torch.relu(x).square()).abs().max().item() <= _ACT_PROBE_TOL * 64:
+        return "relu_squared"
+    return None
+
+
 def resolve_mlp(module: nn.Module, spec: Any) -> ResolvedMLP | str:
-    """The ResolvedMLP for ``module`` from an MLPSpec-like ``spec``, or why it cannot be patched."""
+    """The ResolvedMLP for ``module`` from an MLPSpec-like ``spec``, or why it cannot be patched. A spec
+    with neither ``gate`` nor ``gate_up`` is a non-gated MLP (``classify_plain_activation``)."""
     names = [n for n in (spec.gate, spec.up, spec.down, spec.gate_up) if n is not None]
     missing = [n for n in names if not isinstance(getattr(module, n, None), nn.Module)]
     if missing:
         return f"has no submodule {missing[0]!r}"
     act = getattr(module, spec.act, None)
-    found = classify_activation(act)
+    if spec.gate is None and spec.gate_up is None:
+        if spec.up is None:
+            return "a non-gated MLP needs an up projection"
+        plain = classify_plain_activation(act)
+        if plain is None:
+            return f"activation {type(act).__name__} of a non-gated MLP is not relu(x)^2"
+        found = (plain, "none")
+    else:
+        found = classify_activation(act)
     if found is None:
         return f"activation {type(act).__name__} is neither silu nor gelu"
     kind, approximate = found
     pre, dropout = tuple(getattr(spec, "pre", ())), getattr(spec, "dropout", None)
+    if dropout is not None and kind in PLAIN_KINDS:
+        return "a non-gated MLP with a dropout module: no liger forward for it"
     missing = [
         n for n in (*pre, dropout) if n is not None and not isinstance(getattr(module, n, None), nn.Module)
     ]

@@ -160,6 +160,7 @@ def apply_liger_kernel(
     rms_norm: bool = True,
     swiglu: bool = True,
     geglu: bool = True,
+    relu_squared: bool = True,
     moe_experts: bool = True,
     layer_norm: bool = True,
     cross_entropy: bool = False,

@@ -14,6 +14,7 @@ KINDS = (
     "layer_norm",
     "swiglu",
     "geglu",
+    "relu_squared",
     "moe_experts",
     "rope",
     "cross_entropy",

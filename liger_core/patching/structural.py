@@ -28,6 +28,11 @@ What is recognised (and what decides it):
 - Gated MLP: ``gate_proj``/``up_proj``/``down_proj`` or ``gate_up_proj``/``down_proj`` submodules and an
   ``act_fn``/``activation_fn`` that computes silu or gelu; then the whole MLP forward and its input gradient
   are probed.
+- Non-gated MLP (``down(act(up(x)))``): ``up_proj``/``down_proj``, ``fc1``/``fc2`` or
+  ``dense_h_to_4h``/``dense_4h_to_h`` and no gate projection, with an activation that computes relu(x)^2
+  (transformers' ``relu2``: Nemotron and others); probed the same way and patched with
+  ``liger_core.ops.relu_squared`` (flag ``relu_squared``). Other activations of such MLPs (GELU, ReLU) are
+  left alone without a report: liger has no kernel that replaces them.
 - RoPE: an attention-like module whose class forward (the function at the bottom of its decorator chain)
   calls a module-level function whose name contains "rotary", "rope", "rotate" or "pos_emb"; the function is
   probed on random q/k/cos/sin (GQA head counts) against each layout of ``rope_probe.ROPE_LAYOUTS`` (data:
@@ -97,8 +102,25 @@ _MLP_LAYOUTS = (
         gate_up=None,
         pre=("proj", "post_projection_norm", "act1"),
     ),
+    # non-gated, down(act(up(x))): neither gate nor gate_up. Tried only on a module with none of the gate
+    # submodules the gated layouts name, and only patched where the activation is relu(x)^2 (Nemotron,
+    # Arcee, Jais-2, ...: up_proj/down_proj; NanoChat, Cosmos3-Edge: fc1/fc2; Persimmon, Fuyu:
+    # dense_h_to_4h/dense_4h_to_h); another activation (GELU, ReLU) has no liger kernel of its own.
+    dict(gate=None, up="up_proj", down="down_proj", gate_up=None),
+    dict(gate=None, up="fc1", down="fc2", gate_up=None),
+    dict(gate=None, up="dense_h_to_4h", down="dense_4h_to_h", gate_up=None),
 )
 _ACT_NAMES = ("act_fn", "activation_fn", "act")
+
+
+def _is_plain(layout: dict) -> bool:
+    return layout["gate"] is None and layout["gate_up"] is None
+
+
+# a module with any of these is a gated MLP (or a look-alike), never a non-gated one
+_GATE_NAMES = frozenset(
+    layout["gate"] or layout["gate_up"] for layout in _MLP_LAYOUTS if not _is_plain(layout)
+)
 
 
 class _Skip(Exception):
@@ -311,19 +333,28 @@ def _probe_layer_norm(m: nn.LayerNorm, gen: torch.Generator) -> bool | str:
     return True if err <= pr.tolerance(x.dtype) else f"probe mismatch (rel. error {err:.1e})"
 
 
-def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | None:
-    """None if the module is not a gated MLP at all; a reason if it is one that matches no layout.
+def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | tuple[str, str] | None:
+    """None if the module is not an MLP liger covers at all; (kind, reason) if it is one that matches no
+    layout (kind: the kernel left out, "gated" for a gated MLP).
 
     Every layout whose submodules ``m`` has is probed, outputs and input gradient, in ``m``'s own mode: the
     original and the replacement run from the same random state (dropout in training draws its masks in
     both; the caller's random state is restored afterwards), so a dropout called in another order or on
-    other shapes is a mismatch.
+    other shapes is a mismatch. A non-gated layout is only probed where the activation computes relu(x)^2:
+    a two-Linear MLP with another activation is not reported (there is no liger kernel for it).
     """
-    failures = []
+    failures, kinds = [], []
     for layout in _MLP_LAYOUTS:
         names = [n for k, n in layout.items() if isinstance(n, str)] + list(layout.get("pre", ()))
         if not all(isinstance(getattr(m, n, None), nn.Module) for n in names):
             continue
+        plain = _is_plain(layout)
+        if plain:
+            if any(isinstance(getattr(m, n, None), nn.Module) for n in _GATE_NAMES):
+                continue
+            act = next((a for a in _ACT_NAMES if getattr(m, a, None) is not None), None)
+            if act is None or fw.classify_plain_activation(getattr(m, act)) is None:
+                continue
         extra = _extra_forward_params(m)
         if extra:
             raise _Skip(f"forward takes ({', '.join(extra)}) besides the hidden states")
@@ -333,10 +364,11 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
         resolved = fw.resolve_mlp(m, SimpleNamespace(act=act, **layout))
         if isinstance(resolved, str):
             raise _Skip(resolved)
-        first = getattr(m, layout["gate_up"] or layout["gate"])
+        family = resolved.kind if plain else "gated"
+        first = getattr(m, layout["up"] if plain else layout["gate_up"] or layout["gate"])
         weight = getattr(first, "weight", None)
         if not pr.usable(weight) or weight.dim() != 2:
-            return "projection weight not materialised"
+            return family, "projection weight not materialised"
         # the input's width: that of the first pre-module with a weight matrix, else the projection's
         pre_weights = [getattr(getattr(m, n), "weight", None) for n in layout.get("pre", ())]
         width = next((w.shape[1] for w in pre_weights if pr.usable(w) and w.dim() == 2), weight.shape[1])
@@ -347,19 +379,26 @@ def _probe_mlp(m: nn.Module, gen: torch.Generator) -> fw.ResolvedMLP | str | Non
             torch.manual_seed(seed)
             ref = type(m).forward(m, x)
             if not isinstance(ref, torch.Tensor):
-                return "forward does not return a tensor"
+                return family, "forward does not return a tensor"
             dy = pr.randn(ref.shape, ref, gen)
             (ref_dx,) = pr.grads(ref, (x,), dy)
             torch.manual_seed(seed)
-            y = fw.gated_mlp(m, resolved, x)
+            y = fw.mlp(m, resolved, x)
             (dx,) = pr.grads(y, (x,), dy)
         err = pr.max_err([(y, ref), (dx, ref_dx)])
         if err <= pr.tolerance(x.dtype):
             return resolved
         failures.append(f"{_layout_name(layout)}: probe rel. error {err:.1e}")
+        kinds.append(family)
     if not failures:
         return None
-    return f"forward is not down(act(gate(x)) * up(x)) in any MLP layout ({'; '.join(failures)})"
+    if all(k == "gated" for k in kinds):
+        return "gated", f"forward is not down(act(gate(x)) * up(x)) in any MLP layout ({'; '.join(failures)})"
+    return kinds[-1], f"forward is not down(act(up(x))) in any MLP layout ({'; '.join(failures)})"
+
+
+# the flags under which MLPs are probed: the activation kernels and tiling
+_MLP_FLAGS = ("swiglu", "geglu", *fw.PLAIN_KINDS, "tiled_mlp")
 
 
 def _layout_name(layout: dict) -> str:
@@ -384,18 +423,19 @@ def bind_mlp(
     report: PatchReport,
     name: str,
 ) -> None:
-    """Bind the MLP forward the flags ask for: the GLU kernel (``resolved.kind``), run over sequence tiles
-    with ``tiled_mlp`` (around the kernel, or around the class's own forward when the kernel is off)."""
+    """Bind the MLP forward the flags ask for: the activation kernel (``resolved.kind``: a GLU, or
+    relu_squared in a non-gated MLP), run over sequence tiles with ``tiled_mlp`` (around the kernel, or
+    around the class's own forward when the kernel is off)."""
     kernel = flags[resolved.kind]
     kind = resolved.kind if kernel else "tiled_mlp"
     if flags["tiled_mlp"]:
-        inner = fw.gated_mlp_forward if kernel else type(m).forward
+        inner = fw.mlp_forward if kernel else type(m).forward
         bind(
             root, m, fw.tiled_mlp_forward, kind, _liger_core_mlp_spec=resolved, _liger_core_tiled_inner=inner
         )
         report.count("tiled_mlp")
     else:
-        bind(root, m, fw.gated_mlp_forward, kind, _liger_core_mlp_spec=resolved)
+        bind(root, m, fw.mlp_forward, kind, _liger_core_mlp_spec=resolved)
     if kernel:
         report.count(resolved.kind)
     report.modules[name] = kind
@@ -472,7 +512,7 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                     else:
                         skips.append(f"{name}: {_reason(m, verdict)}")
                 continue
-            if flags["swiglu"] or flags["geglu"] or flags["tiled_mlp"]:
+            if any(flags[k] for k in _MLP_FLAGS):
                 verdict = _verdict(_probe_mlp, m, gen)
                 if isinstance(verdict, fw.ResolvedMLP):
                     kinds = [k for k in (verdict.kind, "tiled_mlp") if flags[k]]
@@ -481,9 +521,17 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                     elif kinds:
                         bind_mlp(root, m, verdict, flags, report, qualname)
                     continue
+                if isinstance(verdict, str):  # the probe raised; only relu^2 MLPs are probed without a gate
+                    gated = any(isinstance(getattr(m, n, None), nn.Module) for n in _GATE_NAMES)
+                    verdict = ("gated" if gated else "relu_squared", verdict)
                 if verdict is not None:
-                    asked = [k for k in ("swiglu", "geglu", "tiled_mlp") if flags[k]]
-                    misses.append((asked[0], f"gated MLP {name}: {verdict}"))
+                    family, reason = verdict
+                    gated = family == "gated"
+                    candidates = (("swiglu", "geglu") if gated else (family,)) + ("tiled_mlp",)
+                    asked = [k for k in candidates if flags[k]]
+                    if asked:
+                        what = "gated MLP" if gated else "MLP"
+                        misses.append((asked[0], f"{what} {name}: {reason}"))
                     continue
             if flags["rope"]:
                 found = rope_global(m)

@@ -134,10 +134,23 @@ def test_apply_to_instance_drops_flags_the_model_does_not_take():
 def test_what_liger_core_cannot_do_raises_naming_it():
     with pytest.raises(NotImplementedError, match="deepseek_v3.*model="):
         T.apply_liger_kernel_to_deepseek_v3()  # no class-level recipe: a built model is needed
-    with pytest.raises(NotImplementedError, match="relu_squared"):
-        T.apply_liger_kernel_to_nemotron(model=tiny_model("llama"))
     with pytest.raises(NotImplementedError, match="not_a_model"):
         T._apply_liger_kernel("not_a_model")
+
+
+def test_nemotron_relu_squared_flag():
+    """Liger-Kernel's ``relu_squared`` flag of ``apply_liger_kernel_to_nemotron``: liger_core's flag of that
+    name (Nemotron's relu^2 MLPs run ``liger_core.ops.relu_squared``); off leaves them alone."""
+    model, reference = tiny_model("nemotron", seed=4), tiny_model("nemotron", seed=4)
+    report = T.apply_liger_kernel_to_nemotron(model=model)
+    assert report.swapped.get("relu_squared") == 2 and "relu_squared" not in report.missing, str(report)
+    _assert_same_step(model, reference)
+    liger_core.revert(model)
+    report = T.apply_liger_kernel_to_nemotron(relu_squared=False, model=model)
+    assert "relu_squared" not in patched_kinds(model) and "relu_squared" not in report.missing, str(report)
+    liger_core.revert(model)
+    T._apply_liger_kernel_to_instance(model, relu_squared=True)
+    assert patched_kinds(model).get("relu_squared") == 2
 
 
 def test_auto_model_takes_the_flags_of_the_model_types_function():

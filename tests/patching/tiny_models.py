@@ -68,11 +68,18 @@ _EXTRA: dict[str, dict] = {
 
 MODEL_TYPES = tuple(_EXTRA)
 
+# Types without a recipe (structural patching) that tests build the same way: Nemotron's non-gated relu^2
+# MLP (its default hidden_act "relu2"), LayerNorm1P norms and partial rotary.
+_STRUCTURAL_EXTRA: dict[str, dict] = {
+    "nemotron": dict(hidden_act="relu2", partial_rotary_factor=0.5),
+}
+
 
 def tiny_config(model_type: str, attn_implementation: str = "eager", **overrides):
     from transformers import AutoConfig
 
-    kwargs = {**_COMMON, **_EXTRA[model_type], **overrides}
+    extra = _EXTRA[model_type] if model_type in _EXTRA else _STRUCTURAL_EXTRA[model_type]
+    kwargs = {**_COMMON, **extra, **overrides}
     config = AutoConfig.for_model(model_type, **kwargs)
     config._attn_implementation = attn_implementation
     # MoE experts: transformers' default grouped_mm kernel has no float64 (the tests' reference dtype)

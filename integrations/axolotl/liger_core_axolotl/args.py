@@ -4,8 +4,8 @@ Axolotl merges this model into its config class (``axolotl.integrations.config.m
 ``mode="before"`` validators see the whole raw config.
 
 - ``use_liger_kernel: true``: turn liger_core on (defaults: those of ``liger_core.patching.KernelFlags``:
-  rope, rms_norm, glu_activation, moe_experts, layer_norm and fused_linear_cross_entropy on, cross_entropy,
-  tiled_mlp and offload_checkpoints off).
+  rope, rms_norm, glu_activation, relu_squared, moe_experts, layer_norm and fused_linear_cross_entropy on,
+  cross_entropy, tiled_mlp and offload_checkpoints off).
 - ``liger_core_<kernel>: true|false``: override one kernel (``liger_core_`` prefix: Axolotl's own Liger plugin
   owns the ``liger_*`` keys). One key per field of ``KernelFlags``, except that ``glu_activation`` (Axolotl's
   name) sets both ``swiglu`` and ``geglu``. ``liger_core_cross_entropy: true`` turns the fused linear

@@ -57,6 +57,7 @@ def test_load_cfg_keeps_our_keys(tiny_llama, tiny_dataset, tmp_path, plugin_mana
         rms_norm=True,
         swiglu=True,
         geglu=True,
+        relu_squared=True,
         moe_experts=False,
         layer_norm=True,
         cross_entropy=False,

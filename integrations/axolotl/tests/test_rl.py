@@ -154,8 +154,11 @@ def test_rl_wiring_with_trl_fused_head(monkeypatch):
             "rms_norm": True,
             "swiglu": True,
             "geglu": True,
+            "relu_squared": True,
             "moe_experts": True,
             "layer_norm": False,
+            "tiled_mlp": False,
+            "offload_checkpoints": False,
         },
     }
     for rl in ("orpo", "simpo"):  # TRL's experimental ORPO/CPO trainers have no fused head

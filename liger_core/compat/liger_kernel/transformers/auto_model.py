@@ -28,7 +28,6 @@ def _split(model_type: str, kwargs: dict[str, Any]) -> dict[str, bool]:
         flags = {**KernelFlags.defaults(), **{k: v for k, v in given.items() if k in KernelFlags.names()}}
         if "swiglu" in given:
             flags["moe_experts"] = bool(given["swiglu"])
-        core_flags({"relu_squared": given.get("relu_squared", False)})
         return flags
     params = inspect.signature(function).parameters
     values = {name: p.default for name, p in params.items() if name != "model" and p.default is not p.empty}

@@ -2,10 +2,10 @@
 ``_apply_liger_kernel_to_instance``, backed by liger_core's patching.
 
 Each function has Liger-Kernel 0.8.5's parameters and defaults (``_SIGNATURES``). Its flags map onto
-``liger_core.patching.KernelFlags``: ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``layer_norm``,
-``cross_entropy``, ``fused_linear_cross_entropy`` by name; ``swiglu`` also drives ``moe_experts``
-(Liger-Kernel patches the experts' SwiGLU with the same flag); a flag the function does not take is off, as
-Liger-Kernel leaves those modules alone.
+``liger_core.patching.KernelFlags``: ``rope``, ``rms_norm``, ``swiglu``, ``geglu``, ``relu_squared``,
+``layer_norm``, ``cross_entropy``, ``fused_linear_cross_entropy`` by name; ``swiglu`` also drives
+``moe_experts`` (Liger-Kernel patches the experts' SwiGLU with the same flag); a flag the function does not
+take is off, as Liger-Kernel leaves those modules alone.
 
 - ``model=<built model>``: that model is patched in place (``liger_core.apply_liger_kernel``; exact recipe for
   the types liger_core has one for, numerically self-checked structural patching otherwise).
@@ -125,7 +125,16 @@ MODEL_TYPE_TO_FUNCTION: dict[str, str] = {
 }
 
 # Flags Liger-Kernel's functions take that map onto a KernelFlags field of the same name.
-_MAPPED = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm", "cross_entropy", "fused_linear_cross_entropy")
+_MAPPED = (
+    "rope",
+    "rms_norm",
+    "swiglu",
+    "geglu",
+    "relu_squared",
+    "layer_norm",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
+)
 # Every flag any of the functions takes (``_apply_liger_kernel*`` drop those a model's function lacks).
 KNOWN_FLAGS: frozenset[str] = frozenset(
     name for _, params in _SIGNATURES.values() for name, _ in params if name not in ("model", "**")
@@ -134,9 +143,7 @@ KNOWN_FLAGS: frozenset[str] = frozenset(
 
 def core_flags(values: dict[str, Any]) -> dict[str, bool]:
     """liger_core ``KernelFlags`` keywords for Liger-Kernel flag values: the mapped flags by name (absent ones
-    off), ``moe_experts`` following ``swiglu``; flags liger_core has no kernel for raise."""
-    if values.get("relu_squared"):
-        raise missing("relu_squared patching (Nemotron's squared-ReLU MLP)", "Pass relu_squared=False.")
+    off), ``moe_experts`` following ``swiglu``."""
     flags = {name: bool(values.get(name, False)) for name in _MAPPED if name in KernelFlags.names()}
     flags["moe_experts"] = flags["swiglu"]
     return flags
@@ -243,8 +250,6 @@ def _apply_liger_kernel_to_instance(model: Any, **kwargs: Any) -> Any:
     flags = {**KernelFlags.defaults(), **{k: v for k, v in kwargs.items() if k in _MAPPED}}
     if "swiglu" in kwargs:
         flags["moe_experts"] = bool(kwargs["swiglu"])
-    if kwargs.get("relu_squared"):
-        core_flags(kwargs)  # raises for the kernel liger_core lacks
     return apply_liger_kernel(model, **flags)
 
 
