@@ -16,10 +16,6 @@ What is recognised (and what decides it):
   ``group_size`` is also probed as normalising groups of that many features (Qwen4-Exp), one naming
   ``num_heads`` with a (..., num_heads, head_dim) input normalised per head (xLSTM): liger's norms with
   ``group_size``, the weight indexed over the whole row.
-- RMSNorm without a weight: a leaf module without parameters whose class name contains "RMSNorm", with a
-  float ``variance_epsilon`` or ``eps`` and a forward that takes the hidden states alone (Gemma4's and
-  Gemma3n's ``with_scale=False``); probed against ``liger_core.ops.rms_norm_no_weight`` (output and input
-  gradient). A parameterless module that fails the probe is reported as skipped, not missed.
 - Gated RMSNorm: the same with ``forward(hidden_states, gate)``; the settings of
   ``liger_core.ops.rms_norm_gated`` (rounding, activation, gate before or after the norm, groups) are probed
   the same way, outputs and the x, gate and weight gradients. Called without a gate, the module runs its
@@ -149,36 +145,6 @@ def _looks_like_rms_norm(m: nn.Module) -> bool:
         return False
     eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
     return isinstance(eps, float) and getattr(m, "bias", None) is None
-
-
-def _looks_like_weightless_rms_norm(m: nn.Module) -> bool:
-    if any(True for _ in m.children()) or any(True for _ in m.parameters(recurse=False)):
-        return False
-    eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
-    return "rmsnorm" in type(m).__name__.lower() and isinstance(eps, float)
-
-
-def _probe_weightless_norm(m: nn.Module, like: torch.Tensor, gen: torch.Generator) -> bool | str:
-    """True if ``m`` computes ``rms_norm_no_weight`` (output and input gradient) in ``like``'s dtype."""
-    extra = _extra_forward_params(m)
-    if extra:
-        raise _Skip(f"forward takes ({', '.join(extra)}) besides the hidden states: no liger kernel for it")
-    x = pr.leaf(pr.randn((2, 3, 48), like, gen, scale=3.0))
-    with torch.enable_grad():
-        ref = type(m).forward(m, x)
-        if not isinstance(ref, torch.Tensor) or ref.shape != x.shape:
-            return "forward does not return a tensor of the input's shape"
-        dy = pr.randn(ref.shape, ref, gen)
-        y = liger_core.ops.rms_norm_no_weight(x, fw.norm_eps(m))
-        err = pr.max_err([(y, ref), (pr.grads(y, (x,), dy)[0], pr.grads(ref, (x,), dy)[0])])
-    if err <= pr.tolerance(x.dtype):
-        return True
-    return f"output or input gradient differs from an RMSNorm without weight (rel. error {err:.1e})"
-
-
-def rms_norm_no_weight_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """A weightless RMSNorm module's forward (``variance_epsilon``/``eps``)."""
-    return liger_core.ops.rms_norm_no_weight(hidden_states, fw.norm_eps(self))
 
 
 def _norm_layouts(m: nn.Module, hidden: int) -> list[tuple[tuple[int, ...], int | None, bool]]:
@@ -447,7 +413,6 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
     misses: list[tuple[str, str]] = []
     skips: list[str] = []
     rope_cache: dict[tuple, object] = {}
-    model_param = pr.first_param(root)  # the dtype and device of a parameterless module's probe
     for qualname, m in root.named_modules():
         if m is root:
             continue
@@ -501,16 +466,6 @@ def patch_structurally(root: nn.Module, flags: dict[str, bool], report: PatchRep
                         report.modules[qualname] = "layer_norm"
                     else:
                         misses.append(("rms_norm", f"{name}: {_reason(m, verdict)}"))
-                continue
-            if _looks_like_weightless_rms_norm(m):
-                if flags["rms_norm"] and pr.usable(model_param):
-                    verdict = _verdict(_probe_weightless_norm, m, model_param, gen)
-                    if verdict is True and not foreign_forward(m):
-                        bind(root, m, rms_norm_no_weight_forward, "rms_norm")
-                        report.count("rms_norm")
-                        report.modules[qualname] = "rms_norm"
-                    else:
-                        skips.append(f"{name}: {_reason(m, verdict)}")
                 continue
             if any(flags[k] for k in _MLP_FLAGS):
                 verdict = _verdict(_probe_mlp, m, gen)
