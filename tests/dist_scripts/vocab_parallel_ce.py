@@ -7,6 +7,7 @@ Prints "OK: vocab parallel CE" on rank 0; exit status non-zero on any mismatch.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -71,9 +72,14 @@ for name, bad_target, bad_start in (("past the vocabulary", 16, 8 * rank), ("ove
 all_failures: list[list[str]] = [[] for _ in range(world)]
 dist.all_gather_object(all_failures, failures)
 dist.destroy_process_group()
+code = 0
 if rank == 0:
     flat = [f for fs in all_failures for f in fs]
     if flat:
         print("\n".join(flat))
-        sys.exit(1)
-    print("OK: vocab parallel CE")
+        code = 1
+    else:
+        print("OK: vocab parallel CE")
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)  # skip the interpreter's teardown (see fsdp2_train.py)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from helpers import assert_no_worse_than_eager, leaf, noncontiguous, use_reference_path
 
 from liger_core import reference
@@ -79,7 +78,6 @@ def test_shard_of_one_rank_and_module(monkeypatch):
         vocab_parallel_cross_entropy(logits, target, process_group="tp")
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no CUDA")
 def test_two_ranks_match_unsharded():
     cmd = [
         sys.executable,
